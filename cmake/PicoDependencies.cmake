@@ -1,0 +1,20 @@
+# Libraries of the layers above the engine (tools, coordinator, worker), all from
+# Debian packages (scripts/setup.sh installs them). The engine itself needs none of
+# them, so that cross builds need only a cross compiler.
+find_package(spdlog REQUIRED)
+find_package(nlohmann_json REQUIRED)
+find_package(CLI11 QUIET)
+if(NOT CLI11_FOUND)
+  find_path(CLI11_INCLUDE_DIR CLI/CLI.hpp REQUIRED)
+  add_library(CLI11::CLI11 INTERFACE IMPORTED)
+  target_include_directories(CLI11::CLI11 INTERFACE ${CLI11_INCLUDE_DIR})
+endif()
+find_package(PkgConfig REQUIRED)
+pkg_check_modules(ZMQ REQUIRED IMPORTED_TARGET libzmq)
+find_package(cppzmq QUIET)
+find_package(CapnProto REQUIRED)
+find_package(Boost 1.74 REQUIRED)
+find_path(TOMLPLUSPLUS_INCLUDE_DIR toml++/toml.h REQUIRED)
+if(PICO_BUILD_BENCHMARKS)
+  find_package(benchmark REQUIRED)
+endif()
