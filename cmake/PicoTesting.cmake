@@ -1,11 +1,17 @@
-# pico_add_test(NAME SOURCES a.cpp b.cpp LIBS lib1 lib2 [LABELS l1 l2])
-# One GoogleTest executable, registered with ctest test by test.
+# pico_add_test(NAME SOURCES a.cpp b.cpp LIBS lib1 lib2 [LABELS label] [ENVIRONMENT VAR=value])
+# One GoogleTest executable, registered with ctest test by test. One label and one
+# environment variable at most: gtest_discover_tests flattens list-valued
+# properties, which would scramble the property/value pairs.
 function(pico_add_test name)
   if(NOT PICO_BUILD_TESTS)
     return()
   endif()
-  cmake_parse_arguments(ARG "" "" "SOURCES;LIBS;LABELS" ${ARGN})
+  cmake_parse_arguments(ARG "" "LABELS;ENVIRONMENT" "SOURCES;LIBS" ${ARGN})
   add_executable(${name} ${ARG_SOURCES})
   target_link_libraries(${name} PRIVATE ${ARG_LIBS} GTest::gtest GTest::gtest_main pico_warnings)
-  gtest_discover_tests(${name} DISCOVERY_MODE PRE_TEST PROPERTIES LABELS "${ARG_LABELS}")
+  set(properties LABELS "${ARG_LABELS}")
+  if(ARG_ENVIRONMENT)
+    list(APPEND properties ENVIRONMENT "${ARG_ENVIRONMENT}")
+  endif()
+  gtest_discover_tests(${name} DISCOVERY_MODE PRE_TEST PROPERTIES ${properties})
 endfunction()

@@ -5,6 +5,8 @@
 #include <bit>
 #include <cstring>
 
+#include "quant/reference_impl.hpp"
+
 namespace pico {
 namespace {
 
@@ -79,8 +81,70 @@ std::array<TypeTraits, 36> make_table() {
   }};
 }
 
+// The reference kernels of engine/quant/ (reference_impl.hpp) and the activation
+// type each type's dot product pairs with (ggml-cpu's vec_dot_type). The IQ2, IQ3 and
+// IQ1 types have a dequantizer only.
+struct Kernels {
+  GgmlType type;
+  DequantizeFn dequantize;
+  QuantizeFn quantize;
+  std::optional<GgmlType> dot_partner;
+};
+
+std::array<Kernels, 31> kernel_table() {
+  using T = GgmlType;
+  namespace q = quant;
+  return {{
+      {T::F32, q::dequantize_f32, q::quantize_f32, T::F32},
+      {T::F16, q::dequantize_f16, q::quantize_f16, T::F16},
+      {T::BF16, q::dequantize_bf16, q::quantize_bf16, T::BF16},
+      {T::Q4_0, q::dequantize_q4_0, q::quantize_q4_0, T::Q8_0},
+      {T::Q4_1, q::dequantize_q4_1, q::quantize_q4_1, T::Q8_1},
+      {T::Q5_0, q::dequantize_q5_0, q::quantize_q5_0, T::Q8_0},
+      {T::Q5_1, q::dequantize_q5_1, q::quantize_q5_1, T::Q8_1},
+      {T::Q8_0, q::dequantize_q8_0, q::quantize_q8_0, T::Q8_0},
+      {T::Q8_1, q::dequantize_q8_1, q::quantize_q8_1, T::Q8_1},
+      {T::Q2_K, q::dequantize_q2_K, q::quantize_q2_K, T::Q8_K},
+      {T::Q3_K, q::dequantize_q3_K, q::quantize_q3_K, T::Q8_K},
+      {T::Q4_K, q::dequantize_q4_K, q::quantize_q4_K, T::Q8_K},
+      {T::Q5_K, q::dequantize_q5_K, q::quantize_q5_K, T::Q8_K},
+      {T::Q6_K, q::dequantize_q6_K, q::quantize_q6_K, T::Q8_K},
+      {T::Q8_K, q::dequantize_q8_K, q::quantize_q8_K, std::nullopt},  // activations only
+      {T::IQ2_XXS, q::dequantize_iq2_xxs, nullptr, T::Q8_K},
+      {T::IQ2_XS, q::dequantize_iq2_xs, nullptr, T::Q8_K},
+      {T::IQ2_S, q::dequantize_iq2_s, nullptr, T::Q8_K},
+      {T::IQ3_XXS, q::dequantize_iq3_xxs, nullptr, T::Q8_K},
+      {T::IQ3_S, q::dequantize_iq3_s, nullptr, T::Q8_K},
+      {T::IQ1_S, q::dequantize_iq1_s, nullptr, T::Q8_K},
+      {T::IQ1_M, q::dequantize_iq1_m, nullptr, T::Q8_K},
+      {T::IQ4_NL, q::dequantize_iq4_nl, q::quantize_iq4_nl, T::Q8_0},
+      {T::IQ4_XS, q::dequantize_iq4_xs, q::quantize_iq4_xs, T::Q8_K},
+      {T::TQ1_0, q::dequantize_tq1_0, q::quantize_tq1_0, T::Q8_K},
+      {T::TQ2_0, q::dequantize_tq2_0, q::quantize_tq2_0, T::Q8_K},
+      {T::MXFP4, q::dequantize_mxfp4, q::quantize_mxfp4, T::Q8_0},
+      {T::NVFP4, q::dequantize_nvfp4, q::quantize_nvfp4, T::Q8_0},
+      {T::Q1_0, q::dequantize_q1_0, q::quantize_q1_0, T::Q8_0},
+      {T::Q2_0, q::dequantize_q2_0, q::quantize_q2_0, T::Q8_0},
+      {T::Q6_0, q::dequantize_q6_0, q::quantize_q6_0, T::Q8_0},
+      // The integer and f64 rows carry no kernels.
+  }};
+}
+
+std::array<TypeTraits, 36> make_table_with_kernels() {
+  std::array<TypeTraits, 36> rows = make_table();
+  for (const Kernels& k : kernel_table()) {
+    for (TypeTraits& row : rows) {
+      if (row.type != k.type) continue;
+      row.dequantize = k.dequantize;
+      row.quantize = k.quantize;
+      row.dot_partner = k.dot_partner;
+    }
+  }
+  return rows;
+}
+
 std::array<TypeTraits, 36>& table() {
-  static std::array<TypeTraits, 36> rows = make_table();
+  static std::array<TypeTraits, 36> rows = make_table_with_kernels();
   return rows;
 }
 

@@ -74,10 +74,12 @@ struct TypeTraits {
   uint32_t block_bytes;   // bytes per block
   bool is_quantized;
   std::span<const BlockField> fields;  // multi-byte numbers within one block
-  // Filled by engine/quant/ for the types it implements; null until then.
+  // Reference (scalar) kernels, bit-exact with ggml's (quant/quantize.hpp wraps
+  // them). Null where a type has none: no quantizer for the IQ2/IQ3/IQ1 types, no
+  // kernels for the integer and f64 types.
   DequantizeFn dequantize = nullptr;
   QuantizeFn quantize = nullptr;
-  std::optional<GgmlType> dot_partner;  // activation type of its vec_dot
+  std::optional<GgmlType> dot_partner;  // activation type of its vec_dot (none for Q8_K)
 };
 
 // The row of a type number, or nullptr for numbers that are not a type GGUF files
