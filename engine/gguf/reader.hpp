@@ -38,7 +38,9 @@ class FormatError : public std::runtime_error {
 struct TensorInfo {
   std::string name;
   GgmlType type = GgmlType::F32;
-  std::vector<uint64_t> shape;  // ggml order: shape[0] is the innermost (row) length
+  // ggml order: shape[0] is the innermost (row) length. 0 to 4 entries: as in ggml,
+  // no entries is a scalar (one element), and a 0 dimension an empty tensor.
+  std::vector<uint64_t> shape;
   uint64_t elements = 0;
   uint64_t bytes = 0;
   uint32_t file_index = 0;       // which split file holds it
@@ -59,10 +61,17 @@ class MappedFile {
   // Hints the kernel to read a byte range ahead (madvise WILLNEED); no-op on error.
   void prefetch(uint64_t offset, uint64_t length) const;
 
+  // Views caller-owned bytes as if they were a mapped file named `name`; the bytes
+  // must outlive the result. Nothing is mapped or copied (fuzzing, tests).
+  static std::unique_ptr<MappedFile> borrow(std::span<const uint8_t> bytes, std::filesystem::path name);
+
  private:
+  MappedFile() = default;
+
   std::filesystem::path path_;
   const uint8_t* data_ = nullptr;
   size_t size_ = 0;
+  bool mapped_ = false;  // false for borrowed bytes and empty files: nothing to unmap
 };
 
 struct ReadOptions {
@@ -72,8 +81,14 @@ struct ReadOptions {
 
 class Model {
  public:
-  // Opens `path`; for the first file of a split model, opens all of its parts.
+  // Opens `path`; for any part of a split model, opens all of its parts (metadata is
+  // the first part's). Throws FormatError for a malformed file or an inconsistent or
+  // missing part, std::system_error when `path` itself cannot be opened or mapped.
   static std::unique_ptr<Model> open(const std::filesystem::path& path, const ReadOptions& options = {});
+  // Reads a GGUF image held in memory, checked exactly as a file is; `name` stands
+  // for the path in error messages. Split siblings are not followed (the model holds
+  // this part's tensors only). `bytes` must outlive the model.
+  static std::unique_ptr<Model> open_memory(std::span<const uint8_t> bytes, const std::string& name = "<memory>");
 
   uint32_t version() const { return version_; }
   bool foreign_byte_order() const { return foreign_; }  // file order differs from the host's
@@ -87,15 +102,17 @@ class Model {
   const std::vector<TensorInfo>& tensors() const { return tensors_; }
   const TensorInfo* find_tensor(std::string_view name) const;
 
-  // The tensor's bytes in host byte order. For a file of the host's order this is a
+  // The tensor's bytes in host byte order (thread-safe; std::invalid_argument for a
+  // tensor that is not this model's). For a file of the host's order this is a
   // view into the mapping; for the other order the tensor is swapped once into
   // memory owned by the model, on first access.
   std::span<const uint8_t> tensor_data(const TensorInfo& tensor) const;
   void prefetch(const TensorInfo& tensor) const;
 
  private:
+  friend class ModelAssembler;  // reader.cpp: parses the files and fills the model
   Model() = default;
-  void read_file(std::unique_ptr<MappedFile> file, bool is_first);
+  size_t index_of(const TensorInfo& tensor) const;
 
   uint32_t version_ = 0;
   bool foreign_ = false;

@@ -60,10 +60,13 @@ struct Value {
   std::optional<double> as_float() const;
 };
 
-// Builds an array value from a list of plain values of one type.
+// Builds an array value from a list of values of one type (std::invalid_argument if
+// an item has another type).
 Array make_array(ValueType element_type, std::vector<Value> items);
 Array string_array(const std::vector<std::string>& items);
 
+// Same type and same contents; floats compare by bit pattern (as stored in a file:
+// NaN equals itself, -0.0 differs from 0.0).
 bool operator==(const Array& a, const Array& b);
 bool operator==(const Value& a, const Value& b);
 
