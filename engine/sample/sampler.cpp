@@ -1,0 +1,285 @@
+#include "sample/sampler.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <stdexcept>
+
+namespace pico::sample {
+
+namespace {
+
+bool higher(const Candidate& a, const Candidate& b) { return a.logit > b.logit || (a.logit == b.logit && a.id < b.id); }
+
+// Keeps the first n candidates. (Not vector::resize: gcc 12 -O3 for s390x miscompiles
+// the shrinking resize in apply_min_p into an append of 2^64 - 1 elements.)
+void truncate(std::vector<Candidate>& items, size_t n) {
+  if (n < items.size()) items.erase(items.begin() + static_cast<std::ptrdiff_t>(n), items.end());
+}
+
+}  // namespace
+
+std::string_view stage_name(Stage stage) {
+  switch (stage) {
+    case Stage::Penalties: return "penalties";
+    case Stage::TopK: return "top_k";
+    case Stage::TypicalP: return "typical_p";
+    case Stage::TopP: return "top_p";
+    case Stage::MinP: return "min_p";
+    case Stage::Temperature: return "temperature";
+  }
+  return "?";
+}
+
+SamplingParams SamplingParams::greedy() {
+  SamplingParams p;
+  p.temperature = 0.0f;
+  p.penalty_last_n = 0;
+  return p;
+}
+
+Candidates Candidates::from_logits(std::span<const float> logits) {
+  Candidates c;
+  c.items.resize(logits.size());
+  for (size_t i = 0; i < logits.size(); ++i) c.items[i] = {static_cast<int32_t>(i), logits[i], 0.0f};
+  return c;
+}
+
+void Candidates::sort() {
+  if (!sorted) std::sort(items.begin(), items.end(), higher);
+  sorted = true;
+}
+
+void Candidates::softmax() {
+  sort();
+  if (items.empty()) return;
+  const float max_logit = items.front().logit;
+  float sum = 0.0f;
+  for (Candidate& c : items) {
+    c.p = std::exp(c.logit - max_logit);
+    sum += c.p;
+  }
+  for (Candidate& c : items) c.p /= sum;
+}
+
+std::vector<int32_t> Candidates::ids() const {
+  std::vector<int32_t> out;
+  out.reserve(items.size());
+  for (const Candidate& c : items) out.push_back(c.id);
+  return out;
+}
+
+void apply_logit_bias(Candidates& c, std::span<const LogitBias> bias) {
+  if (bias.empty()) return;
+  // Candidates come in id order until a stage reorders them; look ids up either way.
+  std::unordered_map<int32_t, float> by_id;
+  for (const LogitBias& b : bias) by_id[b.token] += b.bias;
+  for (Candidate& cand : c.items) {
+    if (auto it = by_id.find(cand.id); it != by_id.end()) cand.logit += it->second;
+  }
+  c.sorted = false;
+}
+
+void apply_top_k(Candidates& c, int32_t k) {
+  if (k <= 0) return;
+  const size_t keep = std::min(static_cast<size_t>(k), c.items.size());
+  if (!c.sorted) {
+    std::partial_sort(c.items.begin(), c.items.begin() + static_cast<std::ptrdiff_t>(keep), c.items.end(), higher);
+    c.sorted = true;
+  }
+  truncate(c.items, keep);
+}
+
+void apply_top_p(Candidates& c, float p, size_t min_keep) {
+  if (p >= 1.0f || c.items.empty()) return;
+  c.softmax();
+  float cumulative = 0.0f;
+  size_t keep = c.items.size();
+  for (size_t i = 0; i < c.items.size(); ++i) {
+    cumulative += c.items[i].p;
+    if (cumulative >= p && i + 1 >= min_keep) {
+      keep = i + 1;
+      break;
+    }
+  }
+  truncate(c.items, keep);
+}
+
+void apply_min_p(Candidates& c, float p, size_t min_keep) {
+  if (p <= 0.0f || c.items.empty()) return;
+  c.sort();
+  // p_i >= p * p_max  <=>  logit_i >= logit_max + log(p)
+  const float threshold = c.items.front().logit + std::log(p);
+  size_t keep = 1;
+  while (keep < c.items.size() && (c.items[keep].logit >= threshold || keep < min_keep)) ++keep;
+  truncate(c.items, keep);
+}
+
+void apply_typical_p(Candidates& c, float p, size_t min_keep) {
+  if (p >= 1.0f || c.items.empty()) return;
+  c.softmax();
+  float entropy = 0.0f;
+  for (const Candidate& cand : c.items) {
+    if (cand.p > 0.0f) entropy += -cand.p * std::log(cand.p);
+  }
+  // Most typical first: |-log p - entropy| ascending.
+  std::vector<float> distance(c.items.size());
+  for (size_t i = 0; i < c.items.size(); ++i) distance[i] = std::fabs(-std::log(c.items[i].p) - entropy);
+  std::vector<size_t> order(c.items.size());
+  std::iota(order.begin(), order.end(), size_t{0});
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return distance[a] < distance[b]; });
+  float cumulative = 0.0f;
+  size_t keep = order.size();
+  for (size_t i = 0; i < order.size(); ++i) {
+    cumulative += c.items[order[i]].p;
+    if (cumulative > p && (min_keep == 0 || i + 1 >= min_keep)) {
+      keep = i + 1;
+      break;
+    }
+  }
+  std::vector<Candidate> kept;
+  kept.reserve(keep);
+  for (size_t i = 0; i < keep; ++i) kept.push_back(c.items[order[i]]);
+  c.items = std::move(kept);
+  c.sorted = false;
+}
+
+void apply_temperature(Candidates& c, float temperature) {
+  if (c.items.empty()) return;
+  if (temperature <= 0.0f) {
+    // Only the best candidate stays (the first of equal ones in id order).
+    const auto best = std::min_element(c.items.begin(), c.items.end(), higher);
+    const Candidate keep = *best;
+    c.items.assign(1, keep);
+    c.sorted = true;
+    return;
+  }
+  for (Candidate& cand : c.items) cand.logit /= temperature;
+}
+
+size_t draw(Candidates& c, double uniform) {
+  if (c.items.empty()) throw std::invalid_argument("no candidates to sample from");
+  if (c.items.size() == 1) {
+    c.items[0].p = 1.0f;
+    return 0;
+  }
+  float max_logit = c.items[0].logit;
+  for (const Candidate& cand : c.items) max_logit = std::max(max_logit, cand.logit);
+  if (!std::isfinite(max_logit)) return 0;  // every candidate banned: nothing to weigh
+  double sum = 0.0;
+  for (Candidate& cand : c.items) {
+    cand.p = std::exp(cand.logit - max_logit);
+    sum += cand.p;
+  }
+  const double target = sum * uniform;
+  double running = 0.0;
+  size_t chosen = c.items.size() - 1;
+  bool found = false;
+  for (size_t i = 0; i < c.items.size(); ++i) {
+    running += c.items[i].p;
+    if (!found && running >= target && c.items[i].p > 0.0f) {
+      chosen = i;
+      found = true;
+    }
+    c.items[i].p = static_cast<float>(c.items[i].p / sum);
+  }
+  return chosen;
+}
+
+void PenaltyWindow::accept(int32_t token) {
+  if (last_n_ == 0) return;
+  ++counts_[token];
+  window_.push_back(token);
+  if (last_n_ > 0 && window_.size() > static_cast<size_t>(last_n_)) {
+    const int32_t old = window_.front();
+    window_.pop_front();
+    if (--counts_[old] == 0) counts_.erase(old);
+  }
+}
+
+void PenaltyWindow::reset() {
+  window_.clear();
+  counts_.clear();
+}
+
+int PenaltyWindow::count(int32_t token) const {
+  const auto it = counts_.find(token);
+  return it == counts_.end() ? 0 : it->second;
+}
+
+void PenaltyWindow::apply(Candidates& c, float repeat, float frequency, float presence) const {
+  if (last_n_ == 0 || counts_.empty() || (repeat == 1.0f && frequency == 0.0f && presence == 0.0f)) return;
+  for (Candidate& cand : c.items) {
+    const int n = count(cand.id);
+    if (n == 0) continue;
+    // Multiply negative logits by the penalty, divide positive ones: both less likely.
+    if (cand.logit <= 0.0f) {
+      cand.logit *= repeat;
+    } else {
+      cand.logit /= repeat;
+    }
+    cand.logit -= static_cast<float>(n) * frequency + presence;
+  }
+  c.sorted = false;
+}
+
+double Random::uniform() {
+  // 27 + 26 bits of two outputs make a 53-bit integer, scaled to [0, 1).
+  const uint64_t a = engine_() >> 5;
+  const uint64_t b = engine_() >> 6;
+  return static_cast<double>(a * 67108864ull + b) * (1.0 / 9007199254740992.0);
+}
+
+namespace {
+uint32_t resolve_seed(uint32_t seed) {
+  if (seed != SamplingParams::kRandomSeed) return seed;
+  std::random_device device;
+  return device();
+}
+}  // namespace
+
+Sampler::Sampler(SamplingParams params)
+    : params_(std::move(params)),
+      seed_(resolve_seed(params_.seed)),
+      random_(seed_),
+      penalties_(params_.penalty_last_n) {
+  if (!std::isfinite(params_.repeat_penalty) || params_.repeat_penalty <= 0.0f) {
+    throw std::invalid_argument("repeat_penalty must be finite and greater than 0");
+  }
+  if (!std::isfinite(params_.frequency_penalty) || !std::isfinite(params_.presence_penalty)) {
+    throw std::invalid_argument("frequency and presence penalties must be finite");
+  }
+}
+
+Candidates Sampler::filter(std::span<const float> logits) const {
+  Candidates c = Candidates::from_logits(logits);
+  apply_logit_bias(c, params_.logit_bias);
+  for (Stage stage : params_.stages) {
+    switch (stage) {
+      case Stage::Penalties:
+        penalties_.apply(c, params_.repeat_penalty, params_.frequency_penalty, params_.presence_penalty);
+        break;
+      case Stage::TopK: apply_top_k(c, params_.top_k); break;
+      case Stage::TypicalP: apply_typical_p(c, params_.typical_p, params_.min_keep); break;
+      case Stage::TopP: apply_top_p(c, params_.top_p, params_.min_keep); break;
+      case Stage::MinP: apply_min_p(c, params_.min_p, params_.min_keep); break;
+      case Stage::Temperature: apply_temperature(c, params_.temperature); break;
+    }
+  }
+  return c;
+}
+
+int32_t Sampler::sample(std::span<const float> logits) {
+  Candidates c = filter(logits);
+  const double u = random_.uniform();  // one draw per token, whatever is left
+  return c.items[draw(c, u)].id;
+}
+
+void Sampler::accept(int32_t token) { penalties_.accept(token); }
+
+void Sampler::reset() {
+  penalties_.reset();
+  random_ = Random(seed_);
+}
+
+}  // namespace pico::sample

@@ -1,0 +1,130 @@
+// Token sampling from logits: logit bias, repetition/frequency/presence penalties over
+// the last N tokens, top-k, typical-p, top-p, min-p, temperature, then a draw from the
+// distribution (or the arg max when the temperature is 0). The default order is
+// llama.cpp's (common/common.h: penalties, top-k, typical, top-p, min-p, temperature,
+// dist; the logit bias comes first), and each stage computes what llama.cpp's does.
+//
+// Seeded sampling is deterministic everywhere: the generator is std::mt19937 (fully
+// specified by the standard) and its output is turned into a uniform double here,
+// not by std::uniform_real_distribution (whose algorithm each library chooses).
+// Candidates of equal logit are ordered by token id.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <random>
+#include <span>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+namespace pico::sample {
+
+struct LogitBias {
+  int32_t token = 0;
+  float bias = 0.0f;  // added to the logit; -INFINITY bans the token
+};
+
+enum class Stage { Penalties, TopK, TypicalP, TopP, MinP, Temperature };
+
+std::string_view stage_name(Stage stage);
+
+struct SamplingParams {
+  static constexpr uint32_t kRandomSeed = 0xFFFFFFFF;  // pick a seed from std::random_device
+
+  uint32_t seed = kRandomSeed;
+  float temperature = 0.8f;  // <= 0: greedy (the highest logit after bias and penalties)
+  int32_t top_k = 40;        // <= 0: off
+  float top_p = 0.95f;       // >= 1: off
+  float min_p = 0.05f;       // <= 0: off
+  float typical_p = 1.0f;    // >= 1: off
+  size_t min_keep = 0;       // top-p, min-p and typical-p keep at least this many
+  int32_t penalty_last_n = 64;   // window of accepted tokens the penalties see; 0: off, < 0: all
+  float repeat_penalty = 1.0f;   // 1: off; divides positive logits, multiplies negative ones
+  float frequency_penalty = 0.0f;  // minus this times the token's count in the window
+  float presence_penalty = 0.0f;   // minus this once if the token is in the window
+  std::vector<LogitBias> logit_bias;
+  std::vector<Stage> stages = {Stage::Penalties, Stage::TopK, Stage::TypicalP,
+                               Stage::TopP, Stage::MinP, Stage::Temperature};
+
+  // Greedy decoding: temperature 0, no penalties.
+  static SamplingParams greedy();
+};
+
+struct Candidate {
+  int32_t id;
+  float logit;
+  float p;  // filled by softmax
+};
+
+// The candidates a stage works on. `sorted`: by logit, descending (ties by id).
+struct Candidates {
+  std::vector<Candidate> items;
+  bool sorted = false;
+
+  static Candidates from_logits(std::span<const float> logits);
+  void sort();                           // by logit descending, then id ascending
+  void softmax();                        // p from logits (sorts first)
+  std::vector<int32_t> ids() const;
+};
+
+// The stages, usable one by one.
+void apply_logit_bias(Candidates& c, std::span<const LogitBias> bias);
+void apply_top_k(Candidates& c, int32_t k);
+void apply_top_p(Candidates& c, float p, size_t min_keep);
+void apply_min_p(Candidates& c, float p, size_t min_keep);
+void apply_typical_p(Candidates& c, float p, size_t min_keep);
+void apply_temperature(Candidates& c, float temperature);
+// Index into c.items of a draw from softmax(logits) with `uniform` in [0, 1).
+size_t draw(Candidates& c, double uniform);
+
+// Counts of the last N accepted tokens, for the penalties.
+class PenaltyWindow {
+ public:
+  explicit PenaltyWindow(int32_t last_n) : last_n_(last_n) {}
+  void accept(int32_t token);
+  void reset();
+  int count(int32_t token) const;
+  void apply(Candidates& c, float repeat, float frequency, float presence) const;
+
+ private:
+  int32_t last_n_;
+  std::deque<int32_t> window_;
+  std::unordered_map<int32_t, int> counts_;
+};
+
+// Uniform doubles in [0, 1) from a seeded std::mt19937, the same on every platform.
+class Random {
+ public:
+  explicit Random(uint32_t seed) : engine_(seed) {}
+  double uniform();  // 53 random bits
+
+ private:
+  std::mt19937 engine_;
+};
+
+class Sampler {
+ public:
+  explicit Sampler(SamplingParams params);
+
+  // Picks the next token from the logits of the whole vocabulary. Does not record it:
+  // call accept() with the token actually used.
+  int32_t sample(std::span<const float> logits);
+  // Records a token (generated or from the prompt) for the repetition penalties.
+  void accept(int32_t token);
+  // Forgets the accepted tokens and restarts the generator from the seed.
+  void reset();
+
+  // The candidates left after every stage, before the draw (for inspection and tests).
+  Candidates filter(std::span<const float> logits) const;
+  const SamplingParams& params() const { return params_; }
+  uint32_t seed() const { return seed_; }
+
+ private:
+  SamplingParams params_;
+  uint32_t seed_;
+  Random random_;
+  PenaltyWindow penalties_;
+};
+
+}  // namespace pico::sample

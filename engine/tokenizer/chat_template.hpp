@@ -1,0 +1,89 @@
+// Chat prompts without a Jinja engine: the common chat formats written out in code,
+// chosen from the model's tokenizer.chat_template by the substring heuristics
+// llama.cpp uses (llm_chat_detect_template), else from the vocabulary's special
+// tokens, else ChatML; or by name. The text produced is what llama.cpp's
+// llama_chat_apply_template produces for the same format.
+//
+//   auto chat = ChatTemplate::from_metadata(model->metadata(), &tok->vocab());
+//   std::string prompt = chat.apply({{"system", "Be brief."}, {"user", "Hi"}}, true);
+//   auto ids = tok->encode(prompt, /*add_special=*/true, /*parse_special=*/true);
+#pragma once
+
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "gguf/value.hpp"
+#include "tokenizer/vocab.hpp"
+
+namespace pico::tokenizer {
+
+enum class ChatFormat {
+  Unknown,
+  ChatML,          // Qwen, Yi, OpenHermes...: <|im_start|>role\n...<|im_end|>\n
+  Llama2,          // [INST] ... [/INST]; a system message is prepended to the first turn
+  Llama2Sys,       // with <<SYS>>\n...\n<</SYS>>\n\n
+  Llama2SysBos,    // ... and <s> before each later [INST]
+  Llama2SysStrip,  // ... and message text trimmed
+  Llama3,          // <|start_header_id|>role<|end_header_id|>\n\n...<|eot_id|>
+  MistralV1,       // " [INST] ... [/INST] ...</s>"
+  MistralV3,       // "[INST] ...[/INST] ...</s>"
+  MistralV3Tekken, // "[INST]...[/INST]...</s>"
+  MistralV7,       // [SYSTEM_PROMPT] ...[/SYSTEM_PROMPT][INST] ...[/INST] ...</s>
+  MistralV7Tekken,
+  Gemma,           // <start_of_turn>user\n...<end_of_turn>\n; assistant is "model"
+  Zephyr,          // <|role|>\n...<|endoftext|>\n
+  Phi3,            // <|role|>\n...<|end|>\n
+  Alpaca,          // ### Instruction:\n...\n\n### Response:\n...
+};
+
+struct ChatMessage {
+  std::string role;  // "system", "user", "assistant" (others pass through where the format allows)
+  std::string content;
+};
+
+std::string_view chat_format_name(ChatFormat format);
+// "chatml", "llama2", "llama2-sys", "llama2-sys-bos", "llama2-sys-strip", "llama3",
+// "mistral-v1", "mistral-v3", "mistral-v3-tekken", "mistral-v7", "mistral-v7-tekken",
+// "gemma", "zephyr", "phi3", "alpaca".
+std::optional<ChatFormat> chat_format_from_name(std::string_view name);
+
+// The format a template is written for: a format name, or Jinja text recognized by
+// the substrings llama.cpp looks for. Unknown when nothing matches.
+ChatFormat detect_chat_format(std::string_view template_text);
+
+// The format a vocabulary's special tokens suggest (<|im_start|>, <|start_header_id|>,
+// <start_of_turn>, [INST]); Unknown when none is present.
+ChatFormat chat_format_from_vocabulary(const Vocabulary& vocab);
+
+// The prompt for `messages`. With add_generation_prompt the header of an assistant
+// turn follows (formats without one, llama2 and mistral, add nothing).
+std::string apply_chat_format(ChatFormat format, std::span<const ChatMessage> messages, bool add_generation_prompt);
+
+class ChatTemplate {
+ public:
+  explicit ChatTemplate(ChatFormat format = ChatFormat::ChatML) : format_(format) {}
+
+  // `override_name` (a format name, or template text) wins; else tokenizer.chat_template;
+  // else the vocabulary's tokens; else ChatML. Throws std::invalid_argument for an
+  // unknown override name.
+  static ChatTemplate from_metadata(const gguf::Metadata& metadata, const Vocabulary* vocab = nullptr,
+                                    std::string_view override_name = {});
+
+  ChatFormat format() const { return format_; }
+  std::string_view name() const { return chat_format_name(format_); }
+  std::string apply(std::span<const ChatMessage> messages, bool add_generation_prompt) const {
+    return apply_chat_format(format_, messages, add_generation_prompt);
+  }
+  std::string apply(std::initializer_list<ChatMessage> messages, bool add_generation_prompt) const {
+    return apply_chat_format(format_, std::span<const ChatMessage>(messages.begin(), messages.size()),
+                             add_generation_prompt);
+  }
+
+ private:
+  ChatFormat format_;
+};
+
+}  // namespace pico::tokenizer

@@ -1,0 +1,15 @@
+// Each `pico` subcommand registers itself on the CLI11 app and runs when chosen.
+// One file per subcommand; main.cpp only lists them.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+namespace pico::cli {
+
+// Adds the subcommand; the callback it sets runs the command and may throw
+// std::exception, which main() reports as "pico <command>: <message>" (exit 1).
+void add_inspect_command(CLI::App& app);
+void add_mkmodel_command(CLI::App& app);
+void add_tokenize_command(CLI::App& app);  // tokenize and detokenize
+
+}  // namespace pico::cli

@@ -1,0 +1,110 @@
+// pico inspect: the metadata and tensor table of a GGUF (split models included),
+// in the spirit of llama.cpp's gguf-dump. Reads nothing beyond the headers.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <iostream>
+#include <map>
+#include <string>
+
+#include "commands.hpp"
+#include "gguf/reader.hpp"
+
+namespace pico::cli {
+namespace {
+
+struct InspectOptions {
+  std::string model_path;
+  bool show_kv = false;
+  bool show_tensors = false;
+  size_t array_items = 8;
+};
+
+std::string shape_string(const std::vector<uint64_t>& shape) {
+  std::string out;
+  for (size_t i = 0; i < shape.size(); ++i) out += (i ? " x " : "") + std::to_string(shape[i]);
+  return out;
+}
+
+std::string human_bytes(uint64_t bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double value = static_cast<double>(bytes);
+  int unit = 0;
+  while (value >= 1024.0 && unit < 4) {
+    value /= 1024.0;
+    ++unit;
+  }
+  return unit == 0 ? fmt::format("{} B", bytes) : fmt::format("{:.2f} {}", value, units[unit]);
+}
+
+void print_summary(const gguf::Model& model, std::ostream& out) {
+  uint64_t total_bytes = 0, total_elements = 0;
+  std::map<std::string, size_t> tensors_per_type;
+  for (const gguf::TensorInfo& tensor : model.tensors()) {
+    total_bytes += tensor.bytes;
+    total_elements += tensor.elements;
+    ++tensors_per_type[std::string(type_traits(tensor.type).name)];
+  }
+  out << fmt::format("GGUF v{}, {} byte order, alignment {}, {} file(s)\n", model.version(),
+                     model.big_endian() ? "big-endian" : "little-endian", model.alignment(), model.file_count());
+  if (auto arch = model.metadata().get_string("general.architecture")) out << "architecture: " << *arch << "\n";
+  if (auto name = model.metadata().get_string("general.name")) out << "name: " << *name << "\n";
+  out << fmt::format("{} metadata keys, {} tensors, {} parameters, {}\n", model.metadata().size(),
+                     model.tensors().size(), total_elements, human_bytes(total_bytes));
+  out << "tensor types:";
+  for (const auto& [type, count] : tensors_per_type) out << " " << type << "=" << count;
+  out << "\n";
+}
+
+void print_metadata(const gguf::Model& model, size_t array_items, std::ostream& out) {
+  out << fmt::format("\n{} key/value pairs:\n", model.metadata().size());
+  size_t index = 0;
+  for (const auto& [key, value] : model.metadata().entries()) {
+    std::string type(gguf::value_type_name(value.type()));
+    std::string count = "1";
+    if (const gguf::Array* array = value.array()) {
+      type += "[" + std::string(gguf::value_type_name(array->element_type)) + "]";
+      count = std::to_string(array->items.size());
+    }
+    out << fmt::format("{:>6}: {:<14} {:>8} | {} = {}\n", ++index, type, count, key,
+                       gguf::to_display_string(value, array_items));
+  }
+}
+
+void print_tensors(const gguf::Model& model, std::ostream& out) {
+  out << fmt::format("\n{} tensors:\n", model.tensors().size());
+  out << fmt::format("{:>6}  {:<32} {:<8} {:<24} {:>12} {:>14}{}\n", "#", "name", "type", "shape", "bytes",
+                     "offset", model.file_count() > 1 ? "  file" : "");
+  size_t index = 0;
+  for (const gguf::TensorInfo& tensor : model.tensors()) {
+    out << fmt::format("{:>6}  {:<32} {:<8} {:<24} {:>12} {:>#14x}", ++index, tensor.name,
+                       type_traits(tensor.type).name, shape_string(tensor.shape), tensor.bytes, tensor.file_offset);
+    if (model.file_count() > 1) out << fmt::format("  {}", tensor.file_index + 1);
+    out << "\n";
+  }
+}
+
+void run_inspect(const InspectOptions& options) {
+  auto model = gguf::Model::open(options.model_path);
+  const bool both = !options.show_kv && !options.show_tensors;
+  print_summary(*model, std::cout);
+  if (options.show_kv || both) print_metadata(*model, options.array_items, std::cout);
+  if (options.show_tensors || both) print_tensors(*model, std::cout);
+}
+
+}  // namespace
+
+void add_inspect_command(CLI::App& app) {
+  auto options = std::make_shared<InspectOptions>();
+  CLI::App* command = app.add_subcommand("inspect", "Print a GGUF's metadata and tensor table (reads headers only)");
+  command->add_option("-m,--model", options->model_path, "GGUF file (first part of a split model)")
+      ->required()
+      ->check(CLI::ExistingFile);
+  command->add_flag("--kv", options->show_kv, "Print the metadata (default: metadata and tensors)");
+  command->add_flag("--tensors", options->show_tensors, "Print the tensor table");
+  command->add_option("--array-items", options->array_items, "Array items shown before abbreviating")
+      ->default_val(8);
+  command->callback([options] { run_inspect(*options); });
+}
+
+}  // namespace pico::cli

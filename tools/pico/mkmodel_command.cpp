@@ -1,0 +1,134 @@
+// pico mkmodel: writes a seeded random GGUF of a small transformer with a real
+// vocabulary (tools/synthetic/), for tests against llama.cpp.
+#include <fmt/format.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <system_error>
+
+#include "commands.hpp"
+#include "synthetic/synthetic_model.hpp"
+
+namespace pico::cli {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct MkmodelOptions {
+  std::string arch = "llama";
+  std::string vocab = "llama2";
+  std::string type = "f32";
+  std::string node_modules;
+  std::string output;
+  synthetic::SyntheticSpec spec;
+};
+
+// tests/conformance/node_modules in a folder above `start` (or in it), if any.
+std::optional<fs::path> find_node_modules_above(fs::path start) {
+  std::error_code ec;
+  for (fs::path dir = start; !dir.empty(); dir = dir.parent_path()) {
+    const fs::path candidate = dir / "tests" / "conformance" / "node_modules";
+    if (fs::is_directory(candidate, ec)) return candidate;
+    if (dir == dir.parent_path()) break;
+  }
+  return std::nullopt;
+}
+
+// --node-modules, else $PICO_NODE_MODULES, else the repository's
+// tests/conformance/node_modules found above the executable or the working folder.
+fs::path resolve_node_modules(const std::string& given) {
+  if (!given.empty()) return given;
+  if (const char* env = std::getenv("PICO_NODE_MODULES"); env && *env) return env;
+  std::error_code ec;
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  if (!ec) {
+    if (auto found = find_node_modules_above(exe.parent_path())) return *found;
+  }
+  if (auto found = find_node_modules_above(fs::current_path(ec))) return *found;
+  throw std::runtime_error(
+      "cannot find tests/conformance/node_modules (run scripts/setup.sh, or pass --node-modules / set "
+      "PICO_NODE_MODULES)");
+}
+
+std::string human_bytes(uintmax_t bytes) {
+  if (bytes < 1024 * 1024) return fmt::format("{:.1f} KiB", static_cast<double>(bytes) / 1024.0);
+  return fmt::format("{:.1f} MiB", static_cast<double>(bytes) / (1024.0 * 1024.0));
+}
+
+void run_mkmodel(MkmodelOptions options) {
+  synthetic::SyntheticSpec& spec = options.spec;
+  const auto arch = synthetic::parse_architecture(options.arch);
+  if (!arch) throw std::invalid_argument("unknown architecture '" + options.arch + "'");
+  const auto vocab = synthetic::parse_vocab_kind(options.vocab);
+  if (!vocab) throw std::invalid_argument("unknown vocabulary '" + options.vocab + "'");
+  const std::map<std::string, GgmlType> types = {{"f32", GgmlType::F32}, {"f16", GgmlType::F16}, {"bf16", GgmlType::BF16}};
+  const auto type = types.find(options.type);
+  if (type == types.end()) throw std::invalid_argument("unknown weight type '" + options.type + "' (f32, f16, bf16)");
+
+  spec.architecture = *arch;
+  spec.vocab = *vocab;
+  spec.weight_type = type->second;
+  spec.node_modules = resolve_node_modules(options.node_modules);
+  synthetic::validate(spec);
+
+  const synthetic::Vocabulary vocabulary = synthetic::load_vocabulary(spec.vocab, spec.node_modules);
+  const gguf::Writer writer = synthetic::build_synthetic_model(spec, vocabulary);
+  writer.write(options.output);
+
+  std::error_code ec;
+  const uintmax_t size = fs::file_size(options.output, ec);
+  std::cerr << fmt::format(
+      "pico mkmodel: wrote {}: {} with the {} vocabulary ({} tokens), {} layers, embd {}, ff {}, heads {}/{}, "
+      "head dim {}, ctx {}, {}, seed {}, {} embeddings, {} tensors, {}\n",
+      options.output, options.arch, options.vocab, vocabulary.size(), spec.n_layers, spec.n_embd, spec.n_ff,
+      spec.n_head, spec.n_head_kv, synthetic::head_dim_of(spec), spec.n_ctx_train, options.type, spec.seed,
+      spec.tied_embeddings ? "tied" : "untied", writer.tensors().size(), ec ? std::string("?") : human_bytes(size));
+}
+
+}  // namespace
+
+void add_mkmodel_command(CLI::App& app) {
+  auto options = std::make_shared<MkmodelOptions>();
+  synthetic::SyntheticSpec& spec = options->spec;
+  CLI::App* command =
+      app.add_subcommand("mkmodel", "Write a seeded random GGUF model with a real vocabulary (for tests)");
+  command->add_option("--arch", options->arch, "Architecture: llama, qwen2, qwen3, gpt2, gemma3")
+      ->default_val("llama");
+  command->add_option("--vocab", options->vocab, "Vocabulary: llama2, gemma3, qwen3, llama3, gpt2")
+      ->default_val("llama2");
+  command->add_option("--layers", spec.n_layers, "Transformer blocks")->default_val(2);
+  command->add_option("--embd", spec.n_embd, "Embedding length")->default_val(64);
+  command->add_option("--ff", spec.n_ff, "Feed-forward length")->default_val(128);
+  command->add_option("--heads", spec.n_head, "Attention heads")->default_val(4);
+  CLI::Option* kv_heads =
+      command->add_option("--kv-heads", spec.n_head_kv, "Key/value heads (gpt2: always = heads)")->default_val(2);
+  command->add_option("--head-dim", spec.head_dim, "Head dimension (default embd / heads)")->default_val(0);
+  command->add_option("--ctx", spec.n_ctx_train, "Training context length")->default_val(256);
+  command->add_option("--rope-base", spec.rope_freq_base, "RoPE frequency base (default: the architecture's)")
+      ->default_val(0);
+  command->add_option("--eps", spec.norm_eps, "Norm epsilon (default: the architecture's)")->default_val(0);
+  command->add_option("--sliding-window", spec.sliding_window, "gemma3 sliding window (0: none)")
+      ->default_val(512);
+  command->add_option("--type", options->type, "Matrix type: f32, f16, bf16 (norms and biases stay f32)")
+      ->default_val("f32");
+  command->add_option("--seed", spec.seed, "Random seed")->default_val(1);
+  command->add_flag("--tied", spec.tied_embeddings, "Tie the output head to token_embd (no output.weight)");
+  command->add_option("--name", spec.name, "general.name (default synthetic-<arch>-<vocab>)");
+  command->add_option("--node-modules", options->node_modules,
+                      "Folder holding the vocabulary packages (default $PICO_NODE_MODULES, else "
+                      "tests/conformance/node_modules of this checkout)");
+  command->add_option("-o,--output", options->output, "Output .gguf")->required();
+  command->callback([options, kv_heads] {
+    // GPT-2 has no grouped-query attention: unless asked otherwise, kv heads = heads.
+    if (options->arch == "gpt2" && kv_heads->count() == 0) options->spec.n_head_kv = options->spec.n_head;
+    run_mkmodel(*options);
+  });
+}
+
+}  // namespace pico::cli
