@@ -18,9 +18,13 @@ debian_packages=(
   libgtest-dev libgmock-dev googletest libbenchmark-dev
   # big-endian (s390x) and ARM cross builds of the engine tests, run under qemu-user
   g++-s390x-linux-gnu g++-aarch64-linux-gnu g++-arm-linux-gnueabihf qemu-user
-  # reference harness (node-llama-cpp) and plots
-  nodejs npm gnuplot-nox curl
+  # plots of the cluster benchmarks
+  gnuplot-nox curl
 )
+# Node.js 20+ and npm run the llama.cpp reference harness. The machine image may
+# bring its own Node.js (whose npm conflicts with Debian's npm package): install
+# Debian's only when there is none.
+command -v node >/dev/null && command -v npm >/dev/null || debian_packages+=(nodejs npm)
 
 missing=()
 for package in "${debian_packages[@]}"; do
