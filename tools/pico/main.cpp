@@ -18,6 +18,8 @@ int main(int argc, char** argv) {
   pico::cli::add_inspect_command(app);
   pico::cli::add_mkmodel_command(app);
   pico::cli::add_tokenize_command(app);
+  pico::cli::add_eval_command(app);
+  pico::cli::add_quantize_command(app);
 
   try {
     app.parse(argc, argv);
