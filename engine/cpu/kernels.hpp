@@ -1,0 +1,72 @@
+// The kernel table: per weight type, the dot product of one weight row with one
+// activation row (in the weight type's dot partner format, see TypeTraits), and the
+// same over a block of rows x tokens; per activation type, the quantizer of a float
+// row into it.
+//
+// Batch invariance: for a given (type, level), gemm computes every output with
+// exactly the float operations, in the same order, that vec_dot uses for that row and
+// token. So an output never depends on the batch it was computed in.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+
+#include "cpu/cpu_features.hpp"
+#include "quant/type_traits.hpp"
+
+namespace pico::cpu {
+
+// Dot product of a weight row `w` with an activation row `a`, `k` elements each.
+using VecDotFn = float (*)(int64_t k, const void* w, const void* a);
+
+// out[c * out_stride + r] = dot(weight row r, activation row c) for r < rows,
+// c < cols. Rows of `w` are `w_row_bytes` apart, rows of `a` `a_row_bytes` apart.
+using GemmFn = void (*)(int64_t k, const void* w, size_t w_row_bytes, int64_t rows, const void* a,
+                        size_t a_row_bytes, int64_t cols, float* out, int64_t out_stride);
+
+// `k` floats into one activation row (k a multiple of the block size), byte for
+// byte what quant's reference quantizer writes.
+using QuantizeRowFn = void (*)(const float* x, void* out, int64_t k);
+
+// Indexed by ggml type number (Q6_0 = 133 is the largest).
+inline constexpr size_t kTypeSlots = 134;
+
+inline size_t slot(GgmlType type) { return static_cast<size_t>(type); }
+
+struct KernelTable {
+  std::array<VecDotFn, kTypeSlots> vec_dot{};      // by weight type
+  std::array<GemmFn, kTypeSlots> gemm{};           // by weight type
+  std::array<QuantizeRowFn, kTypeSlots> quantize{};  // by activation type
+  // The level whose code fills each entry (after falling back to lower levels).
+  std::array<CpuLevel, kTypeSlots> vec_dot_level{};
+  std::array<CpuLevel, kTypeSlots> quantize_level{};
+  CpuLevel level = CpuLevel::scalar;
+};
+
+// The table in use: the best level the host runs, or PICO_CPU_LEVEL
+// (scalar|avx2|avx512|neon|dotprod|i8mm; lowered to the best supported level when the
+// host lacks it), or what set_cpu_level chose last.
+const KernelTable& active_kernels();
+
+// The table of one level. Throws std::invalid_argument if the host lacks it.
+const KernelTable& kernels_for(CpuLevel level);
+
+// Switches the active table (tests, comparisons). Throws std::invalid_argument if the
+// host lacks the level. Not meant to race with running kernels.
+void set_cpu_level(CpuLevel level);
+CpuLevel cpu_level();
+
+// Entry setters for the ISA files. Out of line on purpose: an ISA file must not
+// instantiate inline library code (std::array::operator[] ...) with its target flags,
+// since the linker may keep that copy for everyone.
+void set_kernel(KernelTable& table, GgmlType weight, VecDotFn vec_dot, GemmFn gemm);
+void set_quantizer(KernelTable& table, GgmlType activation, QuantizeRowFn quantize);
+
+// Each ISA file fills the entries it has; missing ones stay null and are taken from
+// the level below by the dispatcher.
+void fill_scalar_kernels(KernelTable& table);
+void fill_avx2_kernels(KernelTable& table);
+void fill_avx512_kernels(KernelTable& table);
+
+}  // namespace pico::cpu

@@ -1,0 +1,140 @@
+// vec_dot of every type and level: scalar against a float reference, SIMD against
+// scalar, and gemm bit-identical to vec_dot (batch invariance).
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <string>
+
+#include "cpu/kernels.hpp"
+#include "cpu/test_support.hpp"
+
+namespace pico::cpu {
+namespace {
+
+using test::block_unit;
+using test::nmse;
+using test::partner;
+using test::random_rows;
+using test::row_bytes;
+using test::weight_types;
+
+std::string label(GgmlType type, CpuLevel level) {
+  return std::string(type_traits(type).name) + " @ " + std::string(level_name(level));
+}
+
+TEST(CpuKernels, EveryWeightTypeHasAScalarKernel) {
+  const KernelTable& scalar = kernels_for(CpuLevel::scalar);
+  for (GgmlType type : weight_types()) {
+    EXPECT_NE(scalar.vec_dot[slot(type)], nullptr) << type_traits(type).name;
+    EXPECT_NE(scalar.gemm[slot(type)], nullptr) << type_traits(type).name;
+    EXPECT_NE(scalar.quantize[slot(partner(type))], nullptr) << type_traits(type).name;
+  }
+}
+
+TEST(CpuKernels, ScalarMatchesFloatReference) {
+  const KernelTable& scalar = kernels_for(CpuLevel::scalar);
+  for (GgmlType type : weight_types()) {
+    const int64_t k = 1024, rows = 24;
+    const auto w = random_rows(type, rows, k, 1);
+    const auto a = random_rows(partner(type), rows, k, 2);
+    std::vector<float> wf(static_cast<size_t>(k)), af(static_cast<size_t>(k));
+    std::vector<double> want, got;
+    for (int64_t r = 0; r < rows; ++r) {
+      const uint8_t* wr = w.data() + r * row_bytes(type, k);
+      const uint8_t* ar = a.data() + r * row_bytes(partner(type), k);
+      dequantize_row(type, wr, wf.data(), k);
+      dequantize_row(partner(type), ar, af.data(), k);
+      double ref = 0.0;
+      for (int64_t i = 0; i < k; ++i) ref += static_cast<double>(wf[i]) * af[i];
+      want.push_back(ref);
+      got.push_back(scalar.vec_dot[slot(type)](k, wr, ar));
+    }
+    EXPECT_LE(nmse(want, got), 5e-4) << type_traits(type).name;
+    // Far closer than the bound in practice (Q8_1 rounds its sum term to f16: ~3e-7).
+    EXPECT_LE(nmse(want, got), 1e-6) << type_traits(type).name;
+  }
+}
+
+// k values at block edges: 1, 2, 3 and 5 units; plain types also odd lengths.
+std::vector<int64_t> lengths(GgmlType type) {
+  const int64_t unit = block_unit(type);
+  std::vector<int64_t> ks = {unit, 2 * unit, 3 * unit, 5 * unit};
+  if (unit == 1) ks = {1, 7, 8, 9, 15, 16, 17, 33, 100, 1000};
+  return ks;
+}
+
+TEST(CpuKernels, SimdMatchesScalar) {
+  const KernelTable& scalar = kernels_for(CpuLevel::scalar);
+  for (CpuLevel level : supported_levels()) {
+    const KernelTable& table = kernels_for(level);
+    for (GgmlType type : weight_types()) {
+      for (int64_t k : lengths(type)) {
+        const int64_t rows = 16;
+        const auto w = random_rows(type, rows, k, 3);
+        const auto a = random_rows(partner(type), rows, k, 4);
+        std::vector<double> want, got;
+        for (int64_t r = 0; r < rows; ++r) {
+          const uint8_t* wr = w.data() + r * row_bytes(type, k);
+          const uint8_t* ar = a.data() + r * row_bytes(partner(type), k);
+          want.push_back(scalar.vec_dot[slot(type)](k, wr, ar));
+          got.push_back(table.vec_dot[slot(type)](k, wr, ar));
+        }
+        EXPECT_LE(nmse(want, got), 5e-4) << label(type, level) << " k=" << k;
+        EXPECT_LE(nmse(want, got), 1e-9) << label(type, level) << " k=" << k;
+      }
+    }
+  }
+}
+
+TEST(CpuKernels, GemmIsBitIdenticalToVecDot) {
+  for (CpuLevel level : supported_levels()) {
+    const KernelTable& table = kernels_for(level);
+    for (GgmlType type : weight_types()) {
+      const int64_t k = 2 * block_unit(type) + (block_unit(type) == 1 ? 13 : 0);
+      const int64_t max_rows = 33, max_tokens = 17;
+      const auto w = random_rows(type, max_rows, k, 5);
+      const auto a = random_rows(partner(type), max_tokens, k, 6);
+      const size_t wb = row_bytes(type, k), ab = row_bytes(partner(type), k);
+      for (int64_t rows : {1, 2, 7, 33}) {
+        for (int64_t tokens = 1; tokens <= max_tokens; ++tokens) {
+          std::vector<float> y(static_cast<size_t>(rows * tokens), -1.0f);
+          table.gemm[slot(type)](k, w.data(), wb, rows, a.data(), ab, tokens, y.data(), rows);
+          for (int64_t t = 0; t < tokens; ++t) {
+            for (int64_t r = 0; r < rows; ++r) {
+              const float want = table.vec_dot[slot(type)](k, w.data() + r * wb, a.data() + t * ab);
+              const float got = y[static_cast<size_t>(t * rows + r)];
+              ASSERT_EQ(std::memcmp(&want, &got, sizeof(float)), 0)
+                  << label(type, level) << " rows=" << rows << " tokens=" << tokens << " r=" << r << " t=" << t
+                  << " want " << want << " got " << got;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(CpuKernels, ReportsWhichLevelServesEachType) {
+  for (CpuLevel level : supported_levels()) {
+    const KernelTable& table = kernels_for(level);
+    EXPECT_EQ(table.level, level);
+    std::string served;
+    for (GgmlType type : weight_types()) {
+      served += std::string(type_traits(type).name) + ":" + std::string(level_name(table.vec_dot_level[slot(type)])) + " ";
+    }
+    std::printf("[%s] %s\n", std::string(level_name(level)).c_str(), served.c_str());
+  }
+}
+
+TEST(CpuFeatures, LevelNamesRoundTrip) {
+  for (CpuLevel level : {CpuLevel::scalar, CpuLevel::avx2, CpuLevel::avx512, CpuLevel::neon, CpuLevel::dotprod,
+                         CpuLevel::i8mm}) {
+    EXPECT_EQ(parse_level(level_name(level)), level);
+  }
+  EXPECT_FALSE(parse_level("sse9"));
+  EXPECT_EQ(supported_levels().front(), CpuLevel::scalar);
+  EXPECT_TRUE(level_supported(best_level()));
+}
+
+}  // namespace
+}  // namespace pico::cpu

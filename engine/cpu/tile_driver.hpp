@@ -1,0 +1,96 @@
+// The loop shared by every SIMD kernel: a tile of R weight rows x C activation rows,
+// one accumulator per (row, token), each fed the same sequence of steps. vec_dot is
+// the 1 x 1 tile, so gemm and vec_dot perform, per output, the same float operations
+// in the same order: batch invariance holds by construction.
+//
+// A kernel K provides:
+//   using Acc, W, A;                 accumulator; one step of a weight / activation row
+//   static constexpr int64_t kStep;  elements per step (the last step may be partial)
+//   static constexpr int kRows, kCols, kGemvRows;  tile shapes (gemm, and gemm with 1 token)
+//   static Acc zero();
+//   static W load_w(const uint8_t* row, int64_t step, int64_t k);
+//   static A load_a(const uint8_t* row, int64_t step, int64_t k);
+//   static void step(Acc& acc, const W& w, const A& a);
+//   static float reduce(const Acc& acc);
+//
+// Include only from ISA kernel files: everything here has internal linkage, so each
+// file gets its own copy compiled with its own target flags (an inline function with
+// external linkage could be merged across files and run AVX-512 code on an AVX2 CPU).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace pico::cpu {
+namespace {
+
+// Weight rows stream from memory once per GEMV: prefetching this far ahead of each
+// row keeps enough reads in flight (the hardware prefetcher alone falls behind on
+// several interleaved streams). Only a hint: no effect on results.
+constexpr int64_t kPrefetchBytes = 1024;
+
+template <class K, int R, int C>
+inline void run_tile(int64_t k, const uint8_t* w, size_t w_row_bytes, const uint8_t* a, size_t a_row_bytes, float* out,
+                     int64_t out_stride) {
+  typename K::Acc acc[R][C];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) acc[r][c] = K::zero();
+  const int64_t steps = (k + K::kStep - 1) / K::kStep;
+  const int64_t step_bytes = static_cast<int64_t>(w_row_bytes) / steps;
+  for (int64_t s = 0; s < steps; ++s) {
+    if (step_bytes != 0) {
+      for (int r = 0; r < R; ++r) __builtin_prefetch(w + r * w_row_bytes + s * step_bytes + kPrefetchBytes);
+    }
+    typename K::W wv[R];
+    typename K::A av[C];
+    for (int r = 0; r < R; ++r) wv[r] = K::load_w(w + r * w_row_bytes, s, k);
+    for (int c = 0; c < C; ++c) av[c] = K::load_a(a + c * a_row_bytes, s, k);
+    for (int r = 0; r < R; ++r)
+      for (int c = 0; c < C; ++c) K::step(acc[r][c], wv[r], av[c]);
+  }
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) out[c * out_stride + r] = K::reduce(acc[r][c]);
+}
+
+template <class K>
+float tiled_vec_dot(int64_t k, const void* w, const void* a) {
+  float out = 0.0f;
+  run_tile<K, 1, 1>(k, static_cast<const uint8_t*>(w), 0, static_cast<const uint8_t*>(a), 0, &out, 1);
+  return out;
+}
+
+template <class K>
+void tiled_gemm(int64_t k, const void* w, size_t w_row_bytes, int64_t rows, const void* a, size_t a_row_bytes,
+                int64_t cols, float* out, int64_t out_stride) {
+  const auto* wb = static_cast<const uint8_t*>(w);
+  const auto* ab = static_cast<const uint8_t*>(a);
+  if (cols == 1) {
+    constexpr int R = K::kGemvRows;
+    int64_t r = 0;
+    for (; r + R <= rows; r += R) run_tile<K, R, 1>(k, wb + r * w_row_bytes, w_row_bytes, ab, 0, out + r, out_stride);
+    for (; r < rows; ++r) run_tile<K, 1, 1>(k, wb + r * w_row_bytes, w_row_bytes, ab, 0, out + r, out_stride);
+    return;
+  }
+  constexpr int R = K::kRows;
+  constexpr int C = K::kCols;
+  int64_t r = 0;
+  for (; r + R <= rows; r += R) {
+    const uint8_t* wr = wb + r * w_row_bytes;
+    int64_t c = 0;
+    for (; c + C <= cols; c += C)
+      run_tile<K, R, C>(k, wr, w_row_bytes, ab + c * a_row_bytes, a_row_bytes, out + c * out_stride + r, out_stride);
+    for (; c < cols; ++c)
+      run_tile<K, R, 1>(k, wr, w_row_bytes, ab + c * a_row_bytes, a_row_bytes, out + c * out_stride + r, out_stride);
+  }
+  for (; r < rows; ++r) {
+    const uint8_t* wr = wb + r * w_row_bytes;
+    int64_t c = 0;
+    for (; c + C <= cols; c += C)
+      run_tile<K, 1, C>(k, wr, w_row_bytes, ab + c * a_row_bytes, a_row_bytes, out + c * out_stride + r, out_stride);
+    for (; c < cols; ++c)
+      run_tile<K, 1, 1>(k, wr, w_row_bytes, ab + c * a_row_bytes, a_row_bytes, out + c * out_stride + r, out_stride);
+  }
+}
+
+}  // namespace
+}  // namespace pico::cpu
