@@ -26,6 +26,7 @@ struct MkmodelOptions {
   std::string type = "f32";
   std::string node_modules;
   std::string output;
+  size_t split_max_tensors = 0;  // > 0: write a split model, as llama.cpp's gguf-split does
   synthetic::SyntheticSpec spec;
 };
 
@@ -79,10 +80,19 @@ void run_mkmodel(MkmodelOptions options) {
 
   const synthetic::Vocabulary vocabulary = synthetic::load_vocabulary(spec.vocab, spec.node_modules);
   const gguf::Writer writer = synthetic::build_synthetic_model(spec, vocabulary);
-  writer.write(options.output);
-
   std::error_code ec;
-  const uintmax_t size = fs::file_size(options.output, ec);
+  uintmax_t size = 0;
+  if (options.split_max_tensors > 0) {
+    // "dir/model.gguf" becomes dir/model-00001-of-0000N.gguf, ...
+    fs::path prefix = options.output;
+    if (prefix.extension() == ".gguf") prefix.replace_extension();
+    const auto parts = writer.write_split(prefix, options.split_max_tensors);
+    for (const fs::path& part : parts) size += fs::file_size(part, ec);
+    options.output = parts.front().string() + fmt::format(" (+{} more parts)", parts.size() - 1);
+  } else {
+    writer.write(options.output);
+    size = fs::file_size(options.output, ec);
+  }
   std::cerr << fmt::format(
       "pico mkmodel: wrote {}: {} with the {} vocabulary ({} tokens), {} layers, embd {}, ff {}, heads {}/{}, "
       "head dim {}, ctx {}, {}, seed {}, {} embeddings, {} tensors, {}\n",
@@ -124,6 +134,8 @@ void add_mkmodel_command(CLI::App& app) {
                       "Folder holding the vocabulary packages (default $PICO_NODE_MODULES, else "
                       "tests/conformance/node_modules of this checkout)");
   command->add_option("-o,--output", options->output, "Output .gguf")->required();
+  command->add_option("--split-max-tensors", options->split_max_tensors,
+                      "Write a split model (OUT-00001-of-0000N.gguf ...) of at most N tensors per file");
   command->callback([options, kv_heads] {
     // GPT-2 has no grouped-query attention: unless asked otherwise, kv heads = heads.
     if (options->arch == "gpt2" && kv_heads->count() == 0) options->spec.n_head_kv = options->spec.n_head;
