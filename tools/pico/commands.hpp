@@ -13,5 +13,6 @@ void add_mkmodel_command(CLI::App& app);
 void add_tokenize_command(CLI::App& app);  // tokenize and detokenize
 void add_eval_command(CLI::App& app);      // eval (logits of token ids) and run (generate)
 void add_quantize_command(CLI::App& app);
+void add_template_command(CLI::App& app);
 
 }  // namespace pico::cli

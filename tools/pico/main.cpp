@@ -20,6 +20,7 @@ int main(int argc, char** argv) {
   pico::cli::add_tokenize_command(app);
   pico::cli::add_eval_command(app);
   pico::cli::add_quantize_command(app);
+  pico::cli::add_template_command(app);
 
   try {
     app.parse(argc, argv);
