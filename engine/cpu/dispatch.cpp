@@ -18,6 +18,13 @@ void fill_level(CpuLevel level, KernelTable& table) {
     case CpuLevel::avx2: fill_avx2_kernels(table); return;
     case CpuLevel::avx512: fill_avx512_kernels(table); return;
 #endif
+#if defined(__aarch64__) || defined(__arm__)
+    case CpuLevel::neon: fill_neon_kernels(table); return;
+#endif
+#if defined(__aarch64__)
+    case CpuLevel::dotprod: fill_dotprod_kernels(table); return;
+    // i8mm: no kernels of its own yet, dotprod's serve.
+#endif
     default: return;  // no kernels of this level in this build (yet): lower levels serve
   }
 }

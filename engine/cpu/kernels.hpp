@@ -68,5 +68,7 @@ void set_quantizer(KernelTable& table, GgmlType activation, QuantizeRowFn quanti
 void fill_scalar_kernels(KernelTable& table);
 void fill_avx2_kernels(KernelTable& table);
 void fill_avx512_kernels(KernelTable& table);
+void fill_neon_kernels(KernelTable& table);
+void fill_dotprod_kernels(KernelTable& table);
 
 }  // namespace pico::cpu

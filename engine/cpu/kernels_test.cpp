@@ -126,6 +126,33 @@ TEST(CpuKernels, ReportsWhichLevelServesEachType) {
   }
 }
 
+// The ARM levels' own kernels are the ones selected (not a silent scalar fallback).
+// Only ARM builds have ARM kernels to check (x86 builds run the same check for their
+// levels through the SIMD-vs-scalar tests above).
+#if defined(__aarch64__) || defined(__arm__)
+TEST(CpuKernels, ArmLevelsServeTheirOwnKernels) {
+  // pico's ARM builds target NEON hosts (aarch64 always has it; armv7 is built with -mfpu=neon).
+  ASSERT_TRUE(level_supported(CpuLevel::neon));
+  const KernelTable& neon = kernels_for(CpuLevel::neon);
+  for (GgmlType type : {GgmlType::F32, GgmlType::BF16, GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q5_0, GgmlType::IQ4_NL, GgmlType::Q4_K, GgmlType::Q6_K}) {
+    EXPECT_EQ(neon.vec_dot_level[slot(type)], CpuLevel::neon) << type_traits(type).name;
+  }
+#if defined(__aarch64__)
+  EXPECT_EQ(neon.vec_dot_level[slot(GgmlType::F16)], CpuLevel::neon);
+  for (CpuLevel level : {CpuLevel::dotprod, CpuLevel::i8mm}) {
+    if (!level_supported(level)) continue;
+    const KernelTable& table = kernels_for(level);
+    // i8mm has no kernels of its own yet: dotprod's serve it.
+    EXPECT_EQ(table.vec_dot_level[slot(GgmlType::Q8_0)], CpuLevel::dotprod) << level_name(level);
+    EXPECT_EQ(table.vec_dot_level[slot(GgmlType::Q4_0)], CpuLevel::dotprod) << level_name(level);
+    EXPECT_EQ(table.vec_dot_level[slot(GgmlType::Q4_K)], CpuLevel::dotprod) << level_name(level);
+    EXPECT_EQ(table.vec_dot_level[slot(GgmlType::Q6_K)], CpuLevel::dotprod) << level_name(level);
+    EXPECT_EQ(table.vec_dot_level[slot(GgmlType::F32)], CpuLevel::neon) << level_name(level);
+  }
+#endif
+}
+#endif
+
 TEST(CpuFeatures, LevelNamesRoundTrip) {
   for (CpuLevel level : {CpuLevel::scalar, CpuLevel::avx2, CpuLevel::avx512, CpuLevel::neon, CpuLevel::dotprod,
                          CpuLevel::i8mm}) {
