@@ -16,13 +16,6 @@ namespace pico::tokenizer::detail {
 
 namespace {
 
-struct Symbol {
-  int prev;
-  int next;
-  size_t offset;
-  size_t length;
-};
-
 struct Candidate {
   int left;
   int right;
@@ -42,12 +35,7 @@ class BpeWord {
   BpeWord(const Vocabulary& vocab, std::string_view word) : vocab_(vocab), word_(word) {}
 
   void run(std::vector<int32_t>& out) {
-    for (size_t offset = 0; offset < word_.size();) {
-      const size_t length = std::min(utf8_sequence_length(static_cast<uint8_t>(word_[offset])), word_.size() - offset);
-      const int index = static_cast<int>(symbols_.size());
-      symbols_.push_back({index - 1, offset + length == word_.size() ? -1 : index + 1, offset, length});
-      offset += length;
-    }
+    symbols_ = character_symbols(word_);
     for (int i = 1; i < static_cast<int>(symbols_.size()); ++i) consider(i - 1, i);
     while (!queue_.empty()) {
       const Candidate c = queue_.top();

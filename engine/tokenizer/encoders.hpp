@@ -40,6 +40,19 @@ class SpecialMatcher {
   bool root_byte_[256] = {};
 };
 
+// A piece of text in the merge loops of both encoders: a doubly linked list over
+// the text's characters, merged pairwise in place.
+struct Symbol {
+  int prev;
+  int next;
+  size_t offset;
+  size_t length;  // 0 once merged into its left neighbour
+};
+
+// One symbol per character of `text`, cut by the lengths their lead bytes announce
+// (no validation: an invalid byte may swallow the bytes after it, as in llama.cpp).
+std::vector<Symbol> character_symbols(std::string_view text);
+
 // SentencePiece BPE (vocabulary type SPM) of one fragment whose spaces are already
 // U+2581: highest-scoring adjacent pair first, bytes of what no token covers.
 void encode_spm(const Vocabulary& vocab, std::string_view text, std::vector<int32_t>& out);

@@ -13,14 +13,18 @@
 
 namespace pico::tokenizer::detail {
 
-namespace {
+std::vector<Symbol> character_symbols(std::string_view text) {
+  std::vector<Symbol> symbols;
+  for (size_t offset = 0; offset < text.size();) {
+    const size_t length = std::min(utf8_sequence_length(static_cast<uint8_t>(text[offset])), text.size() - offset);
+    const int index = static_cast<int>(symbols.size());
+    symbols.push_back({index - 1, offset + length == text.size() ? -1 : index + 1, offset, length});
+    offset += length;
+  }
+  return symbols;
+}
 
-struct Symbol {
-  int prev;
-  int next;
-  size_t offset;
-  size_t length;  // 0 once merged into its left neighbour
-};
+namespace {
 
 struct Candidate {
   int left;
@@ -41,12 +45,7 @@ class SpmSession {
   SpmSession(const Vocabulary& vocab, std::string_view text) : vocab_(vocab), text_(text) {}
 
   void run(std::vector<int32_t>& out) {
-    for (size_t offset = 0; offset < text_.size();) {
-      const size_t length = std::min(utf8_sequence_length(static_cast<uint8_t>(text_[offset])), text_.size() - offset);
-      const int index = static_cast<int>(symbols_.size());
-      symbols_.push_back({index - 1, offset + length == text_.size() ? -1 : index + 1, offset, length});
-      offset += length;
-    }
+    symbols_ = character_symbols(text_);
     if (symbols_.empty()) return;
     for (int i = 1; i < static_cast<int>(symbols_.size()); ++i) consider(i - 1, i);
 
