@@ -1,0 +1,121 @@
+// The operations a model forward pass calls, behind one small interface, so that a
+// later GPU backend can own a range of layers (their weights and KV) while the model
+// files stay the same. Plain virtual functions over float buffers; row-major rows.
+//
+// Numerics follow llama.cpp's CPU backend (ggml-cpu) at its points of rounding:
+// matmul quantizes activations to the weight type's dot partner, RMSNorm sums x^2 in
+// double, RoPE computes its angles with powf/cosf/sinf in float, GELU goes through
+// ggml's F16 table. Every op treats each row on its own, so a row's result does not
+// depend on the batch it came in (batch invariance).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+
+#include "quant/type_traits.hpp"
+#include "state/kv_cache.hpp"
+
+namespace pico::backend {
+
+enum class Op {
+  matmul,
+  get_rows,
+  rms_norm,
+  layer_norm,
+  rope,
+  attention,
+  add,
+  mul,
+  scale,
+  silu,
+  gelu,
+  gelu_erf,
+  softmax,
+};
+
+// A weight matrix: `rows` rows of `cols` values of `type`, row after row.
+struct Weight {
+  GgmlType type = GgmlType::F32;
+  const void* data = nullptr;
+  int64_t cols = 0;
+  int64_t rows = 0;
+  explicit operator bool() const { return data != nullptr; }
+};
+
+struct RopeParams {
+  int32_t n_dims = 0;   // leading dimensions of each head that rotate
+  bool neox = false;    // pairs (i, i + n_dims/2); normal mode: pairs (2i, 2i+1)
+  float freq_base = 10000.0f;
+  float freq_scale = 1.0f;  // 1 / linear scaling factor
+  // YaRN (ext_factor 0: off).
+  float ext_factor = 0.0f;
+  float attn_factor = 1.0f;
+  float beta_fast = 32.0f;
+  float beta_slow = 1.0f;
+  int32_t n_ctx_orig = 0;
+};
+
+// One query token of an attention call: its position and its sequence's KV layer
+// (which already holds this token's own K and V at `pos`).
+struct AttentionQuery {
+  int32_t pos = 0;
+  state::KvLayerView kv;
+};
+
+struct AttentionParams {
+  int64_t n_head = 0;
+  int64_t n_head_kv = 0;
+  int64_t head_dim_k = 0;
+  int64_t head_dim_v = 0;
+  float scale = 1.0f;       // applied to q . k
+  int32_t window = 0;       // > 0: keys with pos - key_pos >= window are masked (sliding window)
+  float softcap = 0.0f;     // > 0: scores = softcap * tanh(scores / softcap)
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual const char* name() const = 0;
+  virtual bool supports(Op op, GgmlType type) const = 0;
+
+  // y[t * w.rows + r] = dot(row r of w, row t of x) for tokens rows of x (w.cols each).
+  virtual void matmul(const Weight& w, const float* x, int64_t tokens, float* y) = 0;
+  // Several weights over the same input (Q, K, V; gate, up): the input is quantized
+  // once per distinct activation type. ys[i] receives tokens * ws[i].rows values.
+  virtual void matmul_many(std::span<const Weight> ws, const float* x, int64_t tokens, std::span<float* const> ys) = 0;
+  // out row i = row ids[i] of table, dequantized to float.
+  virtual void get_rows(const Weight& table, const int32_t* ids, int64_t count, float* out) = 0;
+
+  // y = x / sqrt(mean(x^2) + eps) * w (w may be null), rows of n.
+  virtual void rms_norm(const float* x, const float* w, int64_t n, int64_t rows, float eps, float* y) = 0;
+  // y = (x - mean) / sqrt(var + eps) * w + b (w, b may be null).
+  virtual void layer_norm(const float* x, const float* w, const float* b, int64_t n, int64_t rows, float eps,
+                          float* y) = 0;
+  // Rotates, in place, `heads` heads of head_dim values per token; token t's heads
+  // start at x + t * row_stride, at position pos[t].
+  virtual void rope(float* x, int64_t tokens, int64_t row_stride, int64_t heads, int64_t head_dim,
+                    const int32_t* pos, const RopeParams& params) = 0;
+  // out row t (n_head * head_dim_v) = softmax(scale * q_t . K[0..pos]) V for each head;
+  // q rows are n_head * head_dim_k floats, query q_row_stride apart. Head h reads KV
+  // head h / (n_head / n_head_kv). Each query's keys are visited in the same order
+  // whatever the batch.
+  virtual void attention(const float* q, int64_t q_row_stride, std::span<const AttentionQuery> queries,
+                         const AttentionParams& params, float* out) = 0;
+
+  // Elementwise over rows of n: y = a + b (b broadcast over rows when b_rows == 1).
+  virtual void add(const float* a, const float* b, int64_t n, int64_t rows, int64_t b_rows, float* y) = 0;
+  virtual void mul(const float* a, const float* b, int64_t n, int64_t rows, int64_t b_rows, float* y) = 0;
+  virtual void scale(float* x, int64_t count, float factor) = 0;
+  virtual void silu(const float* x, int64_t count, float* y) = 0;
+  // ggml's GELU: the tanh approximation, through its F16 lookup table.
+  virtual void gelu(const float* x, int64_t count, float* y) = 0;
+  virtual void gelu_erf(const float* x, int64_t count, float* y) = 0;
+  // In place, rows of n.
+  virtual void softmax(float* x, int64_t n, int64_t rows) = 0;
+};
+
+// The CPU backend over engine/cpu, with its own thread pool of `threads` threads.
+std::unique_ptr<Backend> make_cpu_backend(int threads);
+
+}  // namespace pico::backend

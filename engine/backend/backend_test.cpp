@@ -1,0 +1,148 @@
+// The CPU backend's ops against straightforward float references.
+#include "backend/backend.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+namespace pico::backend {
+namespace {
+
+std::vector<float> wave(size_t n, float a, float b = 0.0f) {
+  std::vector<float> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = std::sin(a * static_cast<float>(i) + b) * 1.5f;
+  return v;
+}
+
+TEST(CpuBackend, RmsNormAndLayerNorm) {
+  auto be = make_cpu_backend(2);
+  const int64_t n = 48, rows = 3;
+  const auto x = wave(static_cast<size_t>(n * rows), 0.7f), w = wave(static_cast<size_t>(n), 0.3f, 1.0f);
+  std::vector<float> y(x.size()), z(x.size());
+  be->rms_norm(x.data(), w.data(), n, rows, 1e-5f, y.data());
+  be->layer_norm(x.data(), w.data(), w.data(), n, rows, 1e-5f, z.data());
+  for (int64_t r = 0; r < rows; ++r) {
+    double ss = 0, s = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      ss += x[static_cast<size_t>(r * n + i)] * x[static_cast<size_t>(r * n + i)];
+      s += x[static_cast<size_t>(r * n + i)];
+    }
+    const double mean = s / n;
+    double var = 0;
+    for (int64_t i = 0; i < n; ++i) var += std::pow(x[static_cast<size_t>(r * n + i)] - mean, 2);
+    var /= n;
+    for (int64_t i = 0; i < n; ++i) {
+      const size_t k = static_cast<size_t>(r * n + i);
+      EXPECT_NEAR(y[k], x[k] / std::sqrt(ss / n + 1e-5) * w[static_cast<size_t>(i)], 1e-5);
+      EXPECT_NEAR(z[k], (x[k] - mean) / std::sqrt(var + 1e-5) * w[static_cast<size_t>(i)] + w[static_cast<size_t>(i)], 1e-5);
+    }
+  }
+}
+
+TEST(CpuBackend, RopeNormalAndNeox) {
+  auto be = make_cpu_backend(1);
+  const int64_t d = 16, heads = 2;
+  for (bool neox : {false, true}) {
+    auto x = wave(static_cast<size_t>(heads * d), 0.9f);
+    const auto orig = x;
+    const int32_t pos = 7;
+    RopeParams p;
+    p.n_dims = 16;
+    p.neox = neox;
+    p.freq_base = 10000.0f;
+    be->rope(x.data(), 1, heads * d, heads, d, &pos, p);
+    for (int64_t h = 0; h < heads; ++h) {
+      for (int64_t i = 0; i < d / 2; ++i) {
+        const double theta = pos * std::pow(10000.0, -2.0 * static_cast<double>(i) / d);
+        const int64_t a = neox ? i : 2 * i, b = neox ? i + d / 2 : 2 * i + 1;
+        const double x0 = orig[static_cast<size_t>(h * d + a)], x1 = orig[static_cast<size_t>(h * d + b)];
+        EXPECT_NEAR(x[static_cast<size_t>(h * d + a)], x0 * std::cos(theta) - x1 * std::sin(theta), 1e-4);
+        EXPECT_NEAR(x[static_cast<size_t>(h * d + b)], x0 * std::sin(theta) + x1 * std::cos(theta), 1e-4);
+      }
+    }
+  }
+}
+
+TEST(CpuBackend, SoftmaxGeluSilu) {
+  auto be = make_cpu_backend(1);
+  auto x = wave(10, 1.1f);
+  const auto orig = x;
+  be->softmax(x.data(), 10, 1);
+  double sum = 0;
+  for (float v : orig) sum += std::exp(v);
+  for (size_t i = 0; i < 10; ++i) EXPECT_NEAR(x[i], std::exp(orig[i]) / sum, 1e-6);
+  std::vector<float> g(10), s(10), e(10);
+  be->gelu(orig.data(), 10, g.data());
+  be->silu(orig.data(), 10, s.data());
+  be->gelu_erf(orig.data(), 10, e.data());
+  for (size_t i = 0; i < 10; ++i) {
+    const double v = orig[i];
+    EXPECT_NEAR(g[i], 0.5 * v * (1 + std::tanh(std::sqrt(2 / M_PI) * (v + 0.044715 * v * v * v))), 2e-3);  // via F16
+    EXPECT_NEAR(e[i], 0.5 * v * (1 + std::erf(v / std::sqrt(2.0))), 1e-6);
+    EXPECT_NEAR(s[i], v / (1 + std::exp(-v)), 1e-6);
+  }
+}
+
+// Attention over an F32 cache against a direct softmax(q k^T) v, with GQA and a window.
+TEST(CpuBackend, AttentionMatchesReference) {
+  auto be = make_cpu_backend(2);
+  state::KvConfig c;
+  c.last_layer = 1;
+  c.n_kv_heads = 2;
+  c.head_dim_k = 8;
+  c.head_dim_v = 8;
+  c.k_type = c.v_type = GgmlType::F32;
+  state::KvState kv(c);
+  const int64_t n_pos = 6, n_head = 4;
+  for (int64_t p = 0; p < n_pos; ++p) {
+    kv.write(0, p, wave(16, 0.5f, static_cast<float>(p)).data(), wave(16, 0.8f, static_cast<float>(-p)).data());
+  }
+  const auto q = wave(static_cast<size_t>(2 * n_head * 8), 0.31f);
+  for (int32_t window : {0, 3}) {
+    std::vector<AttentionQuery> queries = {{4, kv.layer(0)}, {5, kv.layer(0)}};
+    AttentionParams p{n_head, 2, 8, 8, 0.35f, window, 0.0f};
+    std::vector<float> out(static_cast<size_t>(2 * n_head * 8));
+    be->attention(q.data(), n_head * 8, queries, p, out.data());
+    for (int64_t t = 0; t < 2; ++t) {
+      const int64_t pos = queries[static_cast<size_t>(t)].pos;
+      for (int64_t h = 0; h < n_head; ++h) {
+        const int64_t kvh = h / 2;
+        std::vector<double> w;
+        const int64_t first = window ? pos - window + 1 : 0;
+        for (int64_t j = first; j <= pos; ++j) {
+          const auto k = wave(16, 0.5f, static_cast<float>(j));
+          double dot = 0;
+          for (int64_t i = 0; i < 8; ++i) dot += q[static_cast<size_t>(t * n_head * 8 + h * 8 + i)] * k[static_cast<size_t>(kvh * 8 + i)];
+          w.push_back(std::exp(dot * 0.35));
+        }
+        double sum = 0;
+        for (double v : w) sum += v;
+        for (int64_t i = 0; i < 8; ++i) {
+          double want = 0;
+          for (int64_t j = first; j <= pos; ++j) {
+            want += w[static_cast<size_t>(j - first)] / sum * wave(16, 0.8f, static_cast<float>(-j))[static_cast<size_t>(kvh * 8 + i)];
+          }
+          EXPECT_NEAR(out[static_cast<size_t>(t * n_head * 8 + h * 8 + i)], want, 1e-5) << "window " << window;
+        }
+      }
+    }
+  }
+}
+
+TEST(CpuBackend, MatmulManyEqualsMatmul) {
+  auto be = make_cpu_backend(2);
+  const auto w1 = wave(64 * 5, 0.13f), w2 = wave(64 * 3, 0.29f), x = wave(64 * 4, 0.41f);
+  const Weight ws[2] = {{GgmlType::F32, w1.data(), 64, 5}, {GgmlType::F32, w2.data(), 64, 3}};
+  std::vector<float> a(20), b(12), a2(20), b2(12);
+  float* const ys[2] = {a.data(), b.data()};
+  be->matmul_many(ws, x.data(), 4, ys);
+  be->matmul(ws[0], x.data(), 4, a2.data());
+  be->matmul(ws[1], x.data(), 4, b2.data());
+  EXPECT_EQ(a, a2);
+  EXPECT_EQ(b, b2);
+  EXPECT_TRUE(be->supports(Op::matmul, GgmlType::Q4_K));
+}
+
+}  // namespace
+}  // namespace pico::backend

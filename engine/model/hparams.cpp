@@ -1,0 +1,105 @@
+#include "model/hparams.hpp"
+
+#include <cmath>
+#include <stdexcept>
+
+namespace pico::model {
+namespace {
+
+struct Keys {
+  const gguf::Metadata& md;
+  std::string prefix;
+
+  std::optional<int64_t> i(const std::string& key) const { return md.get_int(prefix + key); }
+  std::optional<double> f(const std::string& key) const { return md.get_float(prefix + key); }
+  int64_t need_i(const std::string& key) const {
+    const auto v = i(key);
+    if (!v) throw std::invalid_argument("model metadata lacks " + prefix + key);
+    return *v;
+  }
+};
+
+}  // namespace
+
+Hparams read_hparams(const gguf::Metadata& md, int64_t n_vocab) {
+  Hparams hp;
+  const auto arch = md.get_string("general.architecture");
+  if (!arch) throw std::invalid_argument("model metadata lacks general.architecture");
+  hp.arch_name = std::string(*arch);
+  if (hp.arch_name == "llama" || hp.arch_name == "mistral") {
+    hp.arch = Arch::llama;
+  } else if (hp.arch_name == "qwen2") {
+    hp.arch = Arch::qwen2;
+  } else if (hp.arch_name == "qwen3") {
+    hp.arch = Arch::qwen3;
+  } else if (hp.arch_name == "gpt2") {
+    hp.arch = Arch::gpt2;
+  } else if (hp.arch_name == "gemma3") {
+    hp.arch = Arch::gemma3;
+  } else {
+    throw std::invalid_argument("architecture '" + hp.arch_name + "' is not supported");
+  }
+  const Keys k{md, hp.arch_name + "."};
+  hp.n_layer = k.need_i("block_count");
+  hp.n_embd = k.need_i("embedding_length");
+  hp.n_ff = k.need_i("feed_forward_length");
+  hp.n_head = k.need_i("attention.head_count");
+  hp.n_head_kv = k.i("attention.head_count_kv").value_or(hp.n_head);
+  hp.n_ctx_train = k.i("context_length").value_or(0);
+  hp.n_vocab = n_vocab;
+  if (hp.n_layer <= 0 || hp.n_embd <= 0 || hp.n_head <= 0 || hp.n_head_kv <= 0 || hp.n_head % hp.n_head_kv != 0) {
+    throw std::invalid_argument("model metadata: bad layer or head counts");
+  }
+  hp.head_dim_k = k.i("attention.key_length").value_or(hp.n_embd / hp.n_head);
+  hp.head_dim_v = k.i("attention.value_length").value_or(hp.n_embd / hp.n_head);
+
+  const auto rms_eps = k.f("attention.layer_norm_rms_epsilon");
+  const auto ln_eps = k.f("attention.layer_norm_epsilon");
+  if (hp.arch == Arch::gpt2) {
+    hp.norm_eps = static_cast<float>(ln_eps.value_or(1e-5));
+  } else {
+    hp.norm_eps = static_cast<float>(rms_eps.value_or(ln_eps.value_or(1e-5)));
+  }
+
+  hp.rope_neox = hp.arch == Arch::qwen2 || hp.arch == Arch::qwen3 || hp.arch == Arch::gemma3;
+  hp.n_rot = static_cast<int32_t>(k.i("rope.dimension_count").value_or(hp.head_dim_k));
+  hp.rope_freq_base = static_cast<float>(k.f("rope.freq_base").value_or(10000.0));
+  float factor = static_cast<float>(k.f("rope.scale_linear").value_or(1.0));
+  const auto scaling = md.get_string(k.prefix + "rope.scaling.type");
+  if (const auto f = k.f("rope.scaling.factor"); f && *f > 0) factor = static_cast<float>(*f);
+  if (scaling && *scaling == "yarn") {
+    hp.rope_scaling = RopeScaling::yarn;
+  } else if ((scaling && *scaling == "linear") || (!scaling && factor != 1.0f)) {
+    hp.rope_scaling = RopeScaling::linear;
+  }
+  if (hp.rope_scaling != RopeScaling::none && factor > 0) hp.rope_freq_scale = 1.0f / factor;
+  hp.rope_n_ctx_orig = static_cast<int32_t>(k.i("rope.scaling.original_context_length").value_or(hp.n_ctx_train));
+  if (hp.rope_scaling == RopeScaling::yarn) {
+    // Not yet checked against llama.cpp on a YaRN model (its attention-factor
+    // corrections of newer versions are not reproduced).
+    hp.yarn_ext_factor = static_cast<float>(k.f("rope.scaling.yarn_ext_factor").value_or(1.0));
+    hp.yarn_attn_factor = static_cast<float>(
+        k.f("rope.scaling.yarn_attn_factor").value_or(k.f("rope.scaling.attn_factor").value_or(1.0)));
+    hp.yarn_beta_fast = static_cast<float>(k.f("rope.scaling.yarn_beta_fast").value_or(32.0));
+    hp.yarn_beta_slow = static_cast<float>(k.f("rope.scaling.yarn_beta_slow").value_or(1.0));
+  }
+
+  hp.final_logit_softcap = static_cast<float>(k.f("final_logit_softcapping").value_or(0.0));
+  if (hp.arch == Arch::gemma3) {
+    hp.n_swa = static_cast<int32_t>(k.i("attention.sliding_window").value_or(0));
+    if (hp.n_swa > 0) {
+      const int64_t period = k.i("attention.sliding_window_pattern").value_or(6);
+      hp.swa_layers.resize(static_cast<size_t>(hp.n_layer));
+      for (int64_t il = 0; il < hp.n_layer; ++il) {
+        hp.swa_layers[static_cast<size_t>(il)] = period == 0 || (il % period < period - 1);
+      }
+      hp.rope_freq_base_swa = static_cast<float>(k.f("rope.freq_base_swa").value_or(10000.0));
+    }
+    hp.attn_scale = hp.n_layer == 62 ? 1.0f / std::sqrt(static_cast<float>(hp.n_embd / hp.n_head))
+                                     : 1.0f / std::sqrt(static_cast<float>(hp.head_dim_k));
+  }
+  if (hp.attn_scale == 0.0f) hp.attn_scale = 1.0f / std::sqrt(static_cast<float>(hp.head_dim_k));
+  return hp;
+}
+
+}  // namespace pico::model

@@ -1,0 +1,158 @@
+// A loaded model: hyperparameters, weights as views into the GGUF mapping, and a
+// forward pass over a range of layers for a batch of tokens that may come from
+// several sequences at different positions.
+//
+// One file per architecture family (llama.cpp, qwen2.cpp, qwen3.cpp, gpt2.cpp,
+// gemma3.cpp) loads its layer weights and computes a layer; this file's Model runs
+// the stage: embedding (the stage holding layer 0), the layers, then the output
+// norm and head (the stage holding the last layer). Every op goes through a
+// backend::Backend.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "backend/backend.hpp"
+#include "gguf/reader.hpp"
+#include "model/hparams.hpp"
+#include "state/kv_cache.hpp"
+
+namespace pico::model {
+
+using backend::Weight;
+
+// A 1-D float vector (norm weights, biases): a view into the mapping for F32, else a
+// converted copy owned by the model.
+struct Vec {
+  const float* data = nullptr;
+  int64_t n = 0;
+  explicit operator bool() const { return data != nullptr; }
+};
+
+struct LayerWeights {
+  Vec attn_norm, attn_norm_b;
+  Weight wq, wk, wv, wqkv, wo;
+  Vec bq, bk, bv, bqkv, bo;
+  Vec q_norm, k_norm;         // per head (qwen3, gemma3)
+  Vec attn_post_norm;         // gemma3
+  Vec ffn_norm, ffn_norm_b;
+  Weight ffn_gate, ffn_up, ffn_down;
+  Vec ffn_up_b, ffn_down_b;
+  Vec ffn_post_norm;          // gemma3
+};
+
+struct Weights {
+  Weight tok_embd;
+  Weight pos_embd;  // gpt2
+  Vec output_norm, output_norm_b;
+  Weight output;    // token_embd when the file has no output.weight (tied)
+  std::vector<LayerWeights> layers;
+};
+
+struct BatchToken {
+  int32_t seq_id = 0;
+  int32_t pos = 0;
+  int32_t token = 0;  // used by the stage holding layer 0
+  bool logits = true; // the last stage returns this token's logits
+};
+
+struct LayerRange {
+  int32_t first = 0;
+  int32_t last = 0;  // exclusive
+};
+
+// What a layer function works with during one forward call.
+struct ForwardContext {
+  backend::Backend& be;
+  std::span<const BatchToken> batch;
+  state::KvCache& cache;
+  std::vector<int32_t> pos;  // batch positions
+  int64_t n_tokens() const { return static_cast<int64_t>(batch.size()); }
+};
+
+class Model {
+ public:
+  // Loads the architecture the metadata names. The file must outlive the model.
+  static std::unique_ptr<Model> load(const gguf::Model& file);
+  virtual ~Model() = default;
+
+  const Hparams& hparams() const { return hp_; }
+  const Weights& weights() const { return w_; }
+  LayerRange all_layers() const { return {0, static_cast<int32_t>(hp_.n_layer)}; }
+
+  // The KV cache configuration for a stage's layers.
+  state::KvConfig kv_config(LayerRange range, GgmlType k_type = GgmlType::F16, GgmlType v_type = GgmlType::F16) const;
+
+  // Runs layers [range.first, range.last) for `batch`. The stage holding layer 0
+  // embeds the batch's tokens; other stages take `hidden` (batch.size() rows of
+  // n_embd). Returns logits (one row of n_vocab per token whose `logits` is set, in
+  // batch order) when the range ends with the last layer, else the hidden states
+  // after range.last - 1 (every token). Within the batch,
+  // a sequence's positions must follow one another and continue its cached state
+  // (KV positions are contiguous); the tokens' K and V are stored in `cache`.
+  std::vector<float> forward(backend::Backend& be, std::span<const BatchToken> batch, const float* hidden,
+                             LayerRange range, state::KvCache& cache) const;
+
+ protected:
+  Model(const gguf::Model& file, Hparams hp);
+
+  // Per architecture.
+  virtual void load_layer(int32_t il, LayerWeights& layer) = 0;
+  virtual void embed(ForwardContext& ctx, float* x) const;
+  virtual void layer(ForwardContext& ctx, int32_t il, float* x) const = 0;
+  virtual void output_norm(ForwardContext& ctx, float* x) const;
+
+  // Loading helpers: a matrix of `cols` x `rows` (shape checked), or a vector of n.
+  Weight matrix(const std::string& name, int64_t cols, int64_t rows, bool required = true) const;
+  Vec vec(const std::string& name, int64_t n, bool required = true);
+  static std::string blk(int32_t il, const std::string& name) { return "blk." + std::to_string(il) + "." + name; }
+
+  // Shared blocks for the layer functions.
+  struct AttentionSpec {
+    const float* q_norm = nullptr;  // per-head RMSNorm weights of Q and K (head_dim_k)
+    const float* k_norm = nullptr;
+    backend::RopeParams rope;       // n_dims 0: no rope
+    int32_t window = 0;
+    float scale = 0.0f;             // q.k scale; 0: hparams' attn_scale
+  };
+  // Q, K, V already projected (tokens rows of n_head*dk, n_head_kv*dk, n_head_kv*dv,
+  // rows `stride_*` apart): per-head norms, rope, KV store, attention. Writes
+  // tokens rows of n_head * head_dim_v to out.
+  void attention(ForwardContext& ctx, int32_t il, float* q, float* k, float* v, int64_t stride_q, int64_t stride_k,
+                 int64_t stride_v, const AttentionSpec& spec, float* out) const;
+  // attention() over project_qkv's rows (dense strides).
+  void attention(ForwardContext& ctx, int32_t il, std::vector<float>& q, std::vector<float>& k,
+                 std::vector<float>& v, const AttentionSpec& spec, float* out) const {
+    attention(ctx, il, q.data(), k.data(), v.data(), hp_.n_head * hp_.head_dim_k, hp_.n_head_kv * hp_.head_dim_k,
+              hp_.n_head_kv * hp_.head_dim_v, spec, out);
+  }
+  backend::RopeParams rope_params(float freq_base, float freq_scale) const;
+  // Q, K, V projections of tokens rows of xn (separate wq/wk/wv, or fused wqkv), plus
+  // biases when the layer has them: q rows of n_head*dk, k and v of n_head_kv*dk/dv.
+  void project_qkv(ForwardContext& ctx, const LayerWeights& lw, const float* xn, std::vector<float>& q,
+                   std::vector<float>& k, std::vector<float>& v) const;
+  // down(act(gate(xn)) * up(xn)) with act SiLU (gelu false) or ggml's GELU.
+  void gated_ffn(ForwardContext& ctx, const LayerWeights& lw, const float* xn, bool gelu, float* out) const;
+  // x += o, rows of n_embd.
+  void residual(ForwardContext& ctx, float* x, const float* o) const;
+
+  const gguf::Model& file_;
+  Hparams hp_;
+  Weights w_;
+
+ private:
+  void load_all();
+  std::vector<std::vector<float>> owned_;  // converted vectors
+};
+
+// Factories (one per architecture file).
+std::unique_ptr<Model> make_llama(const gguf::Model& file, Hparams hp);
+std::unique_ptr<Model> make_qwen2(const gguf::Model& file, Hparams hp);
+std::unique_ptr<Model> make_qwen3(const gguf::Model& file, Hparams hp);
+std::unique_ptr<Model> make_gpt2(const gguf::Model& file, Hparams hp);
+std::unique_ptr<Model> make_gemma3(const gguf::Model& file, Hparams hp);
+
+}  // namespace pico::model

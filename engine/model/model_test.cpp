@@ -1,0 +1,275 @@
+// Forward-pass properties on small generated models: batch invariance (one batch,
+// micro-batches, token by token, two sequences mixed in one batch all give
+// bit-identical logits), layer-range split equal to the whole model, KV truncation.
+#include "model/model.hpp"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "gguf/writer.hpp"
+#include "quant/float_convert.hpp"
+#include "quant/quantize.hpp"
+
+namespace pico::model {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr int64_t kVocab = 96, kEmbd = 64, kFf = 128, kHead = 4, kHeadKv = 2, kLayers = 3, kCtx = 64;
+
+struct Gen {
+  gguf::Writer w;
+  GgmlType type;
+  uint64_t state = 12345;
+
+  float next() {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    return static_cast<float>(static_cast<int64_t>(state >> 40) - (1 << 23)) / static_cast<float>(1 << 23);
+  }
+  void tensor(const std::string& name, std::vector<uint64_t> shape, float scale, float mean, GgmlType t) {
+    uint64_t n = 1;
+    for (uint64_t d : shape) n *= d;
+    std::vector<float> v(n);
+    for (float& x : v) x = mean + scale * next();
+    const size_t bytes = *bytes_of(type_traits(t), n);
+    std::vector<uint8_t> data(bytes);
+    if (t == GgmlType::F32) {
+      std::memcpy(data.data(), v.data(), bytes);
+    } else {
+      quantize_row(t, v.data(), data.data(), static_cast<int64_t>(n));
+    }
+    w.add_tensor(name, t, std::move(shape), std::move(data));
+  }
+  void mat(const std::string& name, int64_t cols, int64_t rows) {
+    tensor(name, {static_cast<uint64_t>(cols), static_cast<uint64_t>(rows)}, 1.7f / std::sqrt(static_cast<float>(cols)), 0, type);
+  }
+  void vec(const std::string& name, int64_t n, float mean = 1.0f) {
+    tensor(name, {static_cast<uint64_t>(n)}, 0.1f, mean, GgmlType::F32);
+  }
+};
+
+fs::path write_model(const std::string& arch, GgmlType type) {
+  Gen g{{}, type};
+  auto& md = g.w.metadata();
+  const std::string a = arch;
+  const int64_t hd = 16;
+  md.set("general.architecture", a);
+  md.set(a + ".block_count", static_cast<uint32_t>(kLayers));
+  md.set(a + ".context_length", static_cast<uint32_t>(kCtx));
+  md.set(a + ".embedding_length", static_cast<uint32_t>(kEmbd));
+  md.set(a + ".feed_forward_length", static_cast<uint32_t>(kFf));
+  md.set(a + ".attention.head_count", static_cast<uint32_t>(kHead));
+  md.set(a + ".attention.head_count_kv", static_cast<uint32_t>(arch == "gpt2" ? kHead : kHeadKv));
+  md.set(a + (arch == "gpt2" ? ".attention.layer_norm_epsilon" : ".attention.layer_norm_rms_epsilon"), 1e-5f);
+  md.set(a + ".rope.freq_base", 10000.0f);
+  if (arch == "gemma3") md.set(a + ".attention.sliding_window", uint32_t{5});
+  const int64_t nkv = (arch == "gpt2" ? kHead : kHeadKv) * hd;
+  g.mat("token_embd.weight", kEmbd, kVocab);
+  if (arch == "gpt2") g.mat("position_embd.weight", kEmbd, kCtx);
+  for (int64_t il = 0; il < kLayers; ++il) {
+    const std::string b = "blk." + std::to_string(il) + ".";
+    g.vec(b + "attn_norm.weight", kEmbd);
+    g.vec(b + "ffn_norm.weight", kEmbd);
+    g.mat(b + "ffn_up.weight", kEmbd, kFf);
+    g.mat(b + "ffn_down.weight", kFf, kEmbd);
+    g.mat(b + "attn_output.weight", kHead * hd, kEmbd);
+    if (arch == "gpt2") {
+      g.vec(b + "attn_norm.bias", kEmbd, 0);
+      g.vec(b + "ffn_norm.bias", kEmbd, 0);
+      g.mat(b + "attn_qkv.weight", kEmbd, kHead * hd + 2 * nkv);
+      g.vec(b + "attn_qkv.bias", kHead * hd + 2 * nkv, 0);
+      g.vec(b + "attn_output.bias", kEmbd, 0);
+      g.vec(b + "ffn_up.bias", kFf, 0);
+      g.vec(b + "ffn_down.bias", kEmbd, 0);
+      continue;
+    }
+    g.mat(b + "attn_q.weight", kEmbd, kHead * hd);
+    g.mat(b + "attn_k.weight", kEmbd, nkv);
+    g.mat(b + "attn_v.weight", kEmbd, nkv);
+    g.mat(b + "ffn_gate.weight", kEmbd, kFf);
+    if (arch == "qwen2") {
+      g.vec(b + "attn_q.bias", kHead * hd, 0);
+      g.vec(b + "attn_k.bias", nkv, 0);
+      g.vec(b + "attn_v.bias", nkv, 0);
+    }
+    if (arch == "qwen3" || arch == "gemma3") {
+      g.vec(b + "attn_q_norm.weight", hd);
+      g.vec(b + "attn_k_norm.weight", hd);
+    }
+    if (arch == "gemma3") {
+      g.vec(b + "post_attention_norm.weight", kEmbd);
+      g.vec(b + "post_ffw_norm.weight", kEmbd);
+    }
+  }
+  g.vec("output_norm.weight", kEmbd);
+  if (arch == "gpt2") g.vec("output_norm.bias", kEmbd, 0);
+  if (arch != "gemma3") g.mat("output.weight", kEmbd, kVocab);  // gemma3: tied
+  const fs::path path = fs::temp_directory_path() /
+                        ("pico_model_test_" + arch + "_" + std::to_string(static_cast<int>(type)) + "_" +
+                         std::to_string(getpid()) + ".gguf");
+  g.w.write(path);
+  return path;
+}
+
+struct Loaded {
+  fs::path path;
+  std::unique_ptr<gguf::Model> file;
+  std::unique_ptr<Model> model;
+  std::unique_ptr<backend::Backend> be = backend::make_cpu_backend(2);
+
+  Loaded(const std::string& arch, GgmlType type) : path(write_model(arch, type)) {
+    file = gguf::Model::open(path);
+    model = Model::load(*file);
+  }
+  ~Loaded() {
+    std::error_code ec;
+    fs::remove(path, ec);
+  }
+  state::KvCache cache(LayerRange r) const { return state::KvCache(model->kv_config(r)); }
+};
+
+std::vector<int32_t> prompt(int n, int salt) {
+  std::vector<int32_t> ids;
+  for (int i = 0; i < n; ++i) ids.push_back((i * 37 + salt * 11 + 5) % static_cast<int>(kVocab));
+  return ids;
+}
+
+// Logits of `ids` for sequence `seq`, fed in chunks of `chunk`.
+std::vector<float> run(Loaded& m, const std::vector<int32_t>& ids, size_t chunk) {
+  state::KvCache cache = m.cache(m.model->all_layers());
+  std::vector<float> all;
+  for (size_t s = 0; s < ids.size(); s += chunk) {
+    std::vector<BatchToken> batch;
+    for (size_t i = s; i < std::min(ids.size(), s + chunk); ++i) batch.push_back({0, static_cast<int32_t>(i), ids[i]});
+    const auto logits = m.model->forward(*m.be, batch, nullptr, m.model->all_layers(), cache);
+    all.insert(all.end(), logits.begin(), logits.end());
+  }
+  return all;
+}
+
+struct Param {
+  std::string arch;
+  GgmlType type;
+};
+
+void PrintTo(const Param& p, std::ostream* os) { *os << p.arch << "/" << type_traits(p.type).name; }
+
+class ModelTest : public ::testing::TestWithParam<Param> {};
+
+TEST_P(ModelTest, BatchInvariance) {
+  Loaded m(GetParam().arch, GetParam().type);
+  const auto ids = prompt(23, 1);
+  const auto whole = run(m, ids, ids.size());
+  ASSERT_EQ(whole.size(), ids.size() * kVocab);
+  for (float v : whole) ASSERT_TRUE(std::isfinite(v));
+  EXPECT_EQ(run(m, ids, 7), whole);
+  EXPECT_EQ(run(m, ids, 1), whole);
+
+  // Two sequences interleaved in one batch, the second one starting later.
+  const auto other = prompt(9, 2);
+  const auto other_alone = run(m, other, 4);
+  state::KvCache cache = m.cache(m.model->all_layers());
+  std::vector<float> a, b;
+  size_t ia = 0, ib = 0;
+  while (ia < ids.size() || ib < other.size()) {
+    std::vector<BatchToken> batch;
+    std::vector<int> which;
+    for (int k = 0; k < 3 && ia < ids.size(); ++k, ++ia) {
+      batch.push_back({0, static_cast<int32_t>(ia), ids[ia]});
+      which.push_back(0);
+    }
+    for (int k = 0; k < 2 && ib < other.size(); ++k, ++ib) {
+      batch.push_back({5, static_cast<int32_t>(ib), other[ib]});
+      which.push_back(1);
+    }
+    const auto logits = m.model->forward(*m.be, batch, nullptr, m.model->all_layers(), cache);
+    for (size_t t = 0; t < batch.size(); ++t) {
+      auto& dst = which[t] == 0 ? a : b;
+      dst.insert(dst.end(), logits.begin() + static_cast<ptrdiff_t>(t * kVocab),
+                 logits.begin() + static_cast<ptrdiff_t>((t + 1) * kVocab));
+    }
+  }
+  EXPECT_EQ(a, whole);
+  EXPECT_EQ(b, other_alone);
+}
+
+TEST_P(ModelTest, LogitsOnlyForFlaggedTokens) {
+  Loaded m(GetParam().arch, GetParam().type);
+  const auto ids = prompt(9, 5);
+  const auto whole = run(m, ids, ids.size());
+  state::KvCache cache = m.cache(m.model->all_layers());
+  std::vector<BatchToken> batch;
+  std::vector<float> want;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const bool flag = i % 3 == 1;
+    batch.push_back({0, static_cast<int32_t>(i), ids[i], flag});
+    if (flag) want.insert(want.end(), whole.begin() + static_cast<ptrdiff_t>(i * kVocab), whole.begin() + static_cast<ptrdiff_t>((i + 1) * kVocab));
+  }
+  EXPECT_EQ(m.model->forward(*m.be, batch, nullptr, m.model->all_layers(), cache), want);
+}
+
+TEST_P(ModelTest, LayerSplitEqualsWholeModel) {
+  Loaded m(GetParam().arch, GetParam().type);
+  const auto ids = prompt(12, 3);
+  const auto whole = run(m, ids, 5);
+  for (int32_t k = 1; k < kLayers; ++k) {
+    const LayerRange first{0, k}, second{k, static_cast<int32_t>(kLayers)};
+    state::KvCache c1 = m.cache(first), c2 = m.cache(second);
+    std::vector<float> all;
+    for (size_t s = 0; s < ids.size(); s += 5) {
+      std::vector<BatchToken> batch;
+      for (size_t i = s; i < std::min(ids.size(), s + 5); ++i) batch.push_back({0, static_cast<int32_t>(i), ids[i]});
+      const auto hidden = m.model->forward(*m.be, batch, nullptr, first, c1);
+      ASSERT_EQ(hidden.size(), batch.size() * kEmbd);
+      const auto logits = m.model->forward(*m.be, batch, hidden.data(), second, c2);
+      all.insert(all.end(), logits.begin(), logits.end());
+    }
+    EXPECT_EQ(all, whole) << "split at " << k;
+  }
+}
+
+TEST_P(ModelTest, TruncateAndReevaluate) {
+  Loaded m(GetParam().arch, GetParam().type);
+  const auto ids = prompt(10, 4);
+  const auto whole = run(m, ids, ids.size());
+  state::KvCache cache = m.cache(m.model->all_layers());
+  auto feed = [&](size_t from, size_t to) {
+    std::vector<BatchToken> batch;
+    for (size_t i = from; i < to; ++i) batch.push_back({0, static_cast<int32_t>(i), ids[i]});
+    return m.model->forward(*m.be, batch, nullptr, m.model->all_layers(), cache);
+  };
+  feed(0, 10);
+  cache.truncate(0, 4);
+  const auto again = feed(4, 10);
+  EXPECT_EQ(again, std::vector<float>(whole.begin() + 4 * kVocab, whole.end()));
+}
+
+INSTANTIATE_TEST_SUITE_P(Archs, ModelTest,
+                         ::testing::Values(Param{"llama", GgmlType::F32}, Param{"llama", GgmlType::Q8_0},
+                                           Param{"qwen2", GgmlType::F16}, Param{"qwen3", GgmlType::BF16},
+                                           Param{"gpt2", GgmlType::F32}, Param{"gemma3", GgmlType::Q8_0}),
+                         [](const ::testing::TestParamInfo<Param>& param_info) {
+                           return param_info.param.arch + "_" + std::string(type_traits(param_info.param.type).name);
+                         });
+
+TEST(Hparams, ReadsMetadata) {
+  Loaded m("gemma3", GgmlType::F32);
+  const Hparams& hp = m.model->hparams();
+  EXPECT_EQ(hp.n_layer, kLayers);
+  EXPECT_EQ(hp.head_dim_k, 16);
+  EXPECT_TRUE(hp.rope_neox);
+  EXPECT_EQ(hp.n_swa, 5);
+  EXPECT_TRUE(hp.is_swa(0));
+  EXPECT_TRUE(hp.is_swa(1));
+  EXPECT_EQ(m.model->weights().output.data, m.model->weights().tok_embd.data);  // tied
+}
+
+}  // namespace
+}  // namespace pico::model

@@ -1,0 +1,102 @@
+// The attention KV cache: per sequence, per layer, one K row and one V row per
+// position, stored as F16 by default (as llama.cpp stores them: each value rounded to
+// F16), or as F32, Q8_0 or Q4_0 (-ctk / -ctv). A row is n_kv_heads * head_dim values,
+// head after head; quantized rows need head_dim to be a multiple of the block size
+// so that each head is a whole number of blocks.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string_view>
+#include <vector>
+
+#include "quant/type_traits.hpp"
+#include "state/sequence_state.hpp"
+
+namespace pico::state {
+
+struct KvConfig {
+  int32_t first_layer = 0;  // the stage's layers: [first_layer, last_layer)
+  int32_t last_layer = 0;
+  int64_t n_kv_heads = 0;
+  int64_t head_dim_k = 0;
+  int64_t head_dim_v = 0;
+  GgmlType k_type = GgmlType::F16;
+  GgmlType v_type = GgmlType::F16;
+};
+
+// Parses "f32", "f16", "q8_0", "q4_0" (case-insensitive); nullopt otherwise.
+std::optional<GgmlType> parse_kv_type(std::string_view name);
+// Throws std::invalid_argument when the cache cannot store rows of this config.
+void validate(const KvConfig& config);
+
+// Read access to one layer of one sequence: row p of K starts at k + p * k_row_bytes.
+struct KvLayerView {
+  GgmlType k_type = GgmlType::F16;
+  GgmlType v_type = GgmlType::F16;
+  const uint8_t* k = nullptr;
+  const uint8_t* v = nullptr;
+  size_t k_row_bytes = 0;
+  size_t v_row_bytes = 0;
+  int64_t n_pos = 0;
+  int64_t n_kv_heads = 0;
+  int64_t head_dim_k = 0;
+  int64_t head_dim_v = 0;
+};
+
+// Dequantizes head `head` of row `pos` of K (or V) into out (head_dim floats).
+void read_k(const KvLayerView& view, int64_t pos, int64_t head, float* out);
+void read_v(const KvLayerView& view, int64_t pos, int64_t head, float* out);
+
+class KvState final : public SequenceState {
+ public:
+  explicit KvState(const KvConfig& config);
+
+  int64_t n_pos() const override { return n_pos_; }
+  void truncate(int64_t pos) override;
+  size_t bytes_used() const override;
+  std::vector<uint8_t> snapshot() const override;
+  void restore(std::span<const uint8_t> snapshot) override;
+
+  const KvConfig& config() const { return config_; }
+  // Stores the K and V rows (n_kv_heads * head_dim floats each) of `layer` at `pos`,
+  // rounded to the cache types. pos <= n_pos (positions are contiguous); writing at
+  // n_pos grows the state once every layer of the stage holds it (n_pos counts
+  // positions written in the first layer of the stage).
+  void write(int32_t layer, int64_t pos, const float* k, const float* v);
+  KvLayerView layer(int32_t layer) const;
+
+ private:
+  struct Layer {
+    std::vector<uint8_t> k, v;
+    int64_t n = 0;  // positions held in this layer
+  };
+  const Layer& at(int32_t layer) const;
+
+  KvConfig config_;
+  size_t k_row_bytes_ = 0, v_row_bytes_ = 0;
+  std::vector<Layer> layers_;
+  int64_t n_pos_ = 0;
+};
+
+// The states of many sequences, by id, for one stage's layers.
+class KvCache {
+ public:
+  explicit KvCache(const KvConfig& config);
+  const KvConfig& config() const { return config_; }
+  // The sequence's state, created empty on first use.
+  KvState& sequence(int32_t seq_id);
+  bool contains(int32_t seq_id) const { return sequences_.count(seq_id) != 0; }
+  void remove(int32_t seq_id) { sequences_.erase(seq_id); }
+  void truncate(int32_t seq_id, int64_t pos);
+  size_t bytes_used() const;
+  size_t size() const { return sequences_.size(); }
+
+ private:
+  KvConfig config_;
+  std::map<int32_t, std::unique_ptr<KvState>> sequences_;
+};
+
+}  // namespace pico::state

@@ -1,0 +1,246 @@
+// pico eval: the model's logits for a given list of token ids (conformance runs).
+//
+//   pico eval -m M.gguf --tokens ids.json --logits out.bin [-t N] [-b N] [--ctk f16] [--ctv f16]
+//             [--greedy N]
+//
+// The ids are evaluated exactly as given (no BOS added), in batches of -b tokens.
+// out.bin gets one row of n_vocab little-endian float32 per input token (row i: the
+// logits after token i). --greedy N then generates N tokens by argmax and prints them
+// as a JSON array on stdout.
+//
+// pico run: generate text from a prompt, streaming only the generated text on stdout.
+//
+//   pico run -m M.gguf -p "Once upon a time" [-n 128] [--temp 0.8] [--top-k 40]
+//            [--top-p 0.95] [--min-p 0.05] [--seed S] [--ctx N] [-t N] [-b N] [--ctk f16]
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <iterator>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "backend/backend.hpp"
+#include "commands.hpp"
+#include "cpu/thread_pool.hpp"
+#include "gguf/reader.hpp"
+#include "model/model.hpp"
+#include "sample/sampler.hpp"
+#include "state/kv_cache.hpp"
+#include "tokenizer/tokenizer.hpp"
+
+namespace pico::cli {
+namespace {
+
+struct EngineOptions {
+  std::string model_path;
+  int threads = 0;
+  int batch = 64;
+  std::string ctk = "f16";
+  std::string ctv = "f16";
+};
+
+void add_engine_options(CLI::App* cmd, EngineOptions& o) {
+  cmd->add_option("-m,--model", o.model_path, "GGUF model file")->required();
+  cmd->add_option("-t,--threads", o.threads, "threads (default: physical cores)");
+  cmd->add_option("-b,--batch-size", o.batch, "tokens per forward batch")->check(CLI::PositiveNumber);
+  cmd->add_option("--ctk,--cache-type-k", o.ctk, "KV cache type of K: f16 (default), f32, q8_0, q4_0");
+  cmd->add_option("--ctv,--cache-type-v", o.ctv, "KV cache type of V: f16 (default), f32, q8_0, q4_0");
+}
+
+GgmlType kv_type(const std::string& name) {
+  const auto t = state::parse_kv_type(name);
+  if (!t) throw std::invalid_argument("unknown KV cache type '" + name + "' (f16, f32, q8_0, q4_0)");
+  return *t;
+}
+
+std::vector<int32_t> parse_ids(const std::string& text) {
+  std::vector<int32_t> ids;
+  size_t i = text.find('[');
+  if (i == std::string::npos) throw std::invalid_argument("token file is not a JSON array");
+  for (++i; i < text.size(); ++i) {
+    const char c = text[i];
+    if (c == ']') return ids;
+    if (c >= '0' && c <= '9') {
+      size_t end = i;
+      int64_t v = 0;
+      while (end < text.size() && text[end] >= '0' && text[end] <= '9') {
+        v = v * 10 + (text[end] - '0');
+        if (v > INT32_MAX) throw std::invalid_argument("token id out of range");
+        ++end;
+      }
+      ids.push_back(static_cast<int32_t>(v));
+      i = end - 1;
+    } else if (c != ',' && c != ' ' && c != '\n' && c != '\r' && c != '\t') {
+      throw std::invalid_argument("token file: unexpected character in the array");
+    }
+  }
+  throw std::invalid_argument("token file: unterminated array");
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw std::runtime_error("cannot read " + path);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+// A model, a backend and one sequence's KV cache.
+struct Session {
+  std::unique_ptr<gguf::Model> file;
+  std::unique_ptr<model::Model> model;
+  std::unique_ptr<backend::Backend> be;
+  std::unique_ptr<state::KvCache> cache;
+  int batch = 64;
+  int32_t n_past = 0;
+
+  explicit Session(const EngineOptions& o) {
+    file = gguf::Model::open(o.model_path);
+    model = model::Model::load(*file);
+    be = backend::make_cpu_backend(o.threads > 0 ? o.threads : cpu::default_thread_count());
+    cache = std::make_unique<state::KvCache>(
+        model->kv_config(model->all_layers(), kv_type(o.ctk), kv_type(o.ctv)));
+    batch = o.batch;
+  }
+
+  int64_t n_vocab() const { return model->hparams().n_vocab; }
+
+  // Evaluates ids after what is cached; calls row(i, logits) for each (all_rows) or
+  // for the last one only.
+  template <class Fn>
+  void eval(const std::vector<int32_t>& ids, bool all_rows, Fn&& row) {
+    for (size_t start = 0; start < ids.size(); start += static_cast<size_t>(batch)) {
+      const size_t end = std::min(ids.size(), start + static_cast<size_t>(batch));
+      std::vector<model::BatchToken> tokens;
+      for (size_t i = start; i < end; ++i) tokens.push_back({0, n_past++, ids[i], all_rows || i + 1 == ids.size()});
+      const std::vector<float> logits = model->forward(*be, tokens, nullptr, model->all_layers(), *cache);
+      if (all_rows) {
+        for (size_t i = start; i < end; ++i) row(i, logits.data() + (i - start) * static_cast<size_t>(n_vocab()));
+      } else if (end == ids.size()) {
+        row(ids.size() - 1, logits.data());
+      }
+    }
+  }
+};
+
+int32_t argmax(const float* logits, int64_t n) {
+  return static_cast<int32_t>(std::max_element(logits, logits + n) - logits);
+}
+
+struct EvalOptions {
+  EngineOptions engine;
+  std::string tokens_path;
+  std::string logits_path;
+  int greedy = 0;
+};
+
+void run_eval(const EvalOptions& o) {
+  Session s(o.engine);
+  const std::vector<int32_t> ids = parse_ids(read_text(o.tokens_path));
+  if (ids.empty()) throw std::invalid_argument("no token ids in " + o.tokens_path);
+  std::FILE* out = nullptr;
+  if (!o.logits_path.empty()) {
+    out = std::fopen(o.logits_path.c_str(), "wb");
+    if (!out) throw std::runtime_error("cannot write " + o.logits_path);
+  }
+  const int64_t nv = s.n_vocab();
+  int32_t next = 0;
+  s.eval(ids, out != nullptr, [&](size_t i, const float* row) {
+    if (out && std::fwrite(row, sizeof(float), static_cast<size_t>(nv), out) != static_cast<size_t>(nv)) {
+      throw std::runtime_error("write failed: " + o.logits_path);
+    }
+    if (i + 1 == ids.size()) next = argmax(row, nv);
+  });
+  if (out && std::fclose(out) != 0) throw std::runtime_error("write failed: " + o.logits_path);
+  if (o.greedy > 0) {
+    std::vector<int32_t> generated{next};
+    while (static_cast<int>(generated.size()) < o.greedy) {
+      s.eval({generated.back()}, false, [&](size_t, const float* row) { generated.push_back(argmax(row, nv)); });
+    }
+    std::string json = "[";
+    for (size_t i = 0; i < generated.size(); ++i) json += (i ? ", " : "") + std::to_string(generated[i]);
+    std::cout << json << "]\n";
+  }
+}
+
+struct RunOptions {
+  EngineOptions engine;
+  std::string prompt;
+  int n_predict = 128;
+  int ctx = 0;
+  float temp = 0.8f;
+  int top_k = 40;
+  float top_p = 0.95f;
+  float min_p = 0.05f;
+  uint32_t seed = sample::SamplingParams::kRandomSeed;
+};
+
+void run_generate(const RunOptions& o) {
+  Session s(o.engine);
+  const auto tok = tokenizer::Tokenizer::from_metadata(s.file->metadata());
+  std::vector<int32_t> ids = tok->encode(o.prompt, true, true);
+  if (ids.empty()) throw std::invalid_argument("the prompt tokenizes to nothing");
+  const int64_t ctx = o.ctx > 0 ? o.ctx : (s.model->hparams().n_ctx_train > 0 ? s.model->hparams().n_ctx_train : 4096);
+  sample::SamplingParams params;
+  params.temperature = o.temp;
+  params.top_k = o.top_k;
+  params.top_p = o.top_p;
+  params.min_p = o.min_p;
+  params.seed = o.seed;
+  sample::Sampler sampler(params);
+  for (int32_t id : ids) sampler.accept(id);
+  const int64_t nv = s.n_vocab();
+  std::vector<float> last(static_cast<size_t>(nv));
+  const auto t0 = std::chrono::steady_clock::now();
+  s.eval(ids, false, [&](size_t, const float* row) { std::copy(row, row + nv, last.begin()); });
+  const auto t1 = std::chrono::steady_clock::now();
+  tokenizer::StreamDecoder decoder(*tok);
+  int generated = 0;
+  while (generated < o.n_predict && s.n_past < ctx) {
+    const int32_t id = sampler.sample(last);
+    sampler.accept(id);
+    ++generated;
+    if (tok->is_eog(id)) break;
+    std::cout << decoder.push(id) << std::flush;
+    s.eval({id}, false, [&](size_t, const float* row) { std::copy(row, row + nv, last.begin()); });
+  }
+  std::cout << decoder.flush() << std::endl;
+  const auto t2 = std::chrono::steady_clock::now();
+  const double prefill = std::chrono::duration<double>(t1 - t0).count();
+  const double decode = std::chrono::duration<double>(t2 - t1).count();
+  spdlog::info("prompt: {} tokens in {:.3f} s ({:.1f} t/s); generated {} tokens in {:.3f} s ({:.1f} t/s)", ids.size(),
+               prefill, static_cast<double>(ids.size()) / std::max(prefill, 1e-9), generated, decode,
+               generated / std::max(decode, 1e-9));
+}
+
+}  // namespace
+
+void add_eval_command(CLI::App& app) {
+  auto eval_opts = std::make_shared<EvalOptions>();
+  CLI::App* eval = app.add_subcommand("eval", "write the model's logits for a list of token ids");
+  add_engine_options(eval, eval_opts->engine);
+  eval->add_option("--tokens", eval_opts->tokens_path, "JSON array of token ids (evaluated as given)")->required();
+  eval->add_option("--logits", eval_opts->logits_path, "output: raw float32 rows of n_vocab, one per token");
+  eval->add_option("--greedy", eval_opts->greedy, "then generate N tokens by argmax; print them as JSON");
+  eval->callback([eval_opts] { run_eval(*eval_opts); });
+
+  auto run_opts = std::make_shared<RunOptions>();
+  CLI::App* run = app.add_subcommand("run", "generate text from a prompt (text on stdout, logs on stderr)");
+  add_engine_options(run, run_opts->engine);
+  run->add_option("-p,--prompt", run_opts->prompt, "prompt text")->required();
+  run->add_option("-n,--n-predict", run_opts->n_predict, "tokens to generate");
+  run->add_option("-c,--ctx", run_opts->ctx, "context length (default: the model's)");
+  run->add_option("--temp", run_opts->temp, "temperature (0: greedy)");
+  run->add_option("--top-k", run_opts->top_k, "top-k (0: off)");
+  run->add_option("--top-p", run_opts->top_p, "top-p (1: off)");
+  run->add_option("--min-p", run_opts->min_p, "min-p (0: off)");
+  run->add_option("--seed", run_opts->seed, "sampling seed");
+  run->callback([run_opts] { run_generate(*run_opts); });
+}
+
+}  // namespace pico::cli
