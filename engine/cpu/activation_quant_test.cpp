@@ -1,12 +1,19 @@
-// The activation quantizers of every level write the bytes of quant's reference.
+// The activation quantizers of every level write the same bytes: quant's reference
+// for the plain types and Q8_K, llama.cpp's x86 activation quantizer for Q8_0/Q8_1
+// (checked here against a re-derivation from its definition, and in
+// ggml_activation_crosscheck_test against ggml-cpu's own function).
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <bit>
 #include <cmath>
 #include <limits>
 #include <string>
 
 #include "cpu/kernels.hpp"
 #include "cpu/test_support.hpp"
+#include "quant/float_convert.hpp"
+#include "quant/quantize.hpp"
 
 namespace pico::cpu {
 namespace {
@@ -37,7 +44,45 @@ std::vector<std::vector<float>> tricky_rows(int64_t k) {
   return rows;
 }
 
-TEST(ActivationQuantizers, MatchReferenceBytes) {
+// llama.cpp's x86 Q8_0 activation quantizer, re-derived from its definition: d =
+// amax / 127 stored as f16, codes round(x * (127 / amax)) half to even.
+std::vector<uint8_t> llama_x86_q8_0(const std::vector<float>& x) {
+  std::vector<uint8_t> out;
+  for (size_t b = 0; b < x.size() / 32; ++b) {
+    float amax = 0;
+    for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(x[b * 32 + i]));
+    const uint16_t d = fp32_to_fp16(amax / 127.0f);
+    out.push_back(static_cast<uint8_t>(d & 0xff));
+    out.push_back(static_cast<uint8_t>(d >> 8));
+    const float id = amax != 0 ? 127.0f / amax : 0.0f;
+    for (int i = 0; i < 32; ++i) {
+      const float v = x[b * 32 + i] * id;
+      float r = std::floor(v);
+      const float fraction = v - r;
+      if (fraction > 0.5f || (fraction == 0.5f && std::fmod(r, 2.0f) != 0.0f)) r += 1.0f;
+      out.push_back(static_cast<uint8_t>(static_cast<int8_t>(r)));
+    }
+  }
+  return out;
+}
+
+TEST(ActivationQuantizers, Q8_0IsLlamaCppsX86Quantizer) {
+  static_assert(std::endian::native == std::endian::little || std::endian::native == std::endian::big);
+  const int64_t k = 512;
+  const auto rows = tricky_rows(k);
+  for (CpuLevel level : supported_levels()) {
+    for (size_t i = 0; i + 1 < rows.size(); ++i) {
+      std::vector<uint8_t> want = llama_x86_q8_0(rows[i]), got(want.size());
+      kernels_for(level).quantize[slot(GgmlType::Q8_0)](rows[i].data(), got.data(), k);
+      if constexpr (std::endian::native == std::endian::big) {
+        for (size_t b = 0; b < got.size(); b += 34) std::swap(got[b], got[b + 1]);
+      }
+      EXPECT_EQ(want, got) << level_name(level) << " row " << i;
+    }
+  }
+}
+
+TEST(ActivationQuantizers, EveryLevelWritesTheScalarLevelsBytes) {
   using T = GgmlType;
   const int64_t k = 512;
   for (CpuLevel level : supported_levels()) {
@@ -48,8 +93,13 @@ TEST(ActivationQuantizers, MatchReferenceBytes) {
         const bool plain = type_traits(type).block_size == 1;
         if (i + 1 == rows.size() && !plain) continue;
         std::vector<uint8_t> want(test::row_bytes(type, k)), got(want.size(), 0xcd);
-        quantize_row(type, rows[i].data(), want.data(), k);
+        kernels_for(CpuLevel::scalar).quantize[slot(type)](rows[i].data(), want.data(), k);
         table.quantize[slot(type)](rows[i].data(), got.data(), k);
+        if (type != T::Q8_0 && type != T::Q8_1) {  // the others are quant's reference quantizers
+          std::vector<uint8_t> reference(want.size());
+          quantize_row(type, rows[i].data(), reference.data(), k);
+          EXPECT_EQ(reference, want) << type_traits(type).name << " row " << i;
+        }
         EXPECT_EQ(want, got) << type_traits(type).name << " @ " << level_name(level) << " row " << i;
       }
     }

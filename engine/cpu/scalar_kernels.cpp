@@ -3,6 +3,8 @@
 // float accumulation across blocks). They run on every CPU and are the ground truth
 // the SIMD kernels are tested against. gemm at this level is vec_dot per pair, so
 // it is batch invariant by construction.
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "cpu/kernels.hpp"
@@ -413,6 +415,46 @@ void quantize_reference(const float* x, void* out, int64_t k) {
   quantize_row(Activation, x, out, k);
 }
 
+// The Q8_0 / Q8_1 activation quantizer llama.cpp runs on x86 (ggml-cpu's
+// quantize_row_q8_0/q8_1), which differs from the file-format reference quantizer
+// in two roundings: the multiplier is 127 / amax (not 1 / d) and codes round half
+// to even (not away from zero). pico uses it on every ISA, so that activations
+// round where llama.cpp's do and every host of a cluster gets the same bytes.
+// Returns the codes' sum.
+int quantize_activation_block32(const float* x, int8_t* qs, float& d_out) {
+  float amax = 0.0f;
+  for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(x[i]));
+  const float d = amax / 127.0f;
+  const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+  int sum = 0;
+  for (int i = 0; i < 32; ++i) {
+    const auto q = static_cast<int>(std::nearbyint(x[i] * id));  // default rounding: half to even
+    qs[i] = static_cast<int8_t>(q);
+    sum += q;
+  }
+  d_out = d;
+  return sum;
+}
+
+void quantize_activation_q8_0(const float* x, void* out, int64_t k) {
+  auto* b = static_cast<BlockQ8_0*>(out);
+  for (int64_t i = 0; i < k / 32; ++i) {
+    float d;
+    quantize_activation_block32(x + 32 * i, b[i].qs, d);
+    b[i].d = fp32_to_fp16(d);
+  }
+}
+
+void quantize_activation_q8_1(const float* x, void* out, int64_t k) {
+  auto* b = static_cast<BlockQ8_1*>(out);
+  for (int64_t i = 0; i < k / 32; ++i) {
+    float d;
+    const int sum = quantize_activation_block32(x + 32 * i, b[i].qs, d);
+    b[i].d = fp32_to_fp16(d);
+    b[i].s = fp32_to_fp16(static_cast<float>(sum) * d);
+  }
+}
+
 template <VecDotFn Dot>
 void put(KernelTable& table, GgmlType type) {
   table.vec_dot[slot(type)] = Dot;
@@ -447,8 +489,8 @@ void fill_scalar_kernels(KernelTable& table) {
   table.quantize[slot(T::F32)] = quantize_reference<T::F32>;
   table.quantize[slot(T::F16)] = quantize_reference<T::F16>;
   table.quantize[slot(T::BF16)] = quantize_reference<T::BF16>;
-  table.quantize[slot(T::Q8_0)] = quantize_reference<T::Q8_0>;
-  table.quantize[slot(T::Q8_1)] = quantize_reference<T::Q8_1>;
+  table.quantize[slot(T::Q8_0)] = quantize_activation_q8_0;
+  table.quantize[slot(T::Q8_1)] = quantize_activation_q8_1;
   table.quantize[slot(T::Q8_K)] = quantize_reference<T::Q8_K>;
 }
 

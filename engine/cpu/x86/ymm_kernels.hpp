@@ -530,19 +530,9 @@ using BF16Kernel = FloatTiles<BFloatToFloat8>;
 using F32Kernel = FloatTiles<Float8>;
 
 // ---------------------------------------------------------------- activation quantizers
-// Same bytes as quant's reference quantizers: the same float operations per element
-// (max of |x|, d = amax / 127, id = 1 / d, x * id) and the same rounding.
-
-// round() semantics: to nearest, ties away from zero (|v| < 2^23 here).
-inline __m256 round_half_away(__m256 v) {
-  const __m256 truncated = _mm256_round_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
-  const __m256 fraction = _mm256_sub_ps(v, truncated);  // exact
-  const __m256 sign_mask = _mm256_set1_ps(-0.0f);
-  const __m256 abs_fraction = _mm256_andnot_ps(sign_mask, fraction);
-  const __m256 away = _mm256_cmp_ps(abs_fraction, _mm256_set1_ps(0.5f), _CMP_GE_OQ);
-  const __m256 one = _mm256_or_ps(_mm256_set1_ps(1.0f), _mm256_and_ps(v, sign_mask));
-  return _mm256_add_ps(truncated, _mm256_and_ps(away, one));
-}
+// Same bytes as the scalar level's quantizers: Q8_0/Q8_1 as llama.cpp's x86
+// activation quantizer (d = amax / 127, id = 127 / amax, x * id rounded half to
+// even), Q8_K as the reference quantizer (max by magnitude, round away from zero).
 
 inline float hmax(__m256 v) {
   __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -568,11 +558,15 @@ inline int quantize_block32(const float* x, int8_t* qs, float& d_out) {
     v[i] = _mm256_loadu_ps(x + 8 * i);
     amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign_mask, v[i]));
   }
-  const float d = hmax(amax) / 127;
-  const float id = d != 0.0f ? 1.0f / d : 0.0f;
+  const float max_scalar = hmax(amax);
+  const float d = max_scalar / 127;
+  const float id = max_scalar != 0.0f ? 127.0f / max_scalar : 0.0f;
   const __m256 scale = _mm256_set1_ps(id);
   __m256i q[4];
-  for (int i = 0; i < 4; ++i) q[i] = _mm256_cvttps_epi32(round_half_away(_mm256_mul_ps(v[i], scale)));
+  for (int i = 0; i < 4; ++i) {
+    const __m256 scaled = _mm256_mul_ps(v[i], scale);
+    q[i] = _mm256_cvttps_epi32(_mm256_round_ps(scaled, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  }
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(qs), pack_32(q[0], q[1], q[2], q[3]));
   d_out = d;
   return hsum_i32(_mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3])));
