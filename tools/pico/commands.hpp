@@ -14,5 +14,7 @@ void add_tokenize_command(CLI::App& app);  // tokenize and detokenize
 void add_eval_command(CLI::App& app);      // eval (logits of token ids) and run (generate)
 void add_quantize_command(CLI::App& app);
 void add_template_command(CLI::App& app);
+void add_bench_command(CLI::App& app);
+void add_chat_command(CLI::App& app);
 
 }  // namespace pico::cli

@@ -26,39 +26,13 @@
 #include <string>
 #include <vector>
 
-#include "backend/backend.hpp"
 #include "commands.hpp"
-#include "cpu/thread_pool.hpp"
-#include "gguf/reader.hpp"
-#include "model/model.hpp"
+#include "session.hpp"
 #include "sample/sampler.hpp"
-#include "state/kv_cache.hpp"
 #include "tokenizer/tokenizer.hpp"
 
 namespace pico::cli {
 namespace {
-
-struct EngineOptions {
-  std::string model_path;
-  int threads = 0;
-  int batch = 64;
-  std::string ctk = "f16";
-  std::string ctv = "f16";
-};
-
-void add_engine_options(CLI::App* cmd, EngineOptions& o) {
-  cmd->add_option("-m,--model", o.model_path, "GGUF model file")->required();
-  cmd->add_option("-t,--threads", o.threads, "threads (default: physical cores)");
-  cmd->add_option("-b,--batch-size", o.batch, "tokens per forward batch")->check(CLI::PositiveNumber);
-  cmd->add_option("--ctk,--cache-type-k", o.ctk, "KV cache type of K: f16 (default), f32, q8_0, q4_0");
-  cmd->add_option("--ctv,--cache-type-v", o.ctv, "KV cache type of V: f16 (default), f32, q8_0, q4_0");
-}
-
-GgmlType kv_type(const std::string& name) {
-  const auto t = state::parse_kv_type(name);
-  if (!t) throw std::invalid_argument("unknown KV cache type '" + name + "' (f16, f32, q8_0, q4_0)");
-  return *t;
-}
 
 std::vector<int32_t> parse_ids(const std::string& text) {
   std::vector<int32_t> ids;
@@ -88,48 +62,6 @@ std::string read_text(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw std::runtime_error("cannot read " + path);
   return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-}
-
-// A model, a backend and one sequence's KV cache.
-struct Session {
-  std::unique_ptr<gguf::Model> file;
-  std::unique_ptr<model::Model> model;
-  std::unique_ptr<backend::Backend> be;
-  std::unique_ptr<state::KvCache> cache;
-  int batch = 64;
-  int32_t n_past = 0;
-
-  explicit Session(const EngineOptions& o) {
-    file = gguf::Model::open(o.model_path);
-    model = model::Model::load(*file);
-    be = backend::make_cpu_backend(o.threads > 0 ? o.threads : cpu::default_thread_count());
-    cache = std::make_unique<state::KvCache>(
-        model->kv_config(model->all_layers(), kv_type(o.ctk), kv_type(o.ctv)));
-    batch = o.batch;
-  }
-
-  int64_t n_vocab() const { return model->hparams().n_vocab; }
-
-  // Evaluates ids after what is cached; calls row(i, logits) for each (all_rows) or
-  // for the last one only.
-  template <class Fn>
-  void eval(const std::vector<int32_t>& ids, bool all_rows, Fn&& row) {
-    for (size_t start = 0; start < ids.size(); start += static_cast<size_t>(batch)) {
-      const size_t end = std::min(ids.size(), start + static_cast<size_t>(batch));
-      std::vector<model::BatchToken> tokens;
-      for (size_t i = start; i < end; ++i) tokens.push_back({0, n_past++, ids[i], all_rows || i + 1 == ids.size()});
-      const std::vector<float> logits = model->forward(*be, tokens, nullptr, model->all_layers(), *cache);
-      if (all_rows) {
-        for (size_t i = start; i < end; ++i) row(i, logits.data() + (i - start) * static_cast<size_t>(n_vocab()));
-      } else if (end == ids.size()) {
-        row(ids.size() - 1, logits.data());
-      }
-    }
-  }
-};
-
-int32_t argmax(const float* logits, int64_t n) {
-  return static_cast<int32_t>(std::max_element(logits, logits + n) - logits);
 }
 
 struct EvalOptions {
@@ -173,11 +105,7 @@ struct RunOptions {
   std::string prompt;
   int n_predict = 128;
   int ctx = 0;
-  float temp = 0.8f;
-  int top_k = 40;
-  float top_p = 0.95f;
-  float min_p = 0.05f;
-  uint32_t seed = sample::SamplingParams::kRandomSeed;
+  sample::SamplingParams sampling;
 };
 
 void run_generate(const RunOptions& o) {
@@ -185,31 +113,17 @@ void run_generate(const RunOptions& o) {
   const auto tok = tokenizer::Tokenizer::from_metadata(s.file->metadata());
   std::vector<int32_t> ids = tok->encode(o.prompt, true, true);
   if (ids.empty()) throw std::invalid_argument("the prompt tokenizes to nothing");
-  const int64_t ctx = o.ctx > 0 ? o.ctx : (s.model->hparams().n_ctx_train > 0 ? s.model->hparams().n_ctx_train : 4096);
-  sample::SamplingParams params;
-  params.temperature = o.temp;
-  params.top_k = o.top_k;
-  params.top_p = o.top_p;
-  params.min_p = o.min_p;
-  params.seed = o.seed;
-  sample::Sampler sampler(params);
+  const int64_t ctx = context_length(s, o.ctx);
+  sample::Sampler sampler(o.sampling);
   for (int32_t id : ids) sampler.accept(id);
-  const int64_t nv = s.n_vocab();
-  std::vector<float> last(static_cast<size_t>(nv));
+  std::vector<float> last;
+  std::vector<int32_t> cached;
   const auto t0 = std::chrono::steady_clock::now();
-  s.eval(ids, false, [&](size_t, const float* row) { std::copy(row, row + nv, last.begin()); });
+  evaluate_reusing_prefix(s, cached, ids, last);
   const auto t1 = std::chrono::steady_clock::now();
-  tokenizer::StreamDecoder decoder(*tok);
-  int generated = 0;
-  while (generated < o.n_predict && s.n_past < ctx) {
-    const int32_t id = sampler.sample(last);
-    sampler.accept(id);
-    ++generated;
-    if (tok->is_eog(id)) break;
-    std::cout << decoder.push(id) << std::flush;
-    s.eval({id}, false, [&](size_t, const float* row) { std::copy(row, row + nv, last.begin()); });
-  }
-  std::cout << decoder.flush() << std::endl;
+  const auto generated_ids = generate(s, *tok, sampler, last, o.n_predict, ctx, std::cout);
+  std::cout << std::endl;
+  const auto generated = static_cast<int>(generated_ids.size());
   const auto t2 = std::chrono::steady_clock::now();
   const double prefill = std::chrono::duration<double>(t1 - t0).count();
   const double decode = std::chrono::duration<double>(t2 - t1).count();
@@ -235,11 +149,7 @@ void add_eval_command(CLI::App& app) {
   run->add_option("-p,--prompt", run_opts->prompt, "prompt text")->required();
   run->add_option("-n,--n-predict", run_opts->n_predict, "tokens to generate");
   run->add_option("-c,--ctx", run_opts->ctx, "context length (default: the model's)");
-  run->add_option("--temp", run_opts->temp, "temperature (0: greedy)");
-  run->add_option("--top-k", run_opts->top_k, "top-k (0: off)");
-  run->add_option("--top-p", run_opts->top_p, "top-p (1: off)");
-  run->add_option("--min-p", run_opts->min_p, "min-p (0: off)");
-  run->add_option("--seed", run_opts->seed, "sampling seed");
+  add_sampling_options(run, run_opts->sampling);
   run->callback([run_opts] { run_generate(*run_opts); });
 }
 

@@ -21,6 +21,8 @@ int main(int argc, char** argv) {
   pico::cli::add_eval_command(app);
   pico::cli::add_quantize_command(app);
   pico::cli::add_template_command(app);
+  pico::cli::add_bench_command(app);
+  pico::cli::add_chat_command(app);
 
   try {
     app.parse(argc, argv);
