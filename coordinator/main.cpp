@@ -1,0 +1,141 @@
+// pico-coord -m MODEL [--worker tcp://h:p ...] [--config cluster.toml] -p PROMPT [-p ...]
+//            [--prompts FILE] [-n N] [--temp T] [--seed S]
+//
+// Prints the completion (only generated text on stdout; logs on stderr). With no
+// workers it runs every layer in-process (LocalStage). Several prompts run
+// concurrently; their completions are printed one per line in prompt order. Exits
+// non-zero when the request failed (a refused worker, a lost worker, ...).
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+
+#include "cluster_config.hpp"
+#include "gguf/reader.hpp"
+#include "pipeline.hpp"
+#include "scheduler.hpp"
+
+using namespace pico;
+using namespace pico::coordinator;
+
+int main(int argc, char** argv) {
+  spdlog::set_default_logger(spdlog::stderr_color_mt("coord"));
+  CLI::App app{"pico-coord: runs prompts through a pipeline of stages (in-process or pico-worker)"};
+  std::string model_path, config_path, prompts_path, dump_logits, activations = "f32";
+  std::vector<std::string> worker_addresses, prompts;
+  int n_predict = 128, threads = 0, ctx = 0, timeout_ms = 30000;
+  SchedulerOptions sched;
+  sample::SamplingParams sp;
+  bool print_tokens = false;
+  app.add_option("-m,--model", model_path, "GGUF model file (tokenizer, identity check, local stage)")->required();
+  app.add_option("--worker", worker_addresses, "a pico-worker address, in pipeline order (repeatable)");
+  app.add_option("--config", config_path, "cluster.toml (workers and scheduler settings)");
+  app.add_option("-p,--prompt", prompts, "prompt (repeatable: the prompts run concurrently)");
+  app.add_option("--prompts", prompts_path, "file with one prompt per line");
+  app.add_option("-n,--n-predict", n_predict, "tokens to generate per prompt");
+  app.add_option("--temp", sp.temperature, "temperature (0: greedy)");
+  app.add_option("--top-k", sp.top_k, "top-k (0: off)");
+  app.add_option("--top-p", sp.top_p, "top-p (1: off)");
+  app.add_option("--min-p", sp.min_p, "min-p (0: off)");
+  app.add_option("--seed", sp.seed, "sampling seed (prompt i uses seed + i)");
+  app.add_option("-c,--ctx", ctx, "context length per sequence (default: the model's)");
+  app.add_option("-t,--threads", threads, "threads of the local stage");
+  app.add_option("--micro-batch", sched.micro_batch, "prompt tokens per sequence per step")->check(CLI::PositiveNumber);
+  app.add_option("--max-batch-tokens", sched.max_batch_tokens, "tokens per step")->check(CLI::PositiveNumber);
+  app.add_option("--activations", activations, "hidden states between workers: f32, f16, q8_0");
+  app.add_option("--timeout", timeout_ms, "ms to wait for a step's logits");
+  app.add_flag("--print-tokens", print_tokens, "print the generated token ids (JSON, one line per prompt)");
+  app.add_option("--dump-logits", dump_logits, "write the F32 logits rows each token was sampled from");
+  CLI11_PARSE(app, argc, argv);
+
+  try {
+    std::vector<WorkerEntry> workers;
+    if (!config_path.empty()) {
+      const ClusterConfig config = load_cluster_config(config_path);
+      workers = config.workers;
+      if (config.micro_batch) sched.micro_batch = *config.micro_batch;
+      if (config.max_batch_tokens) sched.max_batch_tokens = *config.max_batch_tokens;
+      if (config.activations && app.count("--activations") == 0) activations = *config.activations;
+    }
+    for (const auto& a : worker_addresses) workers.push_back({a, std::nullopt});
+    if (!prompts_path.empty()) {
+      std::ifstream in(prompts_path);
+      if (!in) throw std::runtime_error("cannot read " + prompts_path);
+      for (std::string line; std::getline(in, line);) {
+        if (!line.empty()) prompts.push_back(line);
+      }
+    }
+    if (prompts.empty()) throw std::invalid_argument("no prompt: give -p or --prompts");
+
+    const auto file = gguf::Model::open(model_path);
+    const auto tok = tokenizer::Tokenizer::from_metadata(file->metadata());
+    const protocol::ModelIdentity identity = protocol::model_identity(*file);
+
+    std::vector<std::unique_ptr<Stage>> stages;
+    if (workers.empty()) {
+      stages.push_back(std::make_unique<LocalStage>(model_path, std::nullopt, threads));
+    } else {
+      RemoteOptions ro;
+      ro.activations = protocol::parse_dtype(activations);
+      for (const auto& w : workers) {
+        auto stage = std::make_unique<RemoteStage>(w.address, ro);
+        const auto& l = stage->info().layers;
+        if (w.layers && (w.layers->first != l.first || w.layers->last != l.last)) {
+          throw StageError("worker " + w.address + " serves layers " + std::to_string(l.first) + "-" +
+                           std::to_string(l.last - 1) + ", the config says " + std::to_string(w.layers->first) + "-" +
+                           std::to_string(w.layers->last - 1));
+        }
+        stages.push_back(std::move(stage));
+      }
+    }
+    Pipeline pipeline(std::move(stages), identity);
+
+    const auto ctx_train = file->metadata().get_int(identity.arch + ".context_length");
+    sched.ctx = ctx > 0 ? ctx : (ctx_train && *ctx_train > 0 ? *ctx_train : 4096);
+    sched.step_timeout_ms = timeout_ms;
+    sched.keep_logits = !dump_logits.empty();
+    std::vector<Request> requests;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      Request r;
+      r.prompt = tok->encode(prompts[i], true, true);
+      r.n_predict = n_predict;
+      r.sampling = sp;
+      if (sp.seed != sample::SamplingParams::kRandomSeed) r.sampling.seed = sp.seed + static_cast<uint32_t>(i);
+      requests.push_back(std::move(r));
+    }
+    Scheduler scheduler(pipeline, *tok, sched);
+    const bool stream = prompts.size() == 1 && !print_tokens;
+    const auto results = scheduler.run(requests, [&](size_t, const std::string& piece) {
+      if (stream) std::cout << piece << std::flush;
+    });
+    for (const auto& r : results) {
+      if (print_tokens) {
+        std::string json = "[";
+        for (size_t i = 0; i < r.tokens.size(); ++i) json += (i ? ", " : "") + std::to_string(r.tokens[i]);
+        std::cout << json << "]\n";
+      } else if (!stream) {
+        std::cout << r.text << "\n";
+      }
+    }
+    if (stream) std::cout << std::endl;
+    if (!dump_logits.empty()) {
+      std::FILE* out = std::fopen(dump_logits.c_str(), "wb");
+      if (!out) throw std::runtime_error("cannot write " + dump_logits);
+      for (const auto& r : results) std::fwrite(r.logits.data(), sizeof(float), r.logits.size(), out);
+      if (std::fclose(out) != 0) throw std::runtime_error("write failed: " + dump_logits);
+    }
+    for (size_t i = 0; i < pipeline.size(); ++i) {
+      const StageStats s = pipeline.stage(i).stats();
+      spdlog::info("stage {}: resident {:.1f} MiB, kv {} bytes, {} batches, {} tokens", i,
+                   static_cast<double>(s.memory_bytes) / (1 << 20), s.kv_bytes, s.batches, s.tokens);
+    }
+    return 0;
+  } catch (const std::exception& e) {
+    std::cout << std::flush;
+    spdlog::error("{}", e.what());
+    return 1;
+  }
+}

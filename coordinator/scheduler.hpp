@@ -1,0 +1,55 @@
+// The scheduler: runs many requests (sequences) at once through a Pipeline. Each step
+// batches the next tokens of every active sequence: one micro-batch of the prompt for
+// a sequence in prefill, its last sampled token for one in decode. Several steps may
+// be in flight, so that prefill micro-batches of a sequence flow through the stages
+// back to back (stage k works on chunk i+1 while stage k+1 works on chunk i); a
+// sequence in decode waits for its logits before its next token.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "pipeline.hpp"
+#include "sample/sampler.hpp"
+#include "tokenizer/tokenizer.hpp"
+
+namespace pico::coordinator {
+
+struct Request {
+  std::vector<int32_t> prompt;  // token ids (already with BOS when the model wants one)
+  int n_predict = 128;
+  sample::SamplingParams sampling;
+};
+
+struct Result {
+  std::vector<int32_t> tokens;  // generated
+  std::string text;
+  std::vector<float> logits;    // with keep_logits: the row each generated token was sampled from
+};
+
+struct SchedulerOptions {
+  int micro_batch = 32;        // prompt tokens of one sequence per step
+  int max_batch_tokens = 512;  // tokens per step over all sequences
+  int max_inflight = 4;        // steps in flight
+  int step_timeout_ms = 30000;
+  int64_t ctx = 4096;          // a sequence stops at this many positions
+  bool keep_logits = false;
+};
+
+class Scheduler {
+ public:
+  Scheduler(Pipeline& pipeline, const tokenizer::Tokenizer& tok, SchedulerOptions options)
+      : pipeline_(pipeline), tok_(tok), options_(options) {}
+  // Runs every request to completion. on_text(i, piece) streams request i's text.
+  // Throws StageError when the pipeline fails (every request fails with it).
+  std::vector<Result> run(const std::vector<Request>& requests,
+                          const std::function<void(size_t, const std::string&)>& on_text = {});
+
+ private:
+  Pipeline& pipeline_;
+  const tokenizer::Tokenizer& tok_;
+  SchedulerOptions options_;
+};
+
+}  // namespace pico::coordinator

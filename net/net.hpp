@@ -1,0 +1,81 @@
+// The ZeroMQ transport: one ROUTER per worker (bound at --listen), DEALERs toward it
+// (the coordinator, one per worker, and each worker toward the next stage). A message
+// is a Cap'n Proto envelope frame followed by zero or more payload frames; a ROUTER
+// sees the sender's routing id first. Liveness: ZMTP heartbeats on every socket (the
+// I/O thread answers them, so a busy worker is not taken for a dead one) and a socket
+// monitor that reports when a peer's connection drops.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+#include <zmq.hpp>
+
+namespace pico::net {
+
+// Timings shared by both sides.
+struct Timing {
+  int heartbeat_ivl_ms = 200;      // ZMTP PING interval
+  int heartbeat_timeout_ms = 1000; // no traffic for this long: the connection is dropped
+  int reconnect_ivl_ms = 100;
+};
+
+zmq::context_t& context();
+
+// tcp://host:port or ipc://path (throws std::invalid_argument otherwise).
+void check_address(const std::string& address);
+
+// A bound ROUTER that reports unroutable sends (ROUTER_MANDATORY) instead of dropping them.
+zmq::socket_t make_router(const std::string& bind_address, const Timing& timing = {});
+class ConnectionMonitor;
+// A DEALER connected to `address`; `routing_id` names it to the ROUTER (empty: zmq's).
+// A monitor given here watches the socket from before it connects.
+zmq::socket_t make_dealer(const std::string& address, const std::string& routing_id = {}, const Timing& timing = {},
+                          ConnectionMonitor* monitor = nullptr);
+
+// A received message: the sender (ROUTER sockets only), the header frame, payloads.
+struct Received {
+  std::string peer;
+  zmq::message_t header;
+  std::vector<zmq::message_t> payloads;
+  std::span<const uint8_t> header_bytes() const {
+    return {static_cast<const uint8_t*>(header.data()), header.size()};
+  }
+  std::span<const uint8_t> payload_bytes(size_t i) const {
+    return {static_cast<const uint8_t*>(payloads.at(i).data()), payloads.at(i).size()};
+  }
+};
+
+// Sends [peer] header payloads... as one multipart message. Returns false when the
+// message could not be queued (peer unknown to a ROUTER, or the queue is full).
+bool send(zmq::socket_t& socket, const std::string* peer, std::span<const uint8_t> header,
+          std::span<const std::vector<uint8_t>> payloads = {});
+
+// Receives one message within timeout (ms; -1 waits forever), or nullopt. With
+// `from_router`, the first frame is the sender's id. A message with no header frame
+// comes back with an empty header (the caller answers it as malformed).
+std::optional<Received> receive(zmq::socket_t& socket, bool from_router, int timeout_ms);
+
+// Watches a socket's connection: connected() once a peer is up, lost() once it went
+// down after that.
+class ConnectionMonitor : private zmq::monitor_t {
+ public:
+  void watch(zmq::socket_t& socket, const std::string& name);
+  // Drains pending events (waits up to timeout_ms for the first).
+  void update(int timeout_ms = 0);
+  bool connected() const { return connected_; }
+  bool lost() const { return lost_; }
+
+ private:
+  void on_event_connected(const zmq_event_t&, const char*) override { connected_ = true; }
+  void on_event_disconnected(const zmq_event_t&, const char*) override {
+    if (connected_) lost_ = true;
+  }
+  bool connected_ = false;
+  bool lost_ = false;
+};
+
+}  // namespace pico::net

@@ -1,0 +1,106 @@
+#include "protocol.hpp"
+
+#include <gtest/gtest.h>
+
+#include <capnp/serialize.h>
+#include <kj/exception.h>
+
+#include <cmath>
+
+namespace pico::protocol {
+namespace {
+
+TEST(Protocol, ForwardRoundTrip) {
+  Builder b;
+  auto f = b.envelope().getBody().initForward();
+  f.setStepId(42);
+  auto seqs = f.initSeqIds(2);
+  seqs.set(0, 7);
+  seqs.set(1, 9);
+  auto pos = f.initPositions(2);
+  pos.set(0, 0);
+  pos.set(1, 5);
+  f.setRows(2);
+  f.setWidth(64);
+  f.setDtype(DType::F16);
+  const auto bytes = b.encode();
+  Decoded d(bytes);
+  ASSERT_EQ(d.which(), Envelope::Body::FORWARD);
+  const auto r = d.envelope().getBody().getForward();
+  EXPECT_EQ(r.getStepId(), 42u);
+  EXPECT_EQ(r.getSeqIds()[1], 9);
+  EXPECT_EQ(r.getPositions()[1], 5);
+  EXPECT_EQ(r.getWidth(), 64u);
+  EXPECT_EQ(r.getDtype(), DType::F16);
+}
+
+TEST(Protocol, ErrorRoundTrip) {
+  Decoded d(make_error(ErrorCode::FORWARD_FAILED, "boom", 3));
+  ASSERT_EQ(d.which(), Envelope::Body::ERROR);
+  EXPECT_EQ(d.envelope().getBody().getError().getCode(), ErrorCode::FORWARD_FAILED);
+  EXPECT_STREQ(d.envelope().getBody().getError().getText().cStr(), "boom");
+  EXPECT_EQ(d.envelope().getBody().getError().getStepId(), 3u);
+}
+
+ErrorCode code_of(std::span<const uint8_t> bytes) {
+  try {
+    Decoded d(bytes);
+  } catch (const ProtocolError& e) {
+    return e.code();
+  }
+  ADD_FAILURE() << "decoded";
+  return ErrorCode::INTERNAL;
+}
+
+TEST(Protocol, RefusesWrongVersion) {
+  Builder b;
+  b.envelope().setVersion(kVersion + 1);
+  b.envelope().getBody().initHeartbeat();
+  EXPECT_EQ(code_of(b.encode()), ErrorCode::WRONG_VERSION);
+}
+
+TEST(Protocol, RefusesGarbageAndTruncation) {
+  EXPECT_EQ(code_of({}), ErrorCode::MALFORMED);
+  const std::vector<uint8_t> odd{1, 2, 3};
+  EXPECT_EQ(code_of(odd), ErrorCode::MALFORMED);
+  std::vector<uint8_t> garbage(64, 0xff);
+  EXPECT_EQ(code_of(garbage), ErrorCode::MALFORMED);
+  auto bytes = make_error(ErrorCode::INTERNAL, std::string(200, 'x'));
+  bytes.resize(bytes.size() / 2 / 8 * 8);  // truncated, still whole words
+  EXPECT_EQ(code_of(bytes), ErrorCode::MALFORMED);
+}
+
+TEST(Protocol, RefusesMessagesBeyondTheTraversalLimit) {
+  capnp::MallocMessageBuilder m;
+  auto e = m.initRoot<Envelope>();
+  e.setVersion(kVersion);
+  auto f = e.getBody().initForward();
+  f.initTokens(static_cast<unsigned>(kTraversalLimitWords * 2 + 16));
+  const auto words = capnp::messageToFlatArray(m);
+  const auto bytes = words.asBytes();
+  // The envelope opens; reading the oversized list hits the limit (a kj::Exception,
+  // which the worker answers as malformed).
+  Decoded d(std::span<const uint8_t>(bytes.begin(), bytes.size()));
+  EXPECT_THROW(d.envelope().getBody().getForward().getTokens(), kj::Exception);
+}
+
+TEST(Protocol, PayloadCodecs) {
+  std::vector<float> v(2 * 64);
+  for (size_t i = 0; i < v.size(); ++i) v[i] = std::sin(static_cast<float>(i)) * 3.0f;
+  const auto f32 = encode_payload(DType::F32, v.data(), 2, 64);
+  EXPECT_EQ(f32.size(), 2u * 64 * 4);
+  EXPECT_EQ(decode_payload(DType::F32, f32, 2, 64), v);
+  const auto f16 = encode_payload(DType::F16, v.data(), 2, 64);
+  EXPECT_EQ(f16.size(), 2u * 64 * 2);
+  const auto back16 = decode_payload(DType::F16, f16, 2, 64);
+  for (size_t i = 0; i < v.size(); ++i) EXPECT_NEAR(back16[i], v[i], 2e-3f);
+  const auto q8 = encode_payload(DType::Q80, v.data(), 2, 64);
+  EXPECT_EQ(q8.size(), 2u * 2 * 34);
+  const auto back8 = decode_payload(DType::Q80, q8, 2, 64);
+  for (size_t i = 0; i < v.size(); ++i) EXPECT_NEAR(back8[i], v[i], 3.0f / 127 + 1e-3f);
+  EXPECT_THROW(decode_payload(DType::F32, f16, 2, 64), ProtocolError);
+  EXPECT_THROW(parse_dtype("bf8"), std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace pico::protocol

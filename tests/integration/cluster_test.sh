@@ -1,0 +1,153 @@
+#!/usr/bin/env bash
+# Integration tests of the pipeline: real pico-worker and pico-coord processes on
+# loopback (ipc:// sockets in a temp dir, tcp:// on ports derived from the pid).
+#
+#   cluster_test.sh BUILD_DIR MODEL_DIR CASE
+#
+# CASE: models | equivalence-llama | equivalence-qwen3 | concurrency | kill | hang | refuse
+set -euo pipefail
+build=$1 models=$2 case=$3
+pico=$build/tools/pico/pico worker=$build/worker/pico-worker coord=$build/coordinator/pico-coord
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/pico-cluster-test.XXXXXX")
+pids=()
+cleanup() {
+  for pid in "${pids[@]}"; do kill -9 "$pid" 2>/dev/null || true; done
+  for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+fail() { echo "FAIL: $*" >&2; for f in "$tmp"/*.log; do [ -f "$f" ] && { echo "--- $f" >&2; tail -5 "$f" >&2; }; done; exit 1; }
+ms() { echo $(( $(date +%s%N) / 1000000 )); }
+
+# start_workers MODEL RANGES (comma-separated) [tcp]: sets $workers (--worker args)
+start_workers() {
+  local model=$1 ranges=$2 transport=${3:-ipc} k=0 address
+  workers=()
+  IFS=, read -ra list <<<"$ranges"
+  for range in "${list[@]}"; do
+    if [ "$transport" = tcp ]; then
+      address="tcp://127.0.0.1:$((20000 + ($$ % 4000) * 8 + k))"
+    else
+      address="ipc://$tmp/w$k-$RANDOM.sock"
+    fi
+    "$worker" -m "$model" --layers "$range" --listen "$address" -t 1 2>"$tmp/worker-$k.log" &
+    pids+=($!)
+    workers+=(--worker "$address")
+    k=$((k + 1))
+  done
+}
+stop_workers() {
+  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+  for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
+  pids=()
+}
+
+prompt="The quick brown fox jumps over the lazy dog, and then the dog wakes up and chases the fox around the farm"
+
+case $case in
+  models)
+    mkdir -p "$models"
+    "$pico" mkmodel --arch llama --vocab llama2 --layers 4 --embd 64 --ff 128 --heads 4 --kv-heads 2 --ctx 4096 \
+      --seed 3 -o "$models/llama.gguf" >/dev/null
+    "$pico" mkmodel --arch qwen3 --vocab qwen3 --layers 4 --embd 64 --ff 128 --heads 4 --kv-heads 2 --head-dim 32 \
+      --ctx 4096 --seed 4 -o "$models/qwen3.gguf" >/dev/null
+    ;;
+
+  equivalence-llama|equivalence-qwen3)
+    model=$models/${case#equivalence-}.gguf
+    # The single node: every layer in-process.
+    "$coord" -m "$model" -p "$prompt" -n 24 --temp 0 --print-tokens --dump-logits "$tmp/base.bin" \
+      >"$tmp/base.txt" 2>"$tmp/base.log" || fail "single node run"
+    [ -s "$tmp/base.bin" ] || fail "no logits from the single node"
+    # pico eval (the single-node CLI) agrees: same greedy tokens from the same ids.
+    "$pico" tokenize -m "$model" -p "$prompt" --special --ids >"$tmp/ids.json"
+    "$pico" eval -m "$model" --tokens "$tmp/ids.json" --logits "$tmp/eval.bin" --greedy 24 -t 1 >"$tmp/eval.txt" 2>"$tmp/eval.log" \
+      || fail "pico eval"
+    cmp -s "$tmp/base.txt" "$tmp/eval.txt" || fail "pico eval gives $(cat "$tmp/eval.txt"), pico-coord $(cat "$tmp/base.txt")"
+    row=$(( $(stat -c %s "$tmp/base.bin") / 24 ))  # bytes of one logits row
+    cmp -s <(tail -c "$row" "$tmp/eval.bin") <(head -c "$row" "$tmp/base.bin") \
+      || fail "the prompt's last logits differ from pico eval's"
+    for split in 0-3 0-1,2-3 0-0,1-2,3-3; do
+      start_workers "$model" "$split"
+      # Small micro-batches: prefill chunks are pipelined through the stages.
+      "$coord" -m "$model" "${workers[@]}" -p "$prompt" -n 24 --temp 0 --micro-batch 5 --print-tokens \
+        --dump-logits "$tmp/split.bin" >"$tmp/split.txt" 2>"$tmp/coord.log" || fail "cluster $split"
+      cmp -s "$tmp/base.bin" "$tmp/split.bin" || fail "logits of split $split differ from the single node"
+      cmp -s "$tmp/base.txt" "$tmp/split.txt" || fail "tokens of split $split differ: $(cat "$tmp/split.txt")"
+      stop_workers
+      echo "split $split: bit-identical ($(cat "$tmp/base.txt"))"
+    done
+    # Half-precision activations between workers run (not bit-identical by design).
+    start_workers "$model" 0-1,2-3
+    "$coord" -m "$model" "${workers[@]}" -p "$prompt" -n 8 --temp 0 --activations f16 >/dev/null 2>"$tmp/coord.log" \
+      || fail "f16 activations"
+    stop_workers
+    ;;
+
+  concurrency)
+    model=$models/llama.gguf
+    printf '%s\n' "Hi" "$prompt" "Once upon a time there was a" "$prompt $prompt" >"$tmp/prompts.txt"
+    : >"$tmp/alone.txt"
+    : >"$tmp/alone.bin"
+    start_workers "$model" 0-1,2-3
+    while IFS= read -r p; do
+      "$coord" -m "$model" "${workers[@]}" -p "$p" -n 20 --temp 0 --print-tokens --dump-logits "$tmp/one.bin" \
+        >>"$tmp/alone.txt" 2>"$tmp/coord.log" || fail "alone: $p"
+      cat "$tmp/one.bin" >>"$tmp/alone.bin"
+    done <"$tmp/prompts.txt"
+    "$coord" -m "$model" "${workers[@]}" --prompts "$tmp/prompts.txt" -n 20 --temp 0 --micro-batch 7 \
+      --print-tokens --dump-logits "$tmp/together.bin" >"$tmp/together.txt" 2>"$tmp/coord.log" || fail "together"
+    diff "$tmp/alone.txt" "$tmp/together.txt" || fail "concurrent sequences differ from alone"
+    cmp -s "$tmp/alone.bin" "$tmp/together.bin" || fail "concurrent logits differ from alone"
+    [ "$(wc -l <"$tmp/together.txt")" -eq 4 ] || fail "expected 4 completions"
+    # And the same as the single node.
+    "$coord" -m "$model" --prompts "$tmp/prompts.txt" -n 20 --temp 0 --print-tokens >"$tmp/local.txt" \
+      2>"$tmp/local.log" || fail "local"
+    diff "$tmp/alone.txt" "$tmp/local.txt" || fail "cluster differs from the single node"
+    echo "4 concurrent sequences: same tokens and logits as alone"
+    ;;
+
+  kill|hang)
+    model=$models/llama.gguf
+    start_workers "$model" 0-1,2-3 tcp
+    # kill: the first stage (the coordinator is waiting on the last one); hang: the last.
+    if [ "$case" = kill ]; then victim=${pids[0]}; else victim=${pids[1]}; fi
+    "$coord" -m "$model" "${workers[@]}" -p "$prompt" -n 3000 -c 4000 --temp 0 >/dev/null 2>"$tmp/coord.log" &
+    coord_pid=$!
+    sleep 1.5
+    kill -0 "$coord_pid" 2>/dev/null || fail "the request ended before the worker went away"
+    t0=$(ms)
+    disown "$victim"  # no "Killed" notice from the shell
+    if [ "$case" = kill ]; then kill -9 "$victim"; else kill -STOP "$victim"; fi
+    status=0
+    wait "$coord_pid" || status=$?
+    elapsed=$(( $(ms) - t0 ))
+    [ "$case" = hang ] && kill -9 "$victim"
+    [ "$status" -ne 0 ] || fail "pico-coord exited 0 after its worker went away"
+    grep -q "worker tcp://127.0.0.1" "$tmp/coord.log" || fail "the error does not name the worker"
+    [ "$elapsed" -lt 2000 ] || fail "failure detected after $elapsed ms (limit 2000)"
+    echo "$case: detected in $elapsed ms: $(grep -m1 error "$tmp/coord.log")"
+    ;;
+
+  refuse)
+    llama=$models/llama.gguf qwen=$models/qwen3.gguf
+    expect_refusal() {  # PATTERN DESCRIPTION
+      local status=0
+      "$coord" -m "$llama" "${workers[@]}" -p "$prompt" -n 4 --temp 0 >/dev/null 2>"$tmp/coord.log" || status=$?
+      [ "$status" -ne 0 ] || fail "$2: accepted"
+      grep -q "$1" "$tmp/coord.log" || fail "$2: unexpected message: $(cat "$tmp/coord.log")"
+      echo "$2: $(grep -m1 error "$tmp/coord.log")"
+      stop_workers
+    }
+    start_workers "$qwen" 0-1,2-3
+    expect_refusal "serves another model" "wrong model"
+    start_workers "$llama" 0-2,2-3
+    expect_refusal "overlaps" "overlapping ranges"
+    start_workers "$llama" 0-1,3-3
+    expect_refusal "no stage holds layers 2-2" "a gap"
+    start_workers "$llama" 0-1
+    expect_refusal "no stage holds layers 2-3" "missing last layers"
+    ;;
+
+  *) echo "unknown case $case" >&2; exit 2 ;;
+esac

@@ -1,0 +1,222 @@
+#include "server.hpp"
+
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <thread>
+
+#include "cpu/cpu_features.hpp"
+
+namespace pico::worker {
+
+using protocol::DType;
+using protocol::Envelope;
+using protocol::ErrorCode;
+
+uint64_t resident_bytes() {
+  std::ifstream in("/proc/self/statm");
+  uint64_t size = 0, resident = 0;
+  if (!(in >> size >> resident)) return 0;
+  return resident * static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+}
+
+uint64_t physical_memory_bytes() {
+  const long pages = ::sysconf(_SC_PHYS_PAGES);
+  const long page = ::sysconf(_SC_PAGESIZE);
+  return pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) : 0;
+}
+
+Server::Server(StageEngine& engine, const std::string& listen_address, const net::Timing& timing)
+    : engine_(engine), timing_(timing), router_(net::make_router(listen_address, timing)) {}
+
+void Server::run(const std::atomic<bool>& stop) {
+  while (!stop.load()) {
+    auto msg = net::receive(router_, true, 100);
+    if (!msg) continue;
+    handle(*msg);
+  }
+}
+
+void Server::reply(const std::string& peer, const std::vector<uint8_t>& header) {
+  if (!net::send(router_, &peer, header)) spdlog::warn("could not reply to peer {}", peer);
+}
+
+void Server::report(const std::string& peer, ErrorCode code, const std::string& text, uint64_t step) {
+  spdlog::warn("refused: {}", text);
+  const std::string& to = coordinator_.empty() ? peer : coordinator_;
+  reply(to, protocol::make_error(code, text, step));
+}
+
+void Server::handle(net::Received& msg) {
+  std::optional<protocol::Decoded> decoded;
+  try {
+    decoded.emplace(msg.header_bytes());
+  } catch (const protocol::ProtocolError& e) {
+    // Straight back to the sender: it is the one speaking nonsense.
+    spdlog::warn("refused a message from {}: {}", msg.peer, e.what());
+    reply(msg.peer, protocol::make_error(e.code(), e.what()));
+    return;
+  }
+  const auto env = decoded->envelope();
+  const auto body = env.getBody();
+  try {
+    switch (decoded->which()) {
+      case Envelope::Body::HELLO: {
+        protocol::Builder b;
+        auto caps = b.envelope().getBody().initCapabilities();
+        caps.setIsa(std::string(cpu::level_name(cpu::best_level())));
+        caps.setCores(std::thread::hardware_concurrency());
+        caps.setThreads(static_cast<uint32_t>(engine_.threads()));
+        caps.setMemoryBytes(physical_memory_bytes());
+        caps.setBackend(engine_.backend_name());
+        caps.setFirstLayer(static_cast<uint32_t>(engine_.layers().first));
+        caps.setLastLayer(static_cast<uint32_t>(engine_.layers().last));
+        protocol::write_identity(engine_.identity(), caps.initModel());
+        reply(msg.peer, b.encode());
+        break;
+      }
+      case Envelope::Body::PLAN: {
+        const auto plan = body.getPlan();
+        const std::string next = plan.getNext().cStr();
+        if (next.empty() != engine_.is_last()) {
+          reply(msg.peer, protocol::make_error(ErrorCode::BAD_REQUEST,
+                                               engine_.is_last() ? "this stage holds the last layer: no next stage"
+                                                                 : "this stage ends at layer " +
+                                                                       std::to_string(engine_.layers().last) +
+                                                                       " and needs a next stage"));
+          break;
+        }
+        coordinator_ = msg.peer;
+        if (!next.empty() && next != next_address_) {
+          next_.reset();
+          next_.emplace(net::make_dealer(next, "stage-" + std::to_string(engine_.layers().first) + "-" +
+                                                   std::to_string(::getpid()),
+                                         timing_));
+          next_address_ = next;
+        }
+        spdlog::info("plan: stage {} of {}, next {}", plan.getStageIndex() + 1, plan.getStageCount(),
+                     next.empty() ? "(coordinator)" : next);
+        protocol::Builder b;
+        b.envelope().getBody().setPlanAck();
+        reply(msg.peer, b.encode());
+        break;
+      }
+      case Envelope::Body::OPEN:
+        break;  // state is created on the first forward
+      case Envelope::Body::CLOSE:
+        engine_.close(body.getClose().getSeqId());
+        break;
+      case Envelope::Body::TRUNCATE:
+        engine_.truncate(body.getTruncate().getSeqId(), body.getTruncate().getPos());
+        break;
+      case Envelope::Body::FORWARD:
+        handle_forward(msg.peer, env, msg);
+        break;
+      case Envelope::Body::STATS_REQUEST: {
+        protocol::Builder b;
+        auto s = b.envelope().getBody().initStats();
+        s.setMemoryBytes(resident_bytes());
+        s.setKvBytes(engine_.kv_bytes());
+        s.setSequences(static_cast<uint32_t>(engine_.sequences()));
+        s.setBatches(engine_.batches());
+        s.setTokens(engine_.tokens());
+        reply(msg.peer, b.encode());
+        break;
+      }
+      case Envelope::Body::HEARTBEAT:
+        reply(msg.peer, protocol::make_heartbeat());
+        break;
+      default:
+        reply(msg.peer, protocol::make_error(ErrorCode::BAD_REQUEST, std::string("a worker does not take ") +
+                                                                         protocol::body_name(decoded->which())));
+    }
+  } catch (const kj::Exception& e) {
+    reply(msg.peer, protocol::make_error(ErrorCode::MALFORMED, e.getDescription().cStr()));
+  } catch (const std::exception& e) {
+    reply(msg.peer, protocol::make_error(ErrorCode::BAD_REQUEST, e.what()));
+  }
+}
+
+void Server::handle_forward(const std::string& peer, Envelope::Reader env, net::Received& msg) {
+  const auto f = env.getBody().getForward();
+  const uint64_t step = f.getStepId();
+  const size_t rows = f.getRows();
+  const auto seqs = f.getSeqIds();
+  const auto pos = f.getPositions();
+  const auto tokens = f.getTokens();
+  const auto want = f.getWantLogits();
+  if (rows == 0 || seqs.size() != rows || pos.size() != rows || want.size() != rows ||
+      (engine_.is_first() && tokens.size() != rows)) {
+    report(peer, ErrorCode::BAD_REQUEST, "forward: list lengths do not match rows", step);
+    return;
+  }
+  std::vector<model::BatchToken> batch(rows);
+  for (size_t i = 0; i < rows; ++i) {
+    batch[i] = {seqs[static_cast<unsigned>(i)], pos[static_cast<unsigned>(i)],
+                tokens.size() == rows ? tokens[static_cast<unsigned>(i)] : 0, want[static_cast<unsigned>(i)]};
+  }
+  std::vector<float> hidden;
+  if (!engine_.is_first()) {
+    if (f.getWidth() != engine_.n_embd() || msg.payloads.size() != 1) {
+      report(peer, ErrorCode::BAD_REQUEST,
+             "forward: stage " + std::to_string(engine_.layers().first) + " needs one payload of rows x " +
+                 std::to_string(engine_.n_embd()),
+             step);
+      return;
+    }
+    hidden = protocol::decode_payload(f.getDtype(), msg.payload_bytes(0), rows, f.getWidth());
+  }
+  std::vector<float> out;
+  try {
+    out = engine_.forward(batch, hidden.empty() ? nullptr : hidden.data());
+  } catch (const std::exception& e) {
+    report(peer, ErrorCode::FORWARD_FAILED,
+           "layers " + std::to_string(engine_.layers().first) + "-" + std::to_string(engine_.layers().last - 1) +
+               ": " + e.what(),
+           step);
+    return;
+  }
+  protocol::Builder b;
+  if (engine_.is_last()) {
+    auto l = b.envelope().getBody().initLogits();
+    l.setStepId(step);
+    size_t n = 0;
+    for (const auto& t : batch) n += t.logits ? 1 : 0;
+    auto ls = l.initSeqIds(static_cast<unsigned>(n));
+    auto lp = l.initPositions(static_cast<unsigned>(n));
+    unsigned j = 0;
+    for (const auto& t : batch) {
+      if (!t.logits) continue;
+      ls.set(j, t.seq_id);
+      lp.set(j++, t.pos);
+    }
+    l.setRows(static_cast<uint32_t>(n));
+    l.setNVocab(static_cast<uint32_t>(engine_.n_vocab()));
+    const std::vector<std::vector<uint8_t>> payload{protocol::encode_payload(DType::F32, out.data(), n,
+                                                                             static_cast<size_t>(engine_.n_vocab()))};
+    const std::string& to = coordinator_.empty() ? peer : coordinator_;
+    if (!net::send(router_, &to, b.encode(), payload)) spdlog::warn("could not send logits of step {}", step);
+    return;
+  }
+  if (!next_) {
+    report(peer, ErrorCode::BAD_REQUEST, "no plan: this stage does not know the next one", step);
+    return;
+  }
+  auto fw = b.envelope().getBody().initForward();
+  fw.setStepId(step);
+  fw.setSeqIds(seqs);
+  fw.setPositions(pos);
+  fw.setWantLogits(want);
+  fw.setRows(static_cast<uint32_t>(rows));
+  fw.setWidth(static_cast<uint32_t>(engine_.n_embd()));
+  fw.setDtype(f.getOutputDtype());
+  fw.setOutputDtype(f.getOutputDtype());
+  const std::vector<std::vector<uint8_t>> payload{
+      protocol::encode_payload(f.getOutputDtype(), out.data(), rows, static_cast<size_t>(engine_.n_embd()))};
+  if (!net::send(*next_, nullptr, b.encode(), payload)) {
+    report(peer, ErrorCode::UNAVAILABLE, "the next stage (" + next_address_ + ") does not take batches", step);
+  }
+}
+
+}  // namespace pico::worker

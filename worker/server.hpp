@@ -1,0 +1,45 @@
+// pico-worker's loop: a ROUTER bound at the listen address serves the coordinator
+// (hello, plan, open/truncate/close, stats, heartbeat) and receives forward batches
+// (from the coordinator on stage 0, from the previous worker otherwise). Hidden
+// states go on through a DEALER to the next stage named in the plan; the last stage
+// sends logits, and every stage its errors, to the coordinator (the peer that sent
+// the plan) through the ROUTER. One thread; ZeroMQ's I/O thread answers the ZMTP
+// heartbeats while a batch runs.
+#pragma once
+
+#include <atomic>
+#include <optional>
+#include <string>
+
+#include "net.hpp"
+#include "stage_engine.hpp"
+
+namespace pico::worker {
+
+class Server {
+ public:
+  Server(StageEngine& engine, const std::string& listen_address, const net::Timing& timing = {});
+  // Serves until `stop` is set (checked every 100 ms).
+  void run(const std::atomic<bool>& stop);
+
+ private:
+  void handle(net::Received& msg);
+  void handle_forward(const std::string& peer, protocol::Envelope::Reader env, net::Received& msg);
+  void reply(const std::string& peer, const std::vector<uint8_t>& header);
+  // Errors go to the coordinator when known (a forward's sender may be a worker).
+  void report(const std::string& peer, protocol::ErrorCode code, const std::string& text, uint64_t step = 0);
+
+  StageEngine& engine_;
+  net::Timing timing_;
+  zmq::socket_t router_;
+  std::optional<zmq::socket_t> next_;
+  std::string next_address_;
+  std::string coordinator_;
+};
+
+// Resident memory of this process in bytes (/proc/self/statm), 0 when unknown.
+uint64_t resident_bytes();
+// Physical memory of the host in bytes.
+uint64_t physical_memory_bytes();
+
+}  // namespace pico::worker
