@@ -86,7 +86,10 @@ case $case in
 
   concurrency)
     model=$models/llama.gguf
-    printf '%s\n' "Hi" "$prompt" "Once upon a time there was a" "$prompt $prompt" >"$tmp/prompts.txt"
+    # Eight sequences of different prompt lengths (1 to ~60 tokens).
+    printf '%s\n' "Hi" "$prompt" "Once upon a time there was a" "$prompt $prompt" "A" \
+      "The quick brown fox jumps over the lazy dog, twice: the quick brown fox jumps over the lazy dog." \
+      "1 2 3 4 5 6 7 8 9 10 11 12" "$prompt $prompt $prompt" >"$tmp/prompts.txt"
     : >"$tmp/alone.txt"
     : >"$tmp/alone.bin"
     start_workers "$model" 0-1,2-3
@@ -99,12 +102,12 @@ case $case in
       --print-tokens --dump-logits "$tmp/together.bin" >"$tmp/together.txt" 2>"$tmp/coord.log" || fail "together"
     diff "$tmp/alone.txt" "$tmp/together.txt" || fail "concurrent sequences differ from alone"
     cmp -s "$tmp/alone.bin" "$tmp/together.bin" || fail "concurrent logits differ from alone"
-    [ "$(wc -l <"$tmp/together.txt")" -eq 4 ] || fail "expected 4 completions"
+    [ "$(wc -l <"$tmp/together.txt")" -eq 8 ] || fail "expected 8 completions"
     # And the same as the single node.
     "$coord" -m "$model" --prompts "$tmp/prompts.txt" -n 20 --temp 0 --print-tokens >"$tmp/local.txt" \
       2>"$tmp/local.log" || fail "local"
     diff "$tmp/alone.txt" "$tmp/local.txt" || fail "cluster differs from the single node"
-    echo "4 concurrent sequences: same tokens and logits as alone"
+    echo "8 concurrent sequences: same tokens and logits as alone"
     ;;
 
   kill|hang)
