@@ -1,0 +1,60 @@
+// The time of one activation hop on loopback: a hidden-state row of embd 2048 as F32
+// (8 KiB), with a small header frame, from a DEALER to a ROUTER and back, over tcp://
+// and ipc://. Half the round trip is one hop. Google Benchmark:
+//   build/net/hop_benchmark [--benchmark_filter=Tcp]
+#include <benchmark/benchmark.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+#include "net.hpp"
+
+namespace {
+
+void hop_round_trip(benchmark::State& state, const std::string& address, size_t rows) {
+  zmq::socket_t router = pico::net::make_router(address);
+  zmq::socket_t dealer = pico::net::make_dealer(address, "bench");
+  const std::vector<uint8_t> header(64, 1);
+  const std::vector<std::vector<uint8_t>> payload{std::vector<uint8_t>(rows * 2048 * sizeof(float), 2)};
+  // Warm the connection up.
+  pico::net::send(dealer, nullptr, header, payload);
+  auto first = pico::net::receive(router, true, 5000);
+  if (!first) {
+    state.SkipWithError("no connection");
+    return;
+  }
+  const std::string peer = first->peer;
+  const auto start = std::chrono::steady_clock::now();
+  for (auto _ : state) {
+    pico::net::send(dealer, nullptr, header, payload);
+    auto there = pico::net::receive(router, true, 5000);
+    pico::net::send(router, &peer, header, payload);
+    auto back = pico::net::receive(dealer, false, 5000);
+    benchmark::DoNotOptimize(back);
+    if (!there || !back) state.SkipWithError("message lost");
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  state.counters["hop_us"] = seconds * 1e6 / (2.0 * static_cast<double>(state.iterations()));
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * 2 * static_cast<int64_t>(payload[0].size()));
+}
+
+// A fresh address per run: a closed socket's port may linger.
+std::string next_suffix() {
+  static int run = 0;
+  return std::to_string(getpid() % 1000 * 16 + run++);
+}
+void BM_HopTcp(benchmark::State& state) {
+  hop_round_trip(state, "tcp://127.0.0.1:" + std::to_string(24000 + std::stoi(next_suffix()) % 16000),
+                 static_cast<size_t>(state.range(0)));
+}
+void BM_HopIpc(benchmark::State& state) {
+  hop_round_trip(state, "ipc:///tmp/pico-hop-" + next_suffix() + ".sock", static_cast<size_t>(state.range(0)));
+}
+BENCHMARK(BM_HopTcp)->Arg(1)->Arg(64)->UseRealTime();
+BENCHMARK(BM_HopIpc)->Arg(1)->Arg(64)->UseRealTime();
+
+}  // namespace
+
+BENCHMARK_MAIN();
