@@ -113,7 +113,7 @@ struct Codes {
 
 struct LegacyTiles {
   static constexpr int64_t kStep = 32;
-  static constexpr int kRows = 4, kCols = 4, kGemvRows = 4;
+  static constexpr int kRows = 4, kCols = 4, kGemvRows = 1;
   using Acc = __m256;
   static Acc zero() { return _mm256_setzero_ps(); }
   static float reduce(const Acc& acc) { return hsum(acc); }
@@ -207,7 +207,7 @@ struct OffsetCodes {
 
 struct Q8_1Tiles {
   static constexpr int64_t kStep = 32;
-  static constexpr int kRows = 4, kCols = 4, kGemvRows = 4;
+  static constexpr int kRows = 4, kCols = 4, kGemvRows = 1;
   using Acc = OffsetAcc;
   using W = OffsetCodes;
   using A = OffsetCodes;
@@ -244,7 +244,7 @@ struct Q5_1Kernel : Q8_1Tiles {
 template <int kSub>
 struct MultiBlockTiles {
   static constexpr int64_t kStep = 32 * kSub;
-  static constexpr int kRows = 4, kCols = 4, kGemvRows = 4;
+  static constexpr int kRows = 4, kCols = 4, kGemvRows = 1;
   using Acc = __m256;
   struct W {
     __m256i q[kSub];  // signed codes per Q8_0 block
@@ -308,7 +308,7 @@ struct Q2_0Kernel : MultiBlockTiles<2> {
 template <class Block>
 struct SuperBlockTiles {
   static constexpr int64_t kStep = 256;
-  static constexpr int kRows = 2, kCols = 4, kGemvRows = 4;
+  static constexpr int kRows = 2, kCols = 4, kGemvRows = 1;
   using Acc = __m256;
   using W = const Block*;
   using A = const BlockQ8_K*;
@@ -492,7 +492,7 @@ struct Q3_KKernel : SuperBlockTiles<BlockQ3_K> {
 template <class Convert>
 struct FloatTiles {
   static constexpr int64_t kStep = 8;
-  static constexpr int kRows = 4, kCols = 4, kGemvRows = 4;
+  static constexpr int kRows = 4, kCols = 4, kGemvRows = 1;
   using Acc = __m256;
   using W = __m256;
   using A = __m256;

@@ -1,0 +1,314 @@
+// pico reads what llama.cpp's quantizer writes: a synthetic F32 model (llama
+// architecture, llama2 vocabulary, n_embd 256 so that K-quant blocks fit) is
+// quantized by llama.cpp itself (llama_model_quantize of node-llama-cpp's prebuilt
+// libllama, loaded at run time from $PICO_LLAMA_LIB) to every file type whose tensor
+// types pico has; pico then opens each output with gguf::Model::open and dequantizes
+// every tensor with its reference dequantize_row, checking that the values are
+// finite and close to the original weights (normalized mean squared error below a
+// bound per tensor type). Prints the tensor types of each file and the error table.
+// Fails (never skips) when PICO_LLAMA_LIB is unset or cannot be loaded.
+#include <dlfcn.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gguf/reader.hpp"
+#include "quant/quantize.hpp"
+#include "quant/type_traits.hpp"
+#include "synthetic/synthetic_model.hpp"
+
+namespace pico {
+namespace {
+
+namespace fs = std::filesystem;
+
+// ---- llama.h (the ABI of node-llama-cpp's libllama): only what the test calls.
+// llama_model_quantize_params, field for field as in include/llama.h. The enums are
+// int-sized. Checked against the shipped library: llama_model_quantize_default_params
+// writes 64 bytes (max_buf_size, 8 GiB, at offset 56).
+struct LlamaModelQuantizeParams {
+  int32_t nthread;
+  int32_t ftype;                 // enum llama_ftype
+  int32_t output_tensor_type;    // enum ggml_type
+  int32_t token_embedding_type;  // enum ggml_type
+  bool allow_requantize;
+  bool quantize_output_tensor;
+  bool only_copy;
+  bool pure;
+  bool keep_split;
+  bool dry_run;
+  const void* imatrix;       // const struct llama_model_imatrix_data *
+  const void* kv_overrides;  // const struct llama_model_kv_override *
+  const void* tt_overrides;  // const struct llama_model_tensor_override *
+  const int32_t* prune_layers;
+  size_t max_buf_size;
+};
+static_assert(sizeof(LlamaModelQuantizeParams) == 64);
+static_assert(offsetof(LlamaModelQuantizeParams, allow_requantize) == 16);
+static_assert(offsetof(LlamaModelQuantizeParams, imatrix) == 24);
+static_assert(offsetof(LlamaModelQuantizeParams, max_buf_size) == 56);
+
+using BackendInitFn = void (*)();
+using QuantizeDefaultParamsFn = LlamaModelQuantizeParams (*)();
+using ModelQuantizeFn = uint32_t (*)(const char* fname_inp, const char* fname_out, const LlamaModelQuantizeParams* params);
+using LoadAllFromPathFn = void (*)(const char* dir_path);
+using LogCallback = void (*)(int level, const char* text, void* user_data);  // level: enum ggml_log_level
+using LogSetFn = void (*)(LogCallback callback, void* user_data);
+
+// llama.cpp's log, warnings and errors only (GGML_LOG_LEVEL_WARN 3, ERROR 4).
+void quiet_log(int level, const char* text, void*) {
+  if (level == 3 || level == 4) std::fputs(text, stderr);
+}
+
+class Llama {
+ public:
+  static Llama& get() {
+    static Llama instance;
+    return instance;
+  }
+  bool loaded() const { return quantize_ != nullptr; }
+  const std::string& error() const { return error_; }
+  LlamaModelQuantizeParams default_params() const { return default_params_(); }
+  uint32_t quantize(const fs::path& in, const fs::path& out, const LlamaModelQuantizeParams& params) const {
+    return quantize_(in.c_str(), out.c_str(), &params);
+  }
+
+ private:
+  Llama() {
+    const char* path = std::getenv("PICO_LLAMA_LIB");
+    if (!path || !*path) {
+      error_ = "PICO_LLAMA_LIB is not set (path of llama.cpp's libllama, e.g. node-llama-cpp's libllama.v0.4.0.so)";
+      return;
+    }
+    // libllama's RUNPATH is $ORIGIN: its libggml*.so beside it load with it.
+    handle_ = dlopen(path, RTLD_NOW | RTLD_GLOBAL);
+    if (!handle_) {
+      error_ = std::string("dlopen failed: ") + dlerror();
+      return;
+    }
+    auto init = reinterpret_cast<BackendInitFn>(dlsym(handle_, "llama_backend_init"));
+    default_params_ = reinterpret_cast<QuantizeDefaultParamsFn>(dlsym(handle_, "llama_model_quantize_default_params"));
+    auto quantize = reinterpret_cast<ModelQuantizeFn>(dlsym(handle_, "llama_model_quantize"));
+    if (!init || !default_params_ || !quantize) {
+      error_ = std::string(path) + " lacks llama_backend_init / llama_model_quantize_default_params / llama_model_quantize";
+      return;
+    }
+    // The CPU backends (libggml-cpu-*.so) are plugins of libggml, loaded from a
+    // directory: load them from the library's own (quantization itself needs only
+    // ggml-base, but this is how llama.cpp's tools start).
+    if (auto load_all = reinterpret_cast<LoadAllFromPathFn>(dlsym(handle_, "ggml_backend_load_all_from_path"))) {
+      load_all(fs::path(path).parent_path().c_str());
+    }
+    if (auto log_set = reinterpret_cast<LogSetFn>(dlsym(handle_, "llama_log_set"))) log_set(quiet_log, nullptr);
+    init();
+    quantize_ = quantize;
+  }
+  void* handle_ = nullptr;
+  QuantizeDefaultParamsFn default_params_ = nullptr;
+  ModelQuantizeFn quantize_ = nullptr;
+  std::string error_;
+};
+
+// llama_ftype values (include/llama.h).
+struct FileType {
+  const char* name;
+  int32_t ftype;
+  GgmlType main_type;  // the type of most matrices in the output
+  bool pure = false;  // every tensor (but 1-d ones) in the file type's base type
+};
+
+std::vector<FileType> file_types() {
+  using T = GgmlType;
+  return {
+      {"Q4_0", 2, T::Q4_0},
+      {"Q4_1", 3, T::Q4_1},
+      {"Q8_0", 7, T::Q8_0},
+      {"Q5_0", 8, T::Q5_0},
+      {"Q5_1", 9, T::Q5_1},
+      {"Q2_K", 10, T::Q2_K},
+      {"Q3_K_M", 12, T::Q3_K},
+      {"Q4_K_M", 15, T::Q4_K},
+      {"Q5_K_M", 17, T::Q5_K},
+      {"Q6_K", 18, T::Q6_K},
+      {"IQ4_NL", 25, T::IQ4_NL},
+      {"IQ4_XS", 30, T::IQ4_XS},
+      {"BF16", 32, T::BF16},
+      {"F16", 1, T::F16},
+      {"TQ1_0", 36, T::TQ1_0},
+      {"TQ2_0", 37, T::TQ2_0},
+      // On a dense model MXFP4_MOE writes Q8_0 everywhere (MXFP4 is for expert
+      // tensors only): the pure variant puts MXFP4 in every matrix.
+      {"MXFP4_MOE", 38, T::Q8_0},
+      {"MXFP4_MOE_pure", 38, T::MXFP4, true},
+      // No NVFP4 (39): this library refuses it as an output file type ("invalid
+      // output file type 39"); its NVFP4 tensors come from converted checkpoints.
+      {"Q1_0", 40, T::Q1_0},
+      {"Q2_0", 41, T::Q2_0},
+  };
+}
+
+// Normalized mean squared error bound per tensor type: the synthetic weights are
+// near-Gaussian. Measured (worst tensor, llama.cpp v0.4.0 via node-llama-cpp):
+// f16 4.4e-8, bf16 2.8e-6, q8_0 2.6e-5, q6_K 2.9e-4, q5_K 1.2e-3, q5_1 1.4e-3,
+// q5_0 1.7e-3, q4_K 4.8e-3, iq4_nl 5.5e-3, iq4_xs 5.6e-3, q4_1 5.8e-3, q4_0 6.7e-3,
+// mxfp4 1.3e-2, q3_K 2.1e-2, q2_K 8.3e-2, q1_0 0.35, q2_0 0.48, tq1_0/tq2_0 0.60.
+double nmse_bound(GgmlType type) {
+  using T = GgmlType;
+  switch (type) {
+    case T::F32: return 0.0;  // 1-d tensors are copied
+    case T::F16: return 1e-6;
+    case T::BF16: return 1e-5;
+    case T::Q8_0: return 1e-4;
+    case T::Q6_K: return 1e-3;
+    case T::Q5_0: case T::Q5_1: case T::Q5_K: return 4e-3;
+    case T::Q4_0: case T::Q4_1: case T::Q4_K: case T::IQ4_NL: case T::IQ4_XS: return 0.01;
+    case T::MXFP4: return 0.025;
+    case T::Q3_K: return 0.04;
+    case T::Q2_K: return 0.15;
+    // Ternary and 1-2 bit types on Gaussian weights: most of the signal is lost by
+    // design (TQ*: round(x / max|x|) is mostly 0; Q1_0 keeps the signs).
+    case T::TQ1_0: case T::TQ2_0: return 0.7;
+    case T::Q2_0: return 0.6;
+    case T::Q1_0: return 0.45;
+    default: return -1.0;  // unexpected type: fails
+  }
+}
+
+struct TensorValues {
+  GgmlType type;
+  std::vector<float> values;
+};
+
+// Every tensor of `path`, dequantized with pico's reference dequantizers.
+std::map<std::string, TensorValues> read_all(const fs::path& path) {
+  const auto model = gguf::Model::open(path);
+  std::map<std::string, TensorValues> out;
+  for (const gguf::TensorInfo& t : model->tensors()) {
+    std::vector<float> values(t.elements);
+    const auto bytes = model->tensor_data(t);
+    EXPECT_EQ(bytes.size(), t.bytes) << path << " " << t.name;
+    const uint64_t row = t.shape.empty() ? 1 : t.shape[0];
+    const uint64_t rows = row == 0 ? 0 : t.elements / row;
+    const TypeTraits& traits = type_traits(t.type);
+    const size_t row_bytes = static_cast<size_t>(row / traits.block_size) * traits.block_bytes;
+    for (uint64_t r = 0; r < rows; ++r) {
+      dequantize_row(t.type, bytes.data() + r * row_bytes, values.data() + r * row, static_cast<int64_t>(row));
+    }
+    out.emplace(t.name, TensorValues{t.type, std::move(values)});
+  }
+  return out;
+}
+
+class TempDir {
+ public:
+  TempDir() : path_(fs::temp_directory_path() / ("pico_llama_quantized_" + std::to_string(getpid()))) {
+    fs::remove_all(path_);
+    fs::create_directories(path_);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+  }
+  const fs::path& path() const { return path_; }
+
+ private:
+  fs::path path_;
+};
+
+TEST(LlamaQuantized, PicoDequantizesEveryFileTypeLlamaCppWrites) {
+  ASSERT_TRUE(Llama::get().loaded()) << Llama::get().error();
+  TempDir dir;
+  synthetic::SyntheticSpec spec;
+  spec.architecture = synthetic::Architecture::llama;
+  spec.vocab = synthetic::VocabKind::llama2;
+  spec.node_modules = PICO_NODE_MODULES_DIR;
+  spec.n_layers = 2;
+  spec.n_embd = 256;
+  spec.n_ff = 512;
+  spec.n_head = 4;
+  spec.n_head_kv = 2;
+  spec.weight_type = GgmlType::F32;
+  const fs::path source = dir.path() / "f32.gguf";
+  synthetic::write_synthetic_model(spec, source);
+  const auto original = read_all(source);
+  ASSERT_FALSE(original.empty());
+
+  struct Row {
+    std::string file, tensor_type;
+    double worst = 0, mean = 0;
+    int tensors = 0;
+    double bound = 0;
+  };
+  std::vector<Row> table;
+  for (const FileType& ft : file_types()) {
+    SCOPED_TRACE(ft.name);
+    const fs::path out = dir.path() / (std::string(ft.name) + ".gguf");
+    LlamaModelQuantizeParams params = Llama::get().default_params();
+    params.nthread = 2;
+    params.ftype = ft.ftype;
+    params.pure = ft.pure;
+    ASSERT_EQ(Llama::get().quantize(source, out, params), 0u) << "llama_model_quantize failed for " << ft.name;
+    const auto quantized = read_all(out);
+    ASSERT_EQ(quantized.size(), original.size()) << ft.name;
+
+    std::map<std::string, int> histogram;
+    std::map<GgmlType, Row> per_type;
+    for (const auto& [name, q] : quantized) {
+      SCOPED_TRACE(name);
+      const auto it = original.find(name);
+      ASSERT_NE(it, original.end());
+      const std::vector<float>& x = it->second.values;
+      ASSERT_EQ(q.values.size(), x.size());
+      ++histogram[std::string(type_traits(q.type).name)];
+      double err = 0, norm = 0;
+      size_t non_finite = 0;
+      for (size_t i = 0; i < x.size(); ++i) {
+        if (!std::isfinite(q.values[i])) ++non_finite;
+        const double d = static_cast<double>(q.values[i]) - x[i];
+        err += d * d;
+        norm += static_cast<double>(x[i]) * x[i];
+      }
+      EXPECT_EQ(non_finite, 0u);
+      const double nmse = norm > 0 ? err / norm : err;
+      const double bound = nmse_bound(q.type);
+      EXPECT_LE(nmse, bound) << "type " << type_traits(q.type).name;
+      Row& row = per_type[q.type];
+      row.file = ft.name;
+      row.tensor_type = std::string(type_traits(q.type).name);
+      row.worst = std::max(row.worst, nmse);
+      row.mean += nmse;
+      ++row.tensors;
+      row.bound = bound;
+    }
+    const auto main_count = histogram.find(std::string(type_traits(ft.main_type).name));
+    EXPECT_TRUE(main_count != histogram.end() && main_count->second >= 8) << "expected mostly " << type_traits(ft.main_type).name;
+    std::string line;
+    for (const auto& [type, count] : histogram) line += " " + type + ":" + std::to_string(count);
+    std::printf("%-15s %8.2f MiB  tensors%s\n", ft.name, static_cast<double>(fs::file_size(out)) / (1 << 20),
+                line.c_str());
+    for (auto& [type, row] : per_type) {
+      row.mean /= row.tensors;
+      table.push_back(row);
+    }
+    fs::remove(out);
+  }
+  std::printf("\nnormalized MSE of pico's dequantization against the original F32 weights\n");
+  std::printf("%-15s %-8s %8s %12s %12s %10s\n", "file type", "tensor", "tensors", "mean", "worst", "bound");
+  for (const Row& row : table) {
+    std::printf("%-15s %-8s %8d %12.3e %12.3e %10.1e\n", row.file.c_str(), row.tensor_type.c_str(), row.tensors,
+                row.mean, row.worst, row.bound);
+  }
+}
+
+}  // namespace
+}  // namespace pico
