@@ -23,7 +23,7 @@ void fill_level(CpuLevel level, KernelTable& table) {
 #endif
 #if defined(__aarch64__)
     case CpuLevel::dotprod: fill_dotprod_kernels(table); return;
-    // i8mm: no kernels of its own yet, dotprod's serve.
+    case CpuLevel::i8mm: fill_i8mm_kernels(table); return;  // Q8_0, Q4_0; dotprod's serve the rest
 #endif
     default: return;  // no kernels of this level in this build (yet): lower levels serve
   }

@@ -70,5 +70,6 @@ void fill_avx2_kernels(KernelTable& table);
 void fill_avx512_kernels(KernelTable& table);
 void fill_neon_kernels(KernelTable& table);
 void fill_dotprod_kernels(KernelTable& table);
+void fill_i8mm_kernels(KernelTable& table);
 
 }  // namespace pico::cpu

@@ -134,7 +134,9 @@ TEST(CpuKernels, ArmLevelsServeTheirOwnKernels) {
   // pico's ARM builds target NEON hosts (aarch64 always has it; armv7 is built with -mfpu=neon).
   ASSERT_TRUE(level_supported(CpuLevel::neon));
   const KernelTable& neon = kernels_for(CpuLevel::neon);
-  for (GgmlType type : {GgmlType::F32, GgmlType::BF16, GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q5_0, GgmlType::IQ4_NL, GgmlType::Q4_K, GgmlType::Q6_K}) {
+  for (GgmlType type : {GgmlType::F32, GgmlType::BF16, GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q5_0, GgmlType::IQ4_NL, GgmlType::Q4_K, GgmlType::Q6_K,
+                        GgmlType::Q4_1, GgmlType::Q5_1, GgmlType::Q1_0, GgmlType::Q2_0, GgmlType::Q2_K, GgmlType::Q3_K,
+                        GgmlType::Q5_K}) {
     EXPECT_EQ(neon.vec_dot_level[slot(type)], CpuLevel::neon) << type_traits(type).name;
   }
 #if defined(__aarch64__)
@@ -142,11 +144,15 @@ TEST(CpuKernels, ArmLevelsServeTheirOwnKernels) {
   for (CpuLevel level : {CpuLevel::dotprod, CpuLevel::i8mm}) {
     if (!level_supported(level)) continue;
     const KernelTable& table = kernels_for(level);
-    // i8mm has no kernels of its own yet: dotprod's serve it.
-    EXPECT_EQ(table.vec_dot_level[slot(GgmlType::Q8_0)], CpuLevel::dotprod) << level_name(level);
-    EXPECT_EQ(table.vec_dot_level[slot(GgmlType::Q4_0)], CpuLevel::dotprod) << level_name(level);
+    // i8mm has its own Q8_0 and Q4_0 (SMMLA gemm tiles); dotprod's serve the rest.
+    EXPECT_EQ(table.vec_dot_level[slot(GgmlType::Q8_0)], level) << level_name(level);
+    EXPECT_EQ(table.vec_dot_level[slot(GgmlType::Q4_0)], level) << level_name(level);
     EXPECT_EQ(table.vec_dot_level[slot(GgmlType::Q4_K)], CpuLevel::dotprod) << level_name(level);
     EXPECT_EQ(table.vec_dot_level[slot(GgmlType::Q6_K)], CpuLevel::dotprod) << level_name(level);
+    for (GgmlType type : {GgmlType::Q4_1, GgmlType::Q5_1, GgmlType::Q1_0, GgmlType::Q2_0, GgmlType::Q2_K,
+                          GgmlType::Q3_K, GgmlType::Q5_K}) {
+      EXPECT_EQ(table.vec_dot_level[slot(type)], CpuLevel::dotprod) << type_traits(type).name << " @ " << level_name(level);
+    }
     EXPECT_EQ(table.vec_dot_level[slot(GgmlType::F32)], CpuLevel::neon) << level_name(level);
   }
 #endif

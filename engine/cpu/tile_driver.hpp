@@ -13,6 +13,7 @@
 //   static A load_a(const uint8_t* row, int64_t step, int64_t k);
 //   static void step(Acc& acc, const W& w, const A& a);
 //   static float reduce(const Acc& acc);
+//   (optional) step2x2, see has_step2x2.
 //
 // Include only from ISA kernel files: everything here has internal linkage, so each
 // file gets its own copy compiled with its own target flags (an inline function with
@@ -44,6 +45,16 @@ inline void prefetch_step(const uint8_t* p, int64_t step_bytes) {
   }
 }
 
+// Optional: a kernel may provide
+//   static void step2x2(Acc& r0c0, Acc& r0c1, Acc& r1c0, Acc& r1c1, const W& w0, const W& w1, const A& a0, const A& a1);
+// used for tiles of even R and C; it must do, per output, exactly what step does
+// (e.g. the same exact integer sums from a 2 x 2 matrix multiply, then step's float
+// operations), so results stay identical to vec_dot.
+template <class K>
+concept has_step2x2 = requires(typename K::Acc& acc, const typename K::W& w, const typename K::A& a) {
+  K::step2x2(acc, acc, acc, acc, w, w, a, a);
+};
+
 template <class K, int R, int C>
 inline void run_tile(int64_t k, const uint8_t* w, size_t w_row_bytes, const uint8_t* a, size_t a_row_bytes, float* out,
                      int64_t out_stride) {
@@ -60,8 +71,14 @@ inline void run_tile(int64_t k, const uint8_t* w, size_t w_row_bytes, const uint
     typename K::A av[C];
     for (int r = 0; r < R; ++r) wv[r] = K::load_w(w + r * w_row_bytes, s, k);
     for (int c = 0; c < C; ++c) av[c] = K::load_a(a + c * a_row_bytes, s, k);
-    for (int r = 0; r < R; ++r)
-      for (int c = 0; c < C; ++c) K::step(acc[r][c], wv[r], av[c]);
+    if constexpr (R % 2 == 0 && C % 2 == 0 && has_step2x2<K>) {
+      for (int r = 0; r < R; r += 2)
+        for (int c = 0; c < C; c += 2)
+          K::step2x2(acc[r][c], acc[r][c + 1], acc[r + 1][c], acc[r + 1][c + 1], wv[r], wv[r + 1], av[c], av[c + 1]);
+    } else {
+      for (int r = 0; r < R; ++r)
+        for (int c = 0; c < C; ++c) K::step(acc[r][c], wv[r], av[c]);
+    }
   }
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < C; ++c) out[c * out_stride + r] = K::reduce(acc[r][c]);

@@ -4,9 +4,12 @@
 // SDOT (vdotq_s32) instead of widening multiplies. Internal linkage throughout (see
 // tile_driver.hpp).
 //
-// Every kernel keeps 4 float lanes per output, adds each step's 4 per-lane partial
-// sums into them (scale product first, then one multiply-add per step), and reduces
-// the 4 lanes in one fixed order at the end.
+// The float kernels and Q4_0 / Q8_0 / Q5_0 / IQ4_NL keep 4 float lanes per output,
+// add each step's 4 per-lane partial sums into them (scale product first, then one
+// multiply-add per step), and reduce the 4 lanes in one fixed order at the end. The
+// others (Q4_1, Q5_1, Q1_0, Q2_0 and the K-quants) compute each block's integer sums
+// in SIMD and then do the scalar reference's float steps on one float per output, so
+// they match scalar_kernels.cpp bit for bit.
 #pragma once
 
 #include <arm_neon.h>
@@ -22,11 +25,19 @@ namespace pico::cpu {
 namespace {
 
 using quant::BlockIQ4_NL;
+using quant::BlockQ1_0;
+using quant::BlockQ2_0;
+using quant::BlockQ2_K;
+using quant::BlockQ3_K;
 using quant::BlockQ4_0;
-using quant::BlockQ5_0;
+using quant::BlockQ4_1;
 using quant::BlockQ4_K;
+using quant::BlockQ5_0;
+using quant::BlockQ5_1;
+using quant::BlockQ5_K;
 using quant::BlockQ6_K;
 using quant::BlockQ8_0;
+using quant::BlockQ8_1;
 using quant::BlockQ8_K;
 
 // ---------------------------------------------------------------- primitives
@@ -200,6 +211,114 @@ struct IQ4_NLKernel : LegacyTiles, Q8_0Activation, SignedCodesStep {
   }
 };
 
+// ---------------------------------------------------------------- Q4_1 / Q5_1 against Q8_1
+// One float accumulator per output, the scalar reference's formula per block:
+// acc += (d_w * d_a) * sumi + m_w * s_a.
+struct CodesWithOffset {
+  int8x16_t lo, hi;
+  float d, m;  // weights: scale and min; activations: scale and d * sum(qs)
+};
+
+struct OffsetTiles {
+  static constexpr int64_t kStep = 32;
+#if defined(__aarch64__)
+  static constexpr int kRows = 4, kCols = 4, kGemvRows = 4;
+#else
+  static constexpr int kRows = 2, kCols = 2, kGemvRows = 2;
+#endif
+  using Acc = float;
+  using W = CodesWithOffset;
+  using A = CodesWithOffset;
+  static Acc zero() { return 0.0f; }
+  static float reduce(const Acc& acc) { return acc; }
+  static A load_a(const uint8_t* row, int64_t s, int64_t) {
+    const BlockQ8_1* b = block_at<BlockQ8_1>(row, s);
+    return {vld1q_s8(b->qs), vld1q_s8(b->qs + 16), half_to_float(b->d), half_to_float(b->s)};
+  }
+  static void step(float& acc, const W& w, const A& a) {
+    const int sumi = hsum_i32(dot32_s8(w.lo, w.hi, a.lo, a.hi));
+    acc += (w.d * a.d) * static_cast<float>(sumi) + w.m * a.m;
+  }
+};
+
+struct Q4_1Kernel : OffsetTiles {
+  static W load_w(const uint8_t* row, int64_t s, int64_t) {
+    const BlockQ4_1* b = block_at<BlockQ4_1>(row, s);
+    const uint8x16_t raw = vld1q_u8(b->qs);
+    return {vreinterpretq_s8_u8(vandq_u8(raw, vdupq_n_u8(0x0f))), vreinterpretq_s8_u8(vshrq_n_u8(raw, 4)),
+            half_to_float(b->d), half_to_float(b->m)};
+  }
+};
+
+struct Q5_1Kernel : OffsetTiles {
+  static W load_w(const uint8_t* row, int64_t s, int64_t) {
+    const BlockQ5_1* b = block_at<BlockQ5_1>(row, s);
+    const uint8x16_t raw = vld1q_u8(b->qs);
+    const uint8x16_t lo = vorrq_u8(vandq_u8(raw, vdupq_n_u8(0x0f)), expand_bits16(b->qh, 0x10));
+    const uint8x16_t hi = vorrq_u8(vshrq_n_u8(raw, 4), expand_bits16(b->qh + 2, 0x10));
+    return {vreinterpretq_s8_u8(lo), vreinterpretq_s8_u8(hi), half_to_float(b->d), half_to_float(b->m)};
+  }
+};
+
+// ---------------------------------------------------------------- Q1_0 / Q2_0 against several Q8_0 blocks
+// One step per weight block; the reference's float steps: a float sum over the
+// activation blocks of d_a * sumi, then acc += d_w * that sum.
+template <int64_t Elements>
+struct LowBitTiles {
+  static constexpr int64_t kStep = Elements;
+#if defined(__aarch64__)
+  static constexpr int kRows = 4, kCols = 4, kGemvRows = 4;
+#else
+  static constexpr int kRows = 2, kCols = 2, kGemvRows = 2;
+#endif
+  using Acc = float;
+  using A = const BlockQ8_0*;
+  static Acc zero() { return 0.0f; }
+  static float reduce(const Acc& acc) { return acc; }
+  static A load_a(const uint8_t* row, int64_t s, int64_t) { return block_at<BlockQ8_0>(row, s * (Elements / 32)); }
+};
+
+struct Q1_0Kernel : LowBitTiles<128> {
+  using W = const BlockQ1_0*;
+  static W load_w(const uint8_t* row, int64_t s, int64_t) { return block_at<BlockQ1_0>(row, s); }
+  static void step(float& acc, W w, A a) {
+    const int8x16_t one = vdupq_n_s8(1);
+    float block_sum = 0.0f;
+    for (int s = 0; s < 4; ++s) {
+      // bit set: +1, clear: -1
+      const int8x16_t lo = vsubq_s8(vreinterpretq_s8_u8(expand_bits16(w->qs + 4 * s, 2)), one);
+      const int8x16_t hi = vsubq_s8(vreinterpretq_s8_u8(expand_bits16(w->qs + 4 * s + 2, 2)), one);
+      const int sumi = hsum_i32(dot32_s8(lo, hi, vld1q_s8(a[s].qs), vld1q_s8(a[s].qs + 16)));
+      block_sum += half_to_float(a[s].d) * static_cast<float>(sumi);
+    }
+    acc += half_to_float(w->d) * block_sum;
+  }
+};
+
+struct Q2_0Kernel : LowBitTiles<64> {
+  using W = const BlockQ2_0*;
+  static W load_w(const uint8_t* row, int64_t s, int64_t) { return block_at<BlockQ2_0>(row, s); }
+  // Element e of the 4 bytes at p: bits 2 * (e % 4) of p[e / 4], as code - 1.
+  static int8x16_t decode16(const uint8_t* p) {
+    static const uint8_t kIndex[16] = {0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3};
+    static const int8_t kShift[16] = {0, -2, -4, -6, 0, -2, -4, -6, 0, -2, -4, -6, 0, -2, -4, -6};
+    uint8_t bytes[8] = {p[0], p[1], p[2], p[3], 0, 0, 0, 0};
+    const uint8x8_t t = vld1_u8(bytes);
+    const uint8x16_t spread = vcombine_u8(vtbl1_u8(t, vld1_u8(kIndex)), vtbl1_u8(t, vld1_u8(kIndex + 8)));
+    const uint8x16_t code = vandq_u8(vshlq_u8(spread, vld1q_s8(kShift)), vdupq_n_u8(3));
+    return vsubq_s8(vreinterpretq_s8_u8(code), vdupq_n_s8(1));
+  }
+  static void step(float& acc, W w, A a) {
+    float block_sum = 0.0f;
+    for (int s = 0; s < 2; ++s) {
+      const int sumi =
+          hsum_i32(dot32_s8(decode16(w->qs + 8 * s), decode16(w->qs + 8 * s + 4), vld1q_s8(a[s].qs), vld1q_s8(a[s].qs + 16)));
+      block_sum += half_to_float(a[s].d) * static_cast<float>(sumi);
+    }
+    acc += half_to_float(w->d) * block_sum;
+  }
+};
+
 // ---------------------------------------------------------------- K-quants against Q8_K, one super-block per step
 // The integer sums of a super-block with NEON, then the scalar reference's float
 // formula on one float accumulator.
@@ -292,6 +411,116 @@ struct Q6_KKernel : SuperBlockTiles {
   }
 };
 
+struct Q5_KKernel : SuperBlockTiles {
+  using W = const BlockQ5_K*;
+  static W load_w(const uint8_t* row, int64_t s, int64_t) { return block_at<BlockQ5_K>(row, s); }
+  static void step(float& acc, W w, A a) {
+    int scales[8];
+    int sum_mins = 0;
+    for (int s = 0; s < 8; ++s) {
+      int min = 0;
+      scale_min_k4(s, w->scales, scales[s], min);
+      sum_mins += min * (a->bsums[2 * s] + a->bsums[2 * s + 1]);
+    }
+    const uint8x16_t mask = vdupq_n_u8(0x0f);
+    const uint8x16_t five = vdupq_n_u8(0x10);
+    const uint8x16_t qh0 = vld1q_u8(w->qh);
+    const uint8x16_t qh1 = vld1q_u8(w->qh + 16);
+    int32x4_t sumv = vdupq_n_s32(0);
+    for (int j = 0; j < 4; ++j) {  // sub-blocks 2j (low nibbles, qh bit 2j) and 2j + 1 (high, bit 2j + 1)
+      const uint8x16_t q0 = vld1q_u8(w->qs + 32 * j);
+      const uint8x16_t q1 = vld1q_u8(w->qs + 32 * j + 16);
+      const uint8x16_t bit_lo = vdupq_n_u8(static_cast<uint8_t>(1u << (2 * j)));
+      const uint8x16_t bit_hi = vdupq_n_u8(static_cast<uint8_t>(1u << (2 * j + 1)));
+      const int8_t* y = a->qs + 64 * j;
+      const uint8x16_t l0 = vorrq_u8(vandq_u8(q0, mask), vandq_u8(vtstq_u8(qh0, bit_lo), five));
+      const uint8x16_t l1 = vorrq_u8(vandq_u8(q1, mask), vandq_u8(vtstq_u8(qh1, bit_lo), five));
+      const uint8x16_t h0 = vorrq_u8(vshrq_n_u8(q0, 4), vandq_u8(vtstq_u8(qh0, bit_hi), five));
+      const uint8x16_t h1 = vorrq_u8(vshrq_n_u8(q1, 4), vandq_u8(vtstq_u8(qh1, bit_hi), five));
+      const int32x4_t low = dot32_s8(vreinterpretq_s8_u8(l0), vreinterpretq_s8_u8(l1), vld1q_s8(y), vld1q_s8(y + 16));
+      const int32x4_t high =
+          dot32_s8(vreinterpretq_s8_u8(h0), vreinterpretq_s8_u8(h1), vld1q_s8(y + 32), vld1q_s8(y + 48));
+      sumv = vmlaq_n_s32(sumv, low, scales[2 * j]);
+      sumv = vmlaq_n_s32(sumv, high, scales[2 * j + 1]);
+    }
+    const int sumi = hsum_i32(sumv);
+    acc += (half_to_float(w->d) * a->d) * static_cast<float>(sumi) -
+           (half_to_float(w->dmin) * a->d) * static_cast<float>(sum_mins);
+  }
+};
+
+struct Q2_KKernel : SuperBlockTiles {
+  using W = const BlockQ2_K*;
+  static W load_w(const uint8_t* row, int64_t s, int64_t) { return block_at<BlockQ2_K>(row, s); }
+  static void step(float& acc, W w, A a) {
+    int sum_mins = 0;
+    for (int j = 0; j < 16; ++j) sum_mins += a->bsums[j] * (w->scales[j] >> 4);
+    const uint8x16_t mask2 = vdupq_n_u8(0x03);
+    int32x4_t sumv = vdupq_n_s32(0);
+    for (int h = 0; h < 2; ++h) {
+      for (int half16 = 0; half16 < 2; ++half16) {
+        const int l0 = 16 * half16;
+        const uint8x16_t q = vld1q_u8(w->qs + 32 * h + l0);
+        for (int g = 0; g < 4; ++g) {
+          uint8x16_t code;
+          switch (g) {
+            case 0: code = vandq_u8(q, mask2); break;
+            case 1: code = vandq_u8(vshrq_n_u8(q, 2), mask2); break;
+            case 2: code = vandq_u8(vshrq_n_u8(q, 4), mask2); break;
+            default: code = vshrq_n_u8(q, 6); break;
+          }
+          const int e = 128 * h + 32 * g + l0;
+          sumv = vmlaq_n_s32(sumv, dot16_s8(vreinterpretq_s8_u8(code), vld1q_s8(a->qs + e)), w->scales[e / 16] & 0x0f);
+        }
+      }
+    }
+    const int sumi = hsum_i32(sumv);
+    const float dall = a->d * half_to_float(w->d);
+    const float dmin = a->d * half_to_float(w->dmin);
+    acc += dall * static_cast<float>(sumi) - dmin * static_cast<float>(sum_mins);
+  }
+};
+
+struct Q3_KKernel : SuperBlockTiles {
+  using W = const BlockQ3_K*;
+  static W load_w(const uint8_t* row, int64_t s, int64_t) { return block_at<BlockQ3_K>(row, s); }
+  static void step(float& acc, W w, A a) {
+    int scales[16];
+    for (int j = 0; j < 16; ++j) {
+      const int low = (j < 8 ? w->scales[j] : w->scales[j - 8] >> 4) & 0x0f;
+      const int high = (w->scales[8 + j % 4] >> (2 * (j / 4))) & 3;
+      scales[j] = (low | (high << 4)) - 32;
+    }
+    const uint8x16_t mask2 = vdupq_n_u8(0x03);
+    const uint8x16_t four = vdupq_n_u8(0x04);
+    int32x4_t sumv = vdupq_n_s32(0);
+    for (int half16 = 0; half16 < 2; ++half16) {
+      const int l0 = 16 * half16;
+      const uint8x16_t hm = vld1q_u8(w->hmask + l0);
+      for (int h = 0; h < 2; ++h) {
+        const uint8x16_t q = vld1q_u8(w->qs + 32 * h + l0);
+        for (int g = 0; g < 4; ++g) {
+          uint8x16_t code;
+          switch (g) {
+            case 0: code = vandq_u8(q, mask2); break;
+            case 1: code = vandq_u8(vshrq_n_u8(q, 2), mask2); break;
+            case 2: code = vandq_u8(vshrq_n_u8(q, 4), mask2); break;
+            default: code = vshrq_n_u8(q, 6); break;
+          }
+          const int group = 4 * h + g;
+          // hmask bit clear: code - 4
+          const uint8x16_t minus = vbicq_u8(four, vtstq_u8(hm, vdupq_n_u8(static_cast<uint8_t>(1u << group))));
+          const int8x16_t value = vsubq_s8(vreinterpretq_s8_u8(code), vreinterpretq_s8_u8(minus));
+          const int e = 128 * h + 32 * g + l0;
+          sumv = vmlaq_n_s32(sumv, dot16_s8(value, vld1q_s8(a->qs + e)), scales[e / 16]);
+        }
+      }
+    }
+    const int sumi = hsum_i32(sumv);
+    acc += (half_to_float(w->d) * a->d) * static_cast<float>(sumi);
+  }
+};
+
 // ---------------------------------------------------------------- float rows
 // Partial last step: the tail is copied into a zeroed buffer (zeros add nothing).
 template <class Convert>
@@ -359,6 +588,13 @@ void put_kernel(KernelTable& table, GgmlType type) {
   put_kernel<IQ4_NLKernel>(table, GgmlType::IQ4_NL);
   put_kernel<Q4_KKernel>(table, GgmlType::Q4_K);
   put_kernel<Q6_KKernel>(table, GgmlType::Q6_K);
+  put_kernel<Q5_KKernel>(table, GgmlType::Q5_K);
+  put_kernel<Q4_1Kernel>(table, GgmlType::Q4_1);
+  put_kernel<Q2_KKernel>(table, GgmlType::Q2_K);
+  put_kernel<Q3_KKernel>(table, GgmlType::Q3_K);
+  put_kernel<Q5_1Kernel>(table, GgmlType::Q5_1);
+  put_kernel<Q1_0Kernel>(table, GgmlType::Q1_0);
+  put_kernel<Q2_0Kernel>(table, GgmlType::Q2_0);
 }
 
 [[maybe_unused]] void fill_neon_float_kernels(KernelTable& table) {
