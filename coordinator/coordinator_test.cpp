@@ -4,6 +4,7 @@
 #include <fstream>
 
 #include "cluster_config.hpp"
+#include "engine.hpp"
 #include "pipeline.hpp"
 
 namespace pico::coordinator {
@@ -82,6 +83,36 @@ TEST(LayerRange, ParsesInclusiveRanges) {
   EXPECT_THROW(worker::parse_layers("a-b"), std::invalid_argument);
   EXPECT_THROW(worker::parse_layers("3"), std::invalid_argument);
   EXPECT_THROW(worker::parse_layers("1-2x"), std::invalid_argument);
+}
+
+// Stop strings: matched across pushes, never released, text that may begin one held back.
+TEST(StopMatcher, HoldsBackAndCuts) {
+  StopMatcher m({"</end>", "STOP"});
+  EXPECT_EQ(m.push("Hello <"), "Hello ");
+  EXPECT_EQ(m.push("/e"), "");
+  EXPECT_EQ(m.push("x"), "</ex");  // no longer a prefix
+  EXPECT_EQ(m.push(" ST"), " ");
+  EXPECT_EQ(m.push("OP and more"), "");
+  EXPECT_TRUE(m.matched());
+  EXPECT_EQ(m.push("later"), "");
+}
+
+TEST(StopMatcher, FlushReleasesAPartialPrefix) {
+  StopMatcher m({"abc"});
+  EXPECT_EQ(m.push("xxab"), "xx");
+  EXPECT_FALSE(m.matched());
+  EXPECT_EQ(m.flush(), "ab");
+  StopMatcher none({});
+  EXPECT_EQ(none.push("anything"), "anything");
+  StopMatcher empty({""});
+  EXPECT_EQ(empty.push("text"), "text");
+  EXPECT_FALSE(empty.matched());
+}
+
+TEST(StopMatcher, EarliestMatchWins) {
+  StopMatcher m({"world", "lo w"});
+  EXPECT_EQ(m.push("hello world"), "hel");
+  EXPECT_TRUE(m.matched());
 }
 
 }  // namespace

@@ -1,6 +1,8 @@
 // pico-coord -m MODEL [--worker tcp://h:p ...] [--config cluster.toml] -p PROMPT [-p ...]
 //            [--prompts FILE] [-n N] [--temp T] [--seed S]
+// pico-coord -m MODEL [--worker ...] --port N [--host ADDR] [--api-key KEY]
 //
+// With --port it serves the HTTP API (coordinator/http/server.hpp) until SIGINT/SIGTERM.
 // Prints the completion (only generated text on stdout; logs on stderr). With no
 // workers it runs every layer in-process (LocalStage). Several prompts run
 // concurrently; their completions are printed one per line in prompt order. Exits
@@ -14,6 +16,8 @@
 #include <iostream>
 
 #include "cluster_config.hpp"
+#include "engine.hpp"
+#include "http/server.hpp"
 #include "gguf/reader.hpp"
 #include "pipeline.hpp"
 #include "scheduler.hpp"
@@ -49,7 +53,19 @@ int main(int argc, char** argv) {
   app.add_option("--timeout", timeout_ms, "ms to wait for a step's logits");
   app.add_flag("--print-tokens", print_tokens, "print the generated token ids (JSON, one line per prompt)");
   app.add_option("--dump-logits", dump_logits, "write the F32 logits rows each token was sampled from");
+  ServerOptions http;
+  std::string chat_template;
+  app.add_option("--host", http.host, "HTTP API: address to listen on");
+  auto* port_opt = app.add_option("--port", http.port, "HTTP API: serve on this port (0: any free port)");
+  app.add_option("--api-key", http.api_key, "HTTP API: require Authorization: Bearer KEY");
+  app.add_option("--alias", http.model_name, "HTTP API: the model's name (default: the file name without .gguf)");
+  app.add_option("--http-threads", http.threads, "HTTP API: I/O threads")->check(CLI::PositiveNumber);
+  int parallel = 0;
+  app.add_option("--parallel", parallel, "HTTP API: sequences in the batch at once (default 32); more requests queue")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--chat-template", chat_template, "HTTP API: chat format name (default: from the model)");
   CLI11_PARSE(app, argc, argv);
+  const bool serving = port_opt->count() > 0;
 
   try {
     std::vector<WorkerEntry> workers;
@@ -68,7 +84,7 @@ int main(int argc, char** argv) {
         if (!line.empty()) prompts.push_back(line);
       }
     }
-    if (prompts.empty()) throw std::invalid_argument("no prompt: give -p or --prompts");
+    if (prompts.empty() && !serving) throw std::invalid_argument("no prompt: give -p or --prompts");
 
     const auto file = gguf::Model::open(model_path);
     const auto tok = tokenizer::Tokenizer::from_metadata(file->metadata());
@@ -97,6 +113,21 @@ int main(int argc, char** argv) {
     sched.ctx = ctx > 0 ? ctx : (ctx_train && *ctx_train > 0 ? *ctx_train : 4096);
     sched.step_timeout_ms = timeout_ms;
     sched.keep_logits = !dump_logits.empty();
+    if (serving) {
+      http.model_path = model_path;
+      if (http.model_name.empty()) {
+        http.model_name = model_path.substr(model_path.find_last_of('/') + 1);
+        if (http.model_name.size() > 5 && http.model_name.ends_with(".gguf")) {
+          http.model_name.resize(http.model_name.size() - 5);
+        }
+      }
+      const auto chat = tokenizer::ChatTemplate::from_metadata(file->metadata(), &tok->vocab(), chat_template);
+      sched.max_sequences = parallel > 0 ? parallel : 32;
+      sched.stage_stats = true;
+      Engine engine(pipeline, *tok, sched);
+      serve_http(engine, *tok, chat, http);
+      return 0;
+    }
     std::vector<Request> requests;
     for (size_t i = 0; i < prompts.size(); ++i) {
       Request r;

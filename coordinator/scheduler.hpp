@@ -34,6 +34,8 @@ struct SchedulerOptions {
   int max_inflight = 4;        // steps in flight
   int step_timeout_ms = 30000;
   int64_t ctx = 4096;          // a sequence stops at this many positions
+  bool stage_stats = false;    // online engine: ask the stages for their stats when idle (for /metrics)
+  int max_sequences = 0;       // online engine: sequences in the batch at once (0: no limit); others queue
   bool keep_logits = false;
 };
 
@@ -41,7 +43,8 @@ class Scheduler {
  public:
   Scheduler(Pipeline& pipeline, const tokenizer::Tokenizer& tok, SchedulerOptions options)
       : pipeline_(pipeline), tok_(tok), options_(options) {}
-  // Runs every request to completion. on_text(i, piece) streams request i's text.
+  // Runs every request to completion on an Engine (engine.hpp) started for the call.
+  // on_text(i, piece) streams request i's text (from the engine's thread).
   // Throws StageError when the pipeline fails (every request fails with it).
   std::vector<Result> run(const std::vector<Request>& requests,
                           const std::function<void(size_t, const std::string&)>& on_text = {});

@@ -1,0 +1,151 @@
+// The online scheduler: a long-lived engine loop in its own thread over a Pipeline.
+// submit() hands it a request with callbacks; the request joins the running batch at
+// the next step (continuous batching: one prompt micro-batch per sequence in prefill,
+// the last sampled token of each sequence in decode, up to max_inflight steps in
+// flight). A request ends at an end-of-generation token, at max_tokens, at the
+// context length, at one of its stop strings (matched across token boundaries and
+// never emitted: text that could begin a stop string is held back), or when
+// cancelled; its sequence is then closed on every stage. Callbacks run on the engine
+// thread and must not block.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "scheduler.hpp"
+
+namespace pico::coordinator {
+
+struct TokenProb {
+  int32_t id = 0;
+  float logprob = 0.0f;
+};
+
+struct TokenEvent {
+  std::string text;  // text released with this token (may be empty: held back or partial UTF-8)
+  int32_t id = 0;
+  float logprob = 0.0f;            // log-softmax of the raw logits (when logprobs were asked)
+  std::vector<TokenProb> top;      // the top_logprobs most likely tokens
+};
+
+struct Usage {
+  int prompt_tokens = 0;
+  int completion_tokens = 0;
+  double prompt_ms = 0.0;     // first submit to first sampled token
+  double predicted_ms = 0.0;  // first sampled token to the end
+};
+
+struct OnlineRequest {
+  std::vector<int32_t> prompt;
+  int max_tokens = 128;
+  sample::SamplingParams sampling;
+  std::vector<std::string> stop;  // stop strings
+  bool ignore_eos = false;
+  int logprobs = -1;              // < 0: none; >= 0: the token's logprob and this many top ones
+};
+
+struct Callbacks {
+  // Every sampled token, end-of-generation ones included, with the logits row it was
+  // sampled from (valid during the call); before on_token. Optional.
+  std::function<void(int32_t id, std::span<const float> logits)> on_sampled;
+  std::function<void(const TokenEvent&)> on_token;
+  std::function<void(const std::string& finish_reason, const Usage&)> on_done;  // "stop" (end of generation), "stop_string", "length", "cancelled"
+  std::function<void(const std::string& message)> on_error;
+};
+
+struct SlotInfo {
+  int32_t id = 0;
+  int n_prompt = 0, n_decoded = 0, n_past = 0;
+  bool prefill = true;
+};
+
+struct EngineMetrics {
+  uint64_t requests = 0, requests_failed = 0, prompt_tokens = 0, generated_tokens = 0, steps = 0;
+  double prefill_seconds = 0.0, decode_seconds = 0.0;
+  int active = 0, queued = 0;
+  int64_t tokens_in_flight = 0;  // positions held by active sequences
+  std::vector<StageStats> stages;  // per stage, as of the last time the engine went idle
+};
+
+class Engine {
+ public:
+  class Handle {
+   public:
+    Handle() = default;
+    void cancel();
+    int32_t id() const { return id_; }
+
+   private:
+    friend class Engine;
+    Handle(Engine* engine, int32_t id) : engine_(engine), id_(id) {}
+    Engine* engine_ = nullptr;
+    int32_t id_ = 0;
+  };
+
+  Engine(Pipeline& pipeline, const tokenizer::Tokenizer& tok, SchedulerOptions options);
+  ~Engine();  // stops the loop; pending requests get on_error
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // Thread-safe. Throws std::invalid_argument for an empty prompt or one that does not
+  // fit the context.
+  Handle submit(OnlineRequest request, Callbacks callbacks);
+  void stop();
+
+  std::vector<SlotInfo> slots() const;
+  EngineMetrics metrics() const;
+  const SchedulerOptions& options() const { return options_; }
+  const tokenizer::Tokenizer& tokenizer() const { return tok_; }
+
+ private:
+  struct Seq;
+  void loop();
+  void admit();
+  void finish(Seq& s, const std::string& reason);
+  void fail_all(const std::string& message);
+  void release(Seq& s, const std::string& text);
+  void update_slots();
+
+  Pipeline& pipeline_;
+  const tokenizer::Tokenizer& tok_;
+  SchedulerOptions options_;
+
+  mutable std::mutex mutex_;
+  std::condition_variable cv_;
+  std::deque<std::unique_ptr<Seq>> incoming_;
+  std::vector<int32_t> cancels_;
+  bool stopping_ = false;
+  int32_t next_id_ = 1;
+  std::vector<SlotInfo> slots_;
+  EngineMetrics metrics_;
+
+  std::vector<std::unique_ptr<Seq>> active_;  // engine thread only
+  std::thread thread_;
+};
+
+// Stop-string matching for streamed text: push() returns the text that can be released
+// now (no stop string can start in it); a match sets matched() and drops the rest.
+class StopMatcher {
+ public:
+  explicit StopMatcher(std::vector<std::string> stops) : stops_(std::move(stops)) {}
+  std::string push(const std::string& text);
+  std::string flush() { return std::exchange(held_, std::string()); }
+  bool matched() const { return matched_; }
+
+ private:
+  std::vector<std::string> stops_;
+  std::string held_;
+  bool matched_ = false;
+};
+
+}  // namespace pico::coordinator

@@ -1,0 +1,133 @@
+// The HTTP API's internals shared by server.cpp (connections, routing, errors, SSE)
+// and the endpoint files (api_openai.cpp, api_llama.cpp). Each connection is a
+// coroutine on its own strand; a generation's tokens come from the engine thread
+// through a queue that wakes the coroutine (Generation).
+#pragma once
+
+#include <atomic>
+#include <utility>
+
+#include <boost/asio.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <chrono>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <stdexcept>
+#include <string>
+
+#include "engine.hpp"
+#include "http/server.hpp"
+#include "tokenizer/chat_template.hpp"
+
+namespace pico::coordinator::http_api {
+
+namespace asio = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+using tcp = asio::ip::tcp;
+using json = nlohmann::json;
+template <class T>
+using awaitable = asio::awaitable<T>;
+using HttpRequest = http::request<http::string_body>;
+
+// A request the API refuses: status and an OpenAI-style error object.
+class ApiError : public std::runtime_error {
+ public:
+  ApiError(int status_, std::string message, std::string type_ = "invalid_request_error", std::string code_ = {})
+      : std::runtime_error(std::move(message)), status(status_), type(std::move(type_)), code(std::move(code_)) {}
+  int status;
+  std::string type, code;
+};
+
+json error_body(int status, const std::string& message, const std::string& type, const std::string& code);
+
+struct ServerState {
+  Engine& engine;
+  const tokenizer::Tokenizer& tok;
+  tokenizer::ChatTemplate chat;
+  ServerOptions options;
+  std::chrono::system_clock::time_point started = std::chrono::system_clock::now();
+  std::atomic<uint64_t> http_requests{0};
+};
+
+// One HTTP exchange on a connection.
+class Session {
+ public:
+  Session(ServerState& state_, tcp::socket& socket_, const HttpRequest& request_)
+      : state(state_), socket(socket_), request(request_) {}
+  ServerState& state;
+  tcp::socket& socket;
+  const HttpRequest& request;
+  bool keep_alive = true;
+
+  awaitable<void> reply(int status, const json& body);
+  awaitable<void> reply_text(int status, const std::string& content_type, std::string body);
+  // Server-sent events over a chunked response; each returns false once the client is gone.
+  awaitable<bool> stream_begin();
+  awaitable<bool> stream_data(const std::string& data);  // writes "data: DATA\n\n"
+  awaitable<void> stream_end();
+
+ private:
+  bool streaming_ = false;
+  bool broken_ = false;
+};
+
+// One submitted request as seen from its connection's coroutine.
+class Generation {
+ public:
+  struct Event {
+    enum Kind { Token, Done, Error } kind = Token;
+    TokenEvent token;
+    std::string reason;  // Done: finish reason; Error: message
+    Usage usage;
+  };
+  // Throws ApiError (400) when the engine refuses the request.
+  Generation(Engine& engine, const asio::any_io_executor& executor, OnlineRequest request);
+  ~Generation();
+  awaitable<Event> next();
+  void cancel();
+
+ private:
+  struct Channel {
+    explicit Channel(const asio::any_io_executor& ex) : timer(ex) {}
+    std::mutex mutex;
+    std::deque<Event> events;
+    asio::steady_timer timer;
+  };
+  std::shared_ptr<Channel> channel_;
+  Engine::Handle handle_;
+  bool finished_ = false;
+};
+
+// Request-body helpers: typed optional fields (ApiError 400 on a wrong type).
+json parse_body(const HttpRequest& request);
+std::optional<double> opt_number(const json& body, const char* key);
+std::optional<int64_t> opt_int(const json& body, const char* key);
+std::optional<bool> opt_bool(const json& body, const char* key);
+std::optional<std::string> opt_string(const json& body, const char* key);
+// Sampling fields shared by all generation endpoints (temperature, top_p, top_k, min_p,
+// penalties, seed, stop, max_tokens/max_completion_tokens/n_predict).
+void parse_generation(const json& body, OnlineRequest& request);
+// A prompt: text (tokenized with BOS and specials) or a list of token ids.
+std::vector<int32_t> parse_prompt(const ServerState& state, const json& prompt);
+void check_model(const ServerState& state, const json& body);
+std::string random_id(const std::string& prefix);
+int64_t unix_time();
+
+// Endpoints.
+awaitable<void> chat_completions(Session& s);
+awaitable<void> completions(Session& s);
+awaitable<void> models(Session& s);
+awaitable<void> llama_completion(Session& s);
+awaitable<void> tokenize(Session& s);
+awaitable<void> detokenize(Session& s);
+awaitable<void> health(Session& s);
+awaitable<void> props(Session& s);
+awaitable<void> slots(Session& s);
+awaitable<void> metrics(Session& s);
+
+}  // namespace pico::coordinator::http_api

@@ -1,0 +1,222 @@
+// llama.cpp server endpoints: /completion, /tokenize, /detokenize, /health, /props,
+// /slots, /metrics.
+#include <boost/asio/this_coro.hpp>
+#include <sstream>
+
+#include "http/api.hpp"
+
+namespace pico::coordinator::http_api {
+
+namespace {
+
+json timings_json(const Usage& u) {
+  auto per_token = [](double ms, int n) { return n > 0 ? ms / n : 0.0; };
+  auto per_second = [](double ms, int n) { return ms > 0 ? 1e3 * n / ms : 0.0; };
+  return {{"prompt_n", u.prompt_tokens},
+          {"prompt_ms", u.prompt_ms},
+          {"prompt_per_token_ms", per_token(u.prompt_ms, u.prompt_tokens)},
+          {"prompt_per_second", per_second(u.prompt_ms, u.prompt_tokens)},
+          {"predicted_n", u.completion_tokens},
+          {"predicted_ms", u.predicted_ms},
+          {"predicted_per_token_ms", per_token(u.predicted_ms, u.completion_tokens)},
+          {"predicted_per_second", per_second(u.predicted_ms, u.completion_tokens)}};
+}
+
+json settings_json(const ServerState& state, const OnlineRequest* r) {
+  const sample::SamplingParams sp = r ? r->sampling : sample::SamplingParams{};
+  return {{"n_ctx", state.engine.options().ctx},
+          {"n_predict", r ? r->max_tokens : -1},
+          {"model", state.options.model_name},
+          {"temperature", sp.temperature},
+          {"top_k", sp.top_k},
+          {"top_p", sp.top_p},
+          {"min_p", sp.min_p},
+          {"typical_p", sp.typical_p},
+          {"repeat_penalty", sp.repeat_penalty},
+          {"repeat_last_n", sp.penalty_last_n},
+          {"presence_penalty", sp.presence_penalty},
+          {"frequency_penalty", sp.frequency_penalty},
+          {"seed", sp.seed},
+          {"stop", r ? json(r->stop) : json::array()},
+          {"ignore_eos", r ? r->ignore_eos : false}};
+}
+
+}  // namespace
+
+awaitable<void> llama_completion(Session& s) {
+  const json body = parse_body(s.request);
+  auto it = body.find("prompt");
+  if (it == body.end() || it->is_null()) throw ApiError(400, "'prompt' is required");
+  OnlineRequest req;
+  req.max_tokens = -1;  // llama.cpp's n_predict default: until end of generation or the context
+  parse_generation(body, req);
+  req.prompt = parse_prompt(s.state, *it);
+  const bool stream = opt_bool(body, "stream").value_or(false);
+  const json settings = settings_json(s.state, &req);
+  const int n_probs = static_cast<int>(opt_int(body, "n_probs").value_or(0));
+  if (n_probs > 0) req.logprobs = std::min(n_probs, 20);
+
+  Generation gen(s.state.engine, co_await asio::this_coro::executor, std::move(req));
+  std::string text;
+  json tokens = json::array();
+  if (stream && !co_await s.stream_begin()) {
+    gen.cancel();
+    co_return;
+  }
+  while (true) {
+    Generation::Event ev = co_await gen.next();
+    if (ev.kind == Generation::Event::Error) {
+      if (!stream) throw ApiError(500, ev.reason, "server_error", "generation_failed");
+      const std::string err = error_body(500, ev.reason, "server_error", "generation_failed").dump();
+      co_await s.stream_data(err);
+      co_await s.stream_end();
+      co_return;
+    }
+    if (ev.kind == Generation::Event::Done) {
+      const std::string stop_type = ev.reason == "length" ? "limit" : ev.reason == "stop_string" ? "word" : "eos";
+      json out = {{"content", stream ? "" : text},
+                  {"tokens", stream ? json::array() : tokens},
+                  {"id_slot", 0},
+                  {"stop", true},
+                  {"model", s.state.options.model_name},
+                  {"tokens_predicted", ev.usage.completion_tokens},
+                  {"tokens_evaluated", ev.usage.prompt_tokens},
+                  {"generation_settings", settings},
+                  {"stop_type", stop_type},
+                  
+                  {"truncated", false},
+                  {"timings", timings_json(ev.usage)}};
+      if (!stream) {
+        co_await s.reply(200, out);
+      } else {
+        const std::string out_text = out.dump();
+        co_await s.stream_data(out_text);
+        co_await s.stream_end();
+      }
+      co_return;
+    }
+    text += ev.token.text;
+    if (ev.token.id >= 0) tokens.push_back(ev.token.id);
+    if (stream && !ev.token.text.empty()) {
+      json c = {{"content", ev.token.text}, {"tokens", ev.token.id >= 0 ? json::array({ev.token.id}) : json::array()},
+                {"stop", false}, {"id_slot", 0}};
+      const std::string text_c = c.dump(-1, ' ', false, json::error_handler_t::replace);
+      if (!co_await s.stream_data(text_c)) {
+        gen.cancel();
+        s.keep_alive = false;
+        co_return;
+      }
+    }
+  }
+}
+
+awaitable<void> tokenize(Session& s) {
+  const json body = parse_body(s.request);
+  auto content = opt_string(body, "content");
+  if (!content) throw ApiError(400, "'content' (a string) is required");
+  const bool add_special = opt_bool(body, "add_special").value_or(false);
+  const bool parse_special = opt_bool(body, "parse_special").value_or(true);
+  const bool with_pieces = opt_bool(body, "with_pieces").value_or(false);
+  const auto ids = s.state.tok.encode(*content, add_special, parse_special);
+  json tokens = json::array();
+  for (int32_t id : ids) {
+    if (with_pieces) {
+      tokens.push_back({{"id", id}, {"piece", s.state.tok.piece(id, true)}});
+    } else {
+      tokens.push_back(id);
+    }
+  }
+  const json out = {{"tokens", tokens}};
+  co_await s.reply(200, out);
+}
+
+awaitable<void> detokenize(Session& s) {
+  const json body = parse_body(s.request);
+  auto it = body.find("tokens");
+  if (it == body.end() || !it->is_array()) throw ApiError(400, "'tokens' (a list of token ids) is required");
+  std::vector<int32_t> ids;
+  for (const auto& t : *it) {
+    if (!t.is_number_integer()) throw ApiError(400, "'tokens' must hold integers");
+    const int64_t id = t.get<int64_t>();
+    if (id < 0 || static_cast<size_t>(id) >= s.state.tok.vocab_size()) {
+      throw ApiError(400, "token id " + std::to_string(id) + " is out of the vocabulary");
+    }
+    ids.push_back(static_cast<int32_t>(id));
+  }
+  const json out = {{"content", s.state.tok.decode(ids)}};
+  co_await s.reply(200, out);
+}
+
+awaitable<void> health(Session& s) {
+  const json out = {{"status", "ok"}};
+  co_await s.reply(200, out);
+}
+
+awaitable<void> props(Session& s) {
+  const json out = {{"default_generation_settings", settings_json(s.state, nullptr)},
+                         {"total_slots", s.state.engine.options().max_sequences},
+                         {"model_path", s.state.options.model_path},
+                         {"model_alias", s.state.options.model_name},
+                         {"chat_template", std::string(s.state.chat.name())},
+                         {"build_info", "pico"}};
+  co_await s.reply(200, out);
+}
+
+awaitable<void> slots(Session& s) {
+  json out = json::array();
+  for (const auto& slot : s.state.engine.slots()) {
+    out.push_back({{"id", slot.id},
+                   {"id_task", slot.id},
+                   {"n_ctx", s.state.engine.options().ctx},
+                   {"is_processing", true},
+                   {"state", slot.prefill ? "prefill" : "decode"},
+                   {"n_prompt_tokens", slot.n_prompt},
+                   {"n_decoded", slot.n_decoded},
+                   {"n_past", slot.n_past}});
+  }
+  co_await s.reply(200, out);
+}
+
+awaitable<void> metrics(Session& s) {
+  const EngineMetrics m = s.state.engine.metrics();
+  std::ostringstream o;
+  auto metric = [&](const char* name, const char* type, const char* help, double value) {
+    o << "# HELP " << name << ' ' << help << "\n# TYPE " << name << ' ' << type << '\n' << name << ' ' << value << '\n';
+  };
+  metric("pico:requests_total", "counter", "Requests admitted by the engine.", static_cast<double>(m.requests));
+  metric("pico:requests_failed_total", "counter", "Requests failed by a pipeline error.",
+         static_cast<double>(m.requests_failed));
+  metric("pico:http_requests_total", "counter", "HTTP requests received.",
+         static_cast<double>(s.state.http_requests.load()));
+  metric("llamacpp:prompt_tokens_total", "counter", "Number of prompt tokens processed.",
+         static_cast<double>(m.prompt_tokens));
+  metric("llamacpp:prompt_seconds_total", "counter", "Prompt process time.", m.prefill_seconds);
+  metric("llamacpp:tokens_predicted_total", "counter", "Number of generation tokens processed.",
+         static_cast<double>(m.generated_tokens));
+  metric("llamacpp:tokens_predicted_seconds_total", "counter", "Predict process time.", m.decode_seconds);
+  metric("llamacpp:prompt_tokens_seconds", "gauge", "Average prompt throughput in tokens/s.",
+         m.prefill_seconds > 0 ? static_cast<double>(m.prompt_tokens) / m.prefill_seconds : 0.0);
+  metric("llamacpp:predicted_tokens_seconds", "gauge", "Average generation throughput in tokens/s.",
+         m.decode_seconds > 0 ? static_cast<double>(m.generated_tokens) / m.decode_seconds : 0.0);
+  metric("llamacpp:requests_processing", "gauge", "Number of requests processing.", m.active);
+  metric("llamacpp:requests_deferred", "gauge", "Number of requests waiting to join the batch.", m.queued);
+  metric("pico:tokens_in_flight", "gauge", "KV positions held by active sequences.",
+         static_cast<double>(m.tokens_in_flight));
+  metric("pico:steps_total", "counter", "Pipeline steps completed.", static_cast<double>(m.steps));
+  // Per stage, as reported by the stages when the engine was last idle.
+  auto stage_metric = [&](const char* name, const char* help, auto field) {
+    o << "# HELP " << name << ' ' << help << "\n# TYPE " << name << " gauge\n";
+    for (size_t i = 0; i < m.stages.size(); ++i) {
+      o << name << "{stage=\"" << i << "\"} " << static_cast<double>(field(m.stages[i])) << '\n';
+    }
+  };
+  stage_metric("pico:stage_memory_bytes", "Resident bytes of the stage.", [](const StageStats& x) { return x.memory_bytes; });
+  stage_metric("pico:stage_kv_bytes", "KV cache bytes of the stage.", [](const StageStats& x) { return x.kv_bytes; });
+  stage_metric("pico:stage_batches", "Batches the stage has run.", [](const StageStats& x) { return x.batches; });
+  stage_metric("pico:stage_tokens", "Tokens the stage has run.", [](const StageStats& x) { return x.tokens; });
+  stage_metric("pico:stage_sequences", "Sequences open on the stage.", [](const StageStats& x) { return x.sequences; });
+  const std::string type = "text/plain; version=0.0.4";
+  co_await s.reply_text(200, type, o.str());
+}
+
+}  // namespace pico::coordinator::http_api

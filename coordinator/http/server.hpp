@@ -1,0 +1,29 @@
+// The HTTP API of pico-coord: OpenAI (/v1/chat/completions, /v1/completions,
+// /v1/models) and llama.cpp server (/completion, /tokenize, /detokenize, /health,
+// /props, /slots, /metrics) endpoints over Boost.Beast, on top of the Engine.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "engine.hpp"
+#include "tokenizer/chat_template.hpp"
+
+namespace pico::coordinator {
+
+struct ServerOptions {
+  std::string host = "127.0.0.1";
+  uint16_t port = 8080;
+  std::string api_key;           // empty: no authentication
+  std::string model_name;        // the id /v1/models lists
+  std::string model_path;
+  size_t body_limit = 8u << 20;  // bytes of a request body
+  int threads = 4;               // I/O threads
+  int read_timeout_s = 120;      // a connection idle this long without a whole request is closed
+};
+
+// Serves until SIGINT or SIGTERM. Throws when the address cannot be bound.
+void serve_http(Engine& engine, const tokenizer::Tokenizer& tok, const tokenizer::ChatTemplate& chat,
+                const ServerOptions& options);
+
+}  // namespace pico::coordinator

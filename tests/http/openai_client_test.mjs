@@ -1,0 +1,43 @@
+// The official openai client (tests/conformance/node_modules) against pico-coord:
+// chat, streaming chat (with usage), completions, models, an error.
+//   node openai_client_test.mjs PORT REF_TEXT_FILE
+import { readFileSync } from 'node:fs';
+import { dirname, join } from 'node:path';
+import { fileURLToPath, pathToFileURL } from 'node:url';
+
+const here = dirname(fileURLToPath(import.meta.url));
+const { default: OpenAI } = await import(pathToFileURL(join(here, '../conformance/node_modules/openai/index.mjs')).href);
+const [port, refFile] = process.argv.slice(2);
+const ref = readFileSync(refFile, 'utf8');
+const client = new OpenAI({ baseURL: `http://127.0.0.1:${port}/v1`, apiKey: 'unused', maxRetries: 0 });
+let failed = 0;
+const check = (cond, what) => { console.log(`${cond ? 'ok' : 'FAIL'}: openai client: ${what}`); if (!cond) failed++; };
+
+const models = await client.models.list();
+check(models.data.length === 1 && models.data[0].id === 'M', 'models.list');
+
+const messages = [{ role: 'user', content: 'Hello there' }];
+const chat = await client.chat.completions.create({ model: 'M', messages, max_tokens: 8, temperature: 0 });
+check(chat.choices[0].message.role === 'assistant' && chat.usage.completion_tokens > 0, 'chat.completions.create');
+
+const stream = await client.chat.completions.create({ model: 'M', messages, max_tokens: 8, temperature: 0, stream: true,
+                                                      stream_options: { include_usage: true } });
+let text = '', usage = null, finish = null;
+for await (const chunk of stream) {
+  if (chunk.choices.length) { text += chunk.choices[0].delta.content ?? ''; finish = chunk.choices[0].finish_reason ?? finish; }
+  if (chunk.usage) usage = chunk.usage;
+}
+check(text === chat.choices[0].message.content, 'streamed chat text equals the plain one');
+check(usage && usage.completion_tokens === chat.usage.completion_tokens && finish !== null, 'streamed chat usage, finish_reason');
+
+const comp = await client.completions.create({ model: 'M', prompt: 'The quick brown fox jumps over the lazy dog, and then',
+                                               max_tokens: 24, temperature: 0 });
+check(comp.choices[0].text === ref, 'completions.create greedy equals pico run');
+
+try {
+  await client.chat.completions.create({ model: 'nope', messages });
+  check(false, 'unknown model refused');
+} catch (e) {
+  check(e.status === 404 && e.code === 'model_not_found', `unknown model refused (${e.status})`);
+}
+process.exit(failed ? 1 : 0);
