@@ -8,7 +8,7 @@ openai_client_test.mjs; fails without node or the package (scripts/setup.sh inst
 
 Writes a synthetic qwen3 model (ChatML template), starts pico-coord on a free loopback
 port (in-process, or against 2 pico-workers), and checks every endpoint: greedy text
-equal to `pico run`, streaming ([DONE]), 16 concurrent streams, a client that
+equal to `pico run`, streaming ([DONE]), 32 concurrent streams, a client that
 disconnects mid-stream, stop strings, malformed requests, --api-key.
 """
 import http.client
@@ -137,7 +137,7 @@ def main():
             addr = "tcp://127.0.0.1:%d" % free_port()
             start([WORKER, "-m", model, "--layers", layers, "--listen", addr, "-t", "1"], "worker-%d.log" % k)
             coord_args += ["--worker", addr]
-        coord_args += ["--parallel", "4"]  # 16 concurrent streams: 12 wait in the queue
+        coord_args += ["--parallel", "8"]  # 32 concurrent streams: 24 wait in the queue
     if MODE == "auth":
         coord_args += ["--api-key", KEY]
     coord = start(coord_args, "coord.log")
@@ -173,7 +173,7 @@ def main():
     check(s == 200 and b["object"] == "list" and b["data"][0]["id"] == "M", "/v1/models lists M")
     s, b = api.json("GET", "/props")
     check(s == 200 and b["default_generation_settings"]["n_ctx"] == CTX and b["chat_template"] == "chatml" and
-          b["total_slots"] == (4 if MODE == "cluster" else 32), "/props")
+          b["total_slots"] == (8 if MODE == "cluster" else 32), "/props")
 
     # Greedy text equals `pico run`.
     ref = subprocess.run([PICO, "run", "-m", model, "-p", PROMPT, "-n", str(N), "--temp", "0"], check=True,
@@ -238,19 +238,19 @@ def main():
     s, b = api.json("POST", "/v1/completions", dict(greedy, logprobs=2))
     check(len(b["choices"][0]["logprobs"]["tokens"]) == N, "completion logprobs")
 
-    # 16 concurrent streams give the text of one alone (greedy, batch invariance).
-    results = [None] * 16
+    # 32 concurrent streams give the text of one alone (greedy, batch invariance).
+    results = [None] * 32
 
     def one(i):
         _, ev = api.stream("/v1/completions", dict(greedy, stream=True))
         results[i] = "".join(json.loads(e)["choices"][0]["text"] for e in ev[:-1]) if ev and ev[-1] == "[DONE]" else None
 
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(16)]
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(32)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    check(all(r == ref for r in results), "16 concurrent streams equal the single one")
+    check(all(r == ref for r in results), "32 concurrent streams equal the single one")
 
     # A client that disconnects mid-stream: its sequence is cancelled and freed.
     def predicted():
