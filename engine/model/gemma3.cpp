@@ -15,20 +15,11 @@ class Gemma3 final : public Model {
 
  protected:
   void load_layer(int32_t il, LayerWeights& l) override {
-    const int64_t e = hp_.n_embd, nq = hp_.n_head * hp_.head_dim_k;
-    const int64_t nk = hp_.n_head_kv * hp_.head_dim_k, nv = hp_.n_head_kv * hp_.head_dim_v;
-    l.attn_norm = vec(blk(il, "attn_norm.weight"), e);
-    l.wq = matrix(blk(il, "attn_q.weight"), e, nq);
-    l.wk = matrix(blk(il, "attn_k.weight"), e, nk);
-    l.wv = matrix(blk(il, "attn_v.weight"), e, nv);
-    l.q_norm = vec(blk(il, "attn_q_norm.weight"), hp_.head_dim_k);
-    l.k_norm = vec(blk(il, "attn_k_norm.weight"), hp_.head_dim_k);
-    l.wo = matrix(blk(il, "attn_output.weight"), hp_.n_head * hp_.head_dim_v, e);
+    const int64_t e = hp_.n_embd;
+    load_attention(il, l);
+    load_qk_norms(il, l);
     l.attn_post_norm = vec(blk(il, "post_attention_norm.weight"), e);
-    l.ffn_norm = vec(blk(il, "ffn_norm.weight"), e);
-    l.ffn_gate = matrix(blk(il, "ffn_gate.weight"), e, hp_.n_ff);
-    l.ffn_up = matrix(blk(il, "ffn_up.weight"), e, hp_.n_ff);
-    l.ffn_down = matrix(blk(il, "ffn_down.weight"), hp_.n_ff, e);
+    load_gated_ffn(il, l);
     l.ffn_post_norm = vec(blk(il, "post_ffw_norm.weight"), e);
   }
 

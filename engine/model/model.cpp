@@ -185,6 +185,51 @@ void Model::residual(ForwardContext& ctx, float* x, const float* o) const {
   ctx.be.add(o, x, hp_.n_embd, ctx.n_tokens(), ctx.n_tokens(), x);
 }
 
+void Model::load_attention(int32_t il, LayerWeights& l) {
+  const int64_t e = hp_.n_embd, nq = hp_.n_head * hp_.head_dim_k;
+  const int64_t nk = hp_.n_head_kv * hp_.head_dim_k, nv = hp_.n_head_kv * hp_.head_dim_v;
+  l.attn_norm = vec(blk(il, "attn_norm.weight"), e);
+  l.wq = matrix(blk(il, "attn_q.weight"), e, nq);
+  l.wk = matrix(blk(il, "attn_k.weight"), e, nk);
+  l.wv = matrix(blk(il, "attn_v.weight"), e, nv);
+  l.wo = matrix(blk(il, "attn_output.weight"), hp_.n_head * hp_.head_dim_v, e);
+}
+
+void Model::load_qkv_biases(int32_t il, LayerWeights& l, bool required) {
+  l.bq = vec(blk(il, "attn_q.bias"), hp_.n_head * hp_.head_dim_k, required);
+  l.bk = vec(blk(il, "attn_k.bias"), hp_.n_head_kv * hp_.head_dim_k, required);
+  l.bv = vec(blk(il, "attn_v.bias"), hp_.n_head_kv * hp_.head_dim_v, required);
+}
+
+void Model::load_qk_norms(int32_t il, LayerWeights& l) {
+  l.q_norm = vec(blk(il, "attn_q_norm.weight"), hp_.head_dim_k);
+  l.k_norm = vec(blk(il, "attn_k_norm.weight"), hp_.head_dim_k);
+}
+
+void Model::load_gated_ffn(int32_t il, LayerWeights& l) {
+  const int64_t e = hp_.n_embd;
+  l.ffn_norm = vec(blk(il, "ffn_norm.weight"), e);
+  l.ffn_gate = matrix(blk(il, "ffn_gate.weight"), e, hp_.n_ff);
+  l.ffn_up = matrix(blk(il, "ffn_up.weight"), e, hp_.n_ff);
+  l.ffn_down = matrix(blk(il, "ffn_down.weight"), hp_.n_ff, e);
+}
+
+void Model::pre_norm_layer(ForwardContext& ctx, int32_t il, float* x, const AttentionSpec& spec) const {
+  const LayerWeights& lw = w_.layers[static_cast<size_t>(il)];
+  const int64_t n = ctx.n_tokens(), e = hp_.n_embd;
+  std::vector<float> xn(static_cast<size_t>(n * e)), q, k, v;
+  ctx.be.rms_norm(x, lw.attn_norm.data, e, n, hp_.norm_eps, xn.data());
+  project_qkv(ctx, lw, xn.data(), q, k, v);
+  std::vector<float> attn(static_cast<size_t>(n * hp_.n_head * hp_.head_dim_v));
+  attention(ctx, il, q, k, v, spec, attn.data());
+  ctx.be.matmul(lw.wo, attn.data(), n, xn.data());
+  residual(ctx, x, xn.data());
+  ctx.be.rms_norm(x, lw.ffn_norm.data, e, n, hp_.norm_eps, xn.data());
+  std::vector<float> ffn(static_cast<size_t>(n * e));
+  gated_ffn(ctx, lw, xn.data(), false, ffn.data());
+  residual(ctx, x, ffn.data());
+}
+
 std::vector<float> Model::forward(backend::Backend& be, std::span<const BatchToken> batch, const float* hidden,
                                   LayerRange range, state::KvCache& cache) const {
   if (range.first < 0 || range.last > hp_.n_layer || range.first >= range.last) {

@@ -109,6 +109,12 @@ class Model {
   Weight matrix(const std::string& name, int64_t cols, int64_t rows, bool required = true) const;
   Vec vec(const std::string& name, int64_t n, bool required = true);
   static std::string blk(int32_t il, const std::string& name) { return "blk." + std::to_string(il) + "." + name; }
+  // The weights most families share: attn_norm and separate Q, K, V, output
+  // projections; optional Q/K/V biases; per-head Q/K norms; a gated FFN with ffn_norm.
+  void load_attention(int32_t il, LayerWeights& l);
+  void load_qkv_biases(int32_t il, LayerWeights& l, bool required);
+  void load_qk_norms(int32_t il, LayerWeights& l);
+  void load_gated_ffn(int32_t il, LayerWeights& l);
 
   // Shared blocks for the layer functions.
   struct AttentionSpec {
@@ -138,6 +144,9 @@ class Model {
   void gated_ffn(ForwardContext& ctx, const LayerWeights& lw, const float* xn, bool gelu, float* out) const;
   // x += o, rows of n_embd.
   void residual(ForwardContext& ctx, float* x, const float* o) const;
+  // The llama-family layer: x += wo(attention(rms_norm(x))); x += ffn(rms_norm(x)),
+  // with SwiGLU; the families differ only in `spec` (Q/K norms, rope) and weights.
+  void pre_norm_layer(ForwardContext& ctx, int32_t il, float* x, const AttentionSpec& spec) const;
 
   const gguf::Model& file_;
   Hparams hp_;
