@@ -352,15 +352,22 @@ inline __m256i weighted_mins(const BlockQ8_K* a, __m128i scales_mins) {
   return _mm256_madd_epi16(bsums16(a), per16);
 }
 
-struct Q4_KKernel : SuperBlockTiles<BlockQ4_K> {
+// Q4_K and Q5_K share everything but how a 32-byte chunk of codes unpacks: 8 scales
+// and mins from the 12 packed bytes, one scaled u8 x s8 product per 32 codes, then
+// d * sum - dmin * sum(mins x bsums). `Codes::unpack(w, j, lo, hi)` gives the codes of
+// sub-blocks 2j and 2j + 1.
+template <class Block, class Codes>
+struct FourBitSuperBlockKernel : SuperBlockTiles<Block> {
+  using Acc = typename SuperBlockTiles<Block>::Acc;
+  using W = typename SuperBlockTiles<Block>::W;
+  using A = typename SuperBlockTiles<Block>::A;
   static void step(Acc& acc, W w, A a) {
     const __m128i sm = decode_scales_k4(w->scales);
-    const __m256i mask = _mm256_set1_epi8(0x0f);
+    const Codes codes(w);
     __m256i sumi = _mm256_setzero_si256();
     for (int j = 0; j < 4; ++j) {
-      const __m256i q = load256(w->qs + 32 * j);
-      const __m256i lo = _mm256_and_si256(q, mask);
-      const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), mask);
+      __m256i lo, hi;
+      codes.unpack(w, j, lo, hi);
       const __m256i p_lo = scaled_dot_u8_s8(lo, load256(a->qs + 64 * j), broadcast_u8(sm, 2 * j));
       const __m256i p_hi = scaled_dot_u8_s8(hi, load256(a->qs + 64 * j + 32), broadcast_u8(sm, 2 * j + 1));
       sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p_lo, p_hi));
@@ -372,30 +379,36 @@ struct Q4_KKernel : SuperBlockTiles<BlockQ4_K> {
   }
 };
 
-struct Q5_KKernel : SuperBlockTiles<BlockQ5_K> {
-  static void step(Acc& acc, W w, A a) {
-    const __m128i sm = decode_scales_k4(w->scales);
+// Q4_K: the low and high nibbles of 32 bytes.
+struct Q4_KCodes {
+  explicit Q4_KCodes(const BlockQ4_K*) {}
+  void unpack(const BlockQ4_K* w, int j, __m256i& lo, __m256i& hi) const {
     const __m256i mask = _mm256_set1_epi8(0x0f);
-    const __m256i qh = load256(w->qh);
-    __m256i sumi = _mm256_setzero_si256();
-    for (int j = 0; j < 4; ++j) {
-      const __m256i q = load256(w->qs + 32 * j);
-      const __m256i bit_lo = _mm256_set1_epi8(static_cast<char>(1 << (2 * j)));
-      const __m256i bit_hi = _mm256_set1_epi8(static_cast<char>(1 << (2 * j + 1)));
-      const __m256i h_lo = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, bit_lo), bit_lo), _mm256_set1_epi8(16));
-      const __m256i h_hi = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, bit_hi), bit_hi), _mm256_set1_epi8(16));
-      const __m256i lo = _mm256_or_si256(_mm256_and_si256(q, mask), h_lo);
-      const __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), mask), h_hi);
-      const __m256i p_lo = scaled_dot_u8_s8(lo, load256(a->qs + 64 * j), broadcast_u8(sm, 2 * j));
-      const __m256i p_hi = scaled_dot_u8_s8(hi, load256(a->qs + 64 * j + 32), broadcast_u8(sm, 2 * j + 1));
-      sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p_lo, p_hi));
-    }
-    const float d = half_to_float(w->d) * a->d;
-    const float dmin = half_to_float(w->dmin) * a->d;
-    acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
-    acc = _mm256_fnmadd_ps(_mm256_set1_ps(dmin), _mm256_cvtepi32_ps(weighted_mins(a, sm)), acc);
+    const __m256i q = load256(w->qs + 32 * j);
+    lo = _mm256_and_si256(q, mask);
+    hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), mask);
   }
 };
+
+// Q5_K: Q4_K's nibbles plus a fifth bit (16) from qh, bit 2j for the low nibbles and
+// 2j + 1 for the high ones.
+struct Q5_KCodes {
+  __m256i qh;
+  explicit Q5_KCodes(const BlockQ5_K* w) : qh(load256(w->qh)) {}
+  void unpack(const BlockQ5_K* w, int j, __m256i& lo, __m256i& hi) const {
+    const __m256i mask = _mm256_set1_epi8(0x0f);
+    const __m256i q = load256(w->qs + 32 * j);
+    const __m256i bit_lo = _mm256_set1_epi8(static_cast<char>(1 << (2 * j)));
+    const __m256i bit_hi = _mm256_set1_epi8(static_cast<char>(1 << (2 * j + 1)));
+    const __m256i h_lo = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, bit_lo), bit_lo), _mm256_set1_epi8(16));
+    const __m256i h_hi = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, bit_hi), bit_hi), _mm256_set1_epi8(16));
+    lo = _mm256_or_si256(_mm256_and_si256(q, mask), h_lo);
+    hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), mask), h_hi);
+  }
+};
+
+using Q4_KKernel = FourBitSuperBlockKernel<BlockQ4_K, Q4_KCodes>;
+using Q5_KKernel = FourBitSuperBlockKernel<BlockQ5_K, Q5_KCodes>;
 
 // Q6_K: unsigned 6-bit codes u, value u - 32; the -32 is applied through the bsums:
 // sum s_j (u - 32) a = sum s_j u a - 32 sum_j s_j bsum_j.
