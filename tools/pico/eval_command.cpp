@@ -13,6 +13,7 @@
 //   pico run -m M.gguf -p "Once upon a time" [-n 128] [--temp 0.8] [--top-k 40]
 //            [--top-p 0.95] [--min-p 0.05] [--seed S] [--ctx N] [-t N] [-b N] [--ctk f16]
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -35,27 +36,16 @@ namespace pico::cli {
 namespace {
 
 std::vector<int32_t> parse_ids(const std::string& text) {
+  const nlohmann::json json = nlohmann::json::parse(text, nullptr, false);
+  if (!json.is_array()) throw std::invalid_argument("token file is not a JSON array");
   std::vector<int32_t> ids;
-  size_t i = text.find('[');
-  if (i == std::string::npos) throw std::invalid_argument("token file is not a JSON array");
-  for (++i; i < text.size(); ++i) {
-    const char c = text[i];
-    if (c == ']') return ids;
-    if (c >= '0' && c <= '9') {
-      size_t end = i;
-      int64_t v = 0;
-      while (end < text.size() && text[end] >= '0' && text[end] <= '9') {
-        v = v * 10 + (text[end] - '0');
-        if (v > INT32_MAX) throw std::invalid_argument("token id out of range");
-        ++end;
-      }
-      ids.push_back(static_cast<int32_t>(v));
-      i = end - 1;
-    } else if (c != ',' && c != ' ' && c != '\n' && c != '\r' && c != '\t') {
-      throw std::invalid_argument("token file: unexpected character in the array");
+  for (const nlohmann::json& id : json) {
+    if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > INT32_MAX) {
+      throw std::invalid_argument("token file: every item must be a token id (a non-negative integer)");
     }
+    ids.push_back(id.get<int32_t>());
   }
-  throw std::invalid_argument("token file: unterminated array");
+  return ids;
 }
 
 std::string read_text(const std::string& path) {
