@@ -1,11 +1,14 @@
 #include <gtest/gtest.h>
 
+#include <deque>
+#include <functional>
 #include <filesystem>
 #include <fstream>
 
 #include "cluster_config.hpp"
 #include "engine.hpp"
 #include "pipeline.hpp"
+#include "protocol.hpp"
 
 namespace pico::coordinator {
 namespace {
@@ -113,6 +116,159 @@ TEST(StopMatcher, EarliestMatchWins) {
   StopMatcher m({"world", "lo w"});
   EXPECT_EQ(m.push("hello world"), "hel");
   EXPECT_TRUE(m.matched());
+}
+
+// A stage in "another process" whose answers the test writes: its stamps are in a
+// clock `offset` ns ahead of the coordinator's.
+class FakeStage final : public Stage {
+ public:
+  FakeStage(model::LayerRange layers, const protocol::ModelIdentity& id, int64_t offset) : offset_(offset) {
+    info_.name = "fake-" + std::to_string(layers.first);
+    info_.layers = layers;
+    info_.identity = id;
+  }
+  const StageInfo& info() const override { return info_; }
+  void plan(Stage*, size_t, size_t) override { ++plans; }
+  void submit(uint64_t step, std::span<const model::BatchToken>) override { submitted.push_back(step); }
+  void close(int32_t) override {}
+  void truncate(int32_t, int64_t) override {}
+  std::optional<StepOutput> poll(int) override {
+    if (answers.empty()) return std::nullopt;
+    auto answer = std::move(answers.front());
+    answers.pop_front();
+    return answer();
+  }
+  StageStats stats() override { return {}; }
+  std::optional<std::vector<uint8_t>> snapshot(int32_t) override { return std::nullopt; }
+  void restore(int32_t, std::span<const uint8_t>) override {}
+  bool remote() const override { return true; }
+  int64_t clock_offset_nanos() const override { return offset_; }
+  bool up() override { return is_up; }
+  void rejoin() override {
+    ++rejoins;
+    if (!comes_back) throw StageError("fake: not back");
+    is_up = true;
+  }
+
+  std::deque<std::function<StepOutput()>> answers;  // run when polled
+  std::vector<uint64_t> submitted;
+  int plans = 0, rejoins = 0;
+  bool is_up = true, comes_back = true;
+
+ private:
+  StageInfo info_;
+  int64_t offset_;
+};
+
+protocol::ModelIdentity fake_identity() {
+  protocol::ModelIdentity id;
+  id.hash = 77;
+  id.arch = "llama";
+  id.n_layer = 4;
+  return id;
+}
+
+struct FakePipeline {
+  FakeStage* first;
+  FakeStage* last;
+  std::unique_ptr<Pipeline> pipeline;
+};
+FakePipeline fake_pipeline(int64_t offset0, int64_t offset1) {
+  std::vector<std::unique_ptr<Stage>> stages;
+  auto a = std::make_unique<FakeStage>(model::LayerRange{0, 2}, fake_identity(), offset0);
+  auto b = std::make_unique<FakeStage>(model::LayerRange{2, 4}, fake_identity(), offset1);
+  FakePipeline f{a.get(), b.get(), nullptr};
+  stages.push_back(std::move(a));
+  stages.push_back(std::move(b));
+  f.pipeline = std::make_unique<Pipeline>(std::move(stages), fake_identity());
+  return f;
+}
+
+const std::vector<model::BatchToken> kBatch{{1, 0, 5, false}, {1, 1, 6, true}};
+
+// Compute, queueing and transfer of each stage, mapped onto the coordinator's clock
+// with each stage's offset: the numbers below are what the stamps say.
+TEST(PipelineTimings, SplitsEachHopIntoQueueAndTransfer) {
+  auto f = fake_pipeline(500, -300);
+  EXPECT_EQ(f.first->plans, 1);
+  const uint64_t step = f.pipeline->submit(kBatch);
+  f.last->answers.push_back([&] {
+    // Coordinator clock: base = now, so that every stamp comes after wait() began.
+    const int64_t base = static_cast<int64_t>(protocol::steady_nanos());
+    auto at = [&](int64_t coord_time, int64_t offset) { return static_cast<uint64_t>(base + coord_time + offset); };
+    StepOutput o;
+    o.step = step;
+    o.seq_ids = {1};
+    o.positions = {1};
+    o.logits = std::vector<float>(8, 0.0f);
+    o.n_vocab = 8;
+    o.sent_nanos = static_cast<uint64_t>(base + 1000);
+    // Stage 0 (clock +500): idle before the batch was sent, got it 100 ns later,
+    // computed 1000 ns, sent at 2200.
+    o.stamps.push_back({0, at(1100, 500), at(900, 500), at(1150, 500), at(2150, 500), at(2200, 500)});
+    // Stage 1 (clock -300): still busy until 2500 (300 ns of queueing), got it at 2600
+    // (100 ns in transit after it was free), computed 2000 ns, sent at 4650.
+    o.stamps.push_back({1, at(2600, -300), at(2500, -300), at(2600, -300), at(4600, -300), at(4650, -300)});
+    o.received_nanos = static_cast<uint64_t>(base + 5000);  // 350 ns back to the coordinator
+    return o;
+  });
+  const StepOutput out = f.pipeline->wait(1000);
+  EXPECT_EQ(out.step, step);
+  const PipelineTimings t = f.pipeline->timings();
+  ASSERT_EQ(t.stages.size(), 2u);
+  EXPECT_NEAR(t.stages[0].compute_seconds, 1000e-9, 1e-15);
+  EXPECT_NEAR(t.stages[0].transfer_seconds, 100e-9, 1e-15);
+  EXPECT_NEAR(t.stages[0].queue_seconds, 0.0, 1e-15);
+  EXPECT_NEAR(t.stages[1].compute_seconds, 2000e-9, 1e-15);
+  EXPECT_NEAR(t.stages[1].queue_seconds, 300e-9, 1e-15);
+  EXPECT_NEAR(t.stages[1].transfer_seconds, 100e-9, 1e-15);
+  EXPECT_NEAR(t.logits_transfer_seconds, 350e-9, 1e-15);
+  EXPECT_EQ(t.stages[1].batches, 1u);
+  EXPECT_EQ(t.stages[1].tokens, 2u);
+  EXPECT_EQ(t.stages[1].layers.first, 2);
+}
+
+// Late answers of abandoned steps (logits, errors) are dropped; the current one comes
+// through.
+TEST(PipelineSteps, DropsAnswersOfAbandonedSteps) {
+  auto f = fake_pipeline(0, 0);
+  const uint64_t first = f.pipeline->submit(kBatch);
+  f.last->answers.push_back([&]() -> StepOutput { throw StageError("lost", 0); });
+  EXPECT_THROW(f.pipeline->wait(1000), StageError);  // abandons `first`
+  const uint64_t second = f.pipeline->submit(kBatch);
+  auto answer = [](uint64_t step) {
+    return [step] {
+      StepOutput o;
+      o.step = step;
+      return o;
+    };
+  };
+  f.last->answers.push_back(answer(first));  // late
+  f.last->answers.push_back([first]() -> StepOutput { throw StageError("late error", first); });
+  f.last->answers.push_back(answer(second));
+  EXPECT_EQ(f.pipeline->wait(1000).step, second);
+  EXPECT_TRUE(f.last->answers.empty());
+  // An error about the step in flight fails it.
+  const uint64_t third = f.pipeline->submit(kBatch);
+  f.last->answers.push_back([third]() -> StepOutput { throw StageError("forward failed", third); });
+  EXPECT_THROW(f.pipeline->wait(1000), StageError);
+}
+
+// A lost stage: submit tries to get it back; while it is not, steps fail; once it is,
+// every stage gets its plan again.
+TEST(PipelineSteps, RejoinsALostStageAndPlansAgain) {
+  auto f = fake_pipeline(0, 0);
+  f.last->is_up = false;
+  f.last->comes_back = false;
+  EXPECT_THROW(f.pipeline->submit(kBatch), StageError);
+  EXPECT_EQ(f.last->rejoins, 1);
+  EXPECT_TRUE(f.first->submitted.empty());
+  f.last->comes_back = true;
+  f.pipeline->submit(kBatch);
+  EXPECT_EQ(f.last->rejoins, 2);
+  EXPECT_EQ(f.first->plans, 2);
+  EXPECT_EQ(f.last->plans, 2);
+  EXPECT_EQ(f.first->submitted.size(), 1u);
 }
 
 }  // namespace

@@ -2,7 +2,9 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <chrono>
+#include <optional>
 
 namespace pico::coordinator {
 
@@ -46,37 +48,140 @@ Pipeline::Pipeline(std::vector<std::unique_ptr<Stage>> stages, const protocol::M
     infos.push_back(info);
   }
   check_coverage(infos, static_cast<int32_t>(expected.n_layer));
+  plan_all();
   for (size_t i = 0; i < stages_.size(); ++i) {
-    stages_[i]->plan(i + 1 < stages_.size() ? stages_[i + 1].get() : nullptr, i, stages_.size());
     const StageInfo& info = stages_[i]->info();
     spdlog::info("stage {}: {} layers {} ({}{}{} threads)", i, info.name, layers_text(info),
                  info.isa.empty() ? "" : info.isa + ", ", info.backend.empty() ? "" : info.backend + ", ",
                  info.threads);
+    timings_.stages.push_back({info.layers});
+  }
+}
+
+void Pipeline::plan_all() {
+  for (size_t i = 0; i < stages_.size(); ++i) {
+    stages_[i]->plan(i + 1 < stages_.size() ? stages_[i + 1].get() : nullptr, i, stages_.size());
   }
 }
 
 uint64_t Pipeline::submit(std::span<const model::BatchToken> batch) {
+  // A stage lost since the last step (even while idle) gets its chance to rejoin first:
+  // a worker restarted while nothing ran serves the next request.
+  bool rejoined = false;
+  for (auto& s : stages_) {
+    if (s->up()) continue;
+    try {
+      s->rejoin();
+    } catch (const StageError&) {
+      inflight_.clear();
+      throw;
+    }
+    rejoined = true;
+  }
+  if (rejoined) {
+    // Every stage connects afresh to the next; nothing is in flight at this point.
+    inflight_.clear();
+    plan_all();
+  }
   const uint64_t step = next_step_++;
-  stages_.front()->submit(step, batch);
+  try {
+    stages_.front()->submit(step, batch);
+  } catch (const StageError&) {
+    inflight_.clear();
+    throw;
+  }
+  inflight_.push_back({step, batch.size()});
   return step;
 }
 
 StepOutput Pipeline::wait(int timeout_ms) {
+  const uint64_t wait_start = protocol::steady_nanos();
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
-  while (true) {
-    // Errors and lost connections of the stages before the last one.
-    for (size_t i = 0; i + 1 < stages_.size(); ++i) {
-      if (stages_[i]->poll(0)) throw StageError("stage " + std::to_string(i) + " answered with logits");
+  // An answer to a step in flight, or to one abandoned earlier (dropped).
+  auto current = [&](uint64_t step) {
+    for (const auto& f : inflight_) {
+      if (f.step == step) return true;
     }
-    if (auto out = stages_.back()->poll(20)) return std::move(*out);
-    if (std::chrono::steady_clock::now() >= deadline) {
-      throw StageError("no logits within " + std::to_string(timeout_ms) + " ms");
+    return false;
+  };
+  try {
+    while (true) {
+      try {
+        // Errors and lost connections of the stages before the last one.
+        for (size_t i = 0; i + 1 < stages_.size(); ++i) {
+          if (stages_[i]->poll(0)) throw StageError("stage " + std::to_string(i) + " answered with logits");
+        }
+        if (auto out = stages_.back()->poll(20)) {
+          if (inflight_.empty() || out->step != inflight_.front().step) {
+            if (current(out->step)) throw StageError("step " + std::to_string(out->step) + " finished out of order");
+            continue;  // late logits of an abandoned step
+          }
+          account(*out, inflight_.front().tokens, wait_start);
+          inflight_.pop_front();
+          return std::move(*out);
+        }
+      } catch (const StageError& e) {
+        if (e.step() != 0 && !current(e.step())) continue;  // about an abandoned step
+        throw;
+      }
+      if (std::chrono::steady_clock::now() >= deadline) {
+        throw StageError("no logits within " + std::to_string(timeout_ms) + " ms");
+      }
     }
+  } catch (const StageError&) {
+    inflight_.clear();
+    throw;
   }
 }
 
+void Pipeline::account(const StepOutput& out, size_t tokens, uint64_t wait_start) {
+  auto seconds = [](int64_t nanos) { return nanos > 0 ? static_cast<double>(nanos) * 1e-9 : 0.0; };
+  std::lock_guard lock(timings_mutex_);
+  // Everything in the coordinator's clock: a stage's stamp minus its clock offset.
+  int64_t prev_sent = static_cast<int64_t>(out.sent_nanos);
+  bool prev_remote = true;  // the coordinator is not the stage's process
+  for (const StageStamp& st : out.stamps) {
+    if (st.stage >= stages_.size()) continue;
+    Stage& stage = *stages_[st.stage];
+    StageTimingTotals& t = timings_.stages[st.stage];
+    const int64_t offset = stage.clock_offset_nanos();
+    auto local = [&](uint64_t stamp) { return static_cast<int64_t>(stamp) - offset; };
+    t.compute_seconds += seconds(static_cast<int64_t>(st.compute_end) - static_cast<int64_t>(st.compute_start));
+    if (stage.remote() && prev_remote) {
+      const int64_t received = local(st.received), idle_since = local(st.idle_since);
+      // The input arrived sometime after it was sent; while the stage was still busy
+      // with earlier batches it queued, after that it was in transit.
+      const int64_t queued = std::clamp<int64_t>(idle_since - prev_sent, 0, std::max<int64_t>(received - prev_sent, 0));
+      t.queue_seconds += seconds(queued);
+      t.transfer_seconds += seconds(received - prev_sent - queued);
+    }
+    ++t.batches;
+    t.tokens += tokens;
+    prev_sent = local(st.sent);
+    prev_remote = stage.remote();
+  }
+  if (!out.stamps.empty() && stages_.back()->remote()) {
+    timings_.logits_transfer_seconds +=
+        seconds(static_cast<int64_t>(out.received_nanos) - std::max(prev_sent, static_cast<int64_t>(wait_start)));
+  }
+}
+
+PipelineTimings Pipeline::timings() const {
+  std::lock_guard lock(timings_mutex_);
+  return timings_;
+}
+
 void Pipeline::close(int32_t seq_id) {
-  for (auto& s : stages_) s->close(seq_id);
+  // Every stage, even when one fails: the others must not keep the sequence.
+  std::optional<StageError> first;
+  for (auto& s : stages_) {
+    try {
+      s->close(seq_id);
+    } catch (const StageError& e) {
+      if (!first) first = e;
+    }
+  }
+  if (first) throw *first;
 }
 
 void Pipeline::truncate(int32_t seq_id, int64_t pos) {

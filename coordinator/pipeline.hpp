@@ -1,15 +1,32 @@
 // The ordered stages of one model: checked at connect (model identity, layer
 // coverage with no gap and no overlap), planned (each stage learns the next), then
 // driven step by step: submit a batch to the first stage, wait for its logits from
-// the last.
+// the last. A lost worker fails the steps in flight; the next submit tries to get it
+// back (RemoteStage::rejoin) and, once it is, re-sends every plan.
 #pragma once
 
+#include <deque>
 #include <memory>
+#include <mutex>
 #include <vector>
 
 #include "stage.hpp"
 
 namespace pico::coordinator {
+
+// Where the time of the finished steps went, per stage, summed since the start
+// (seconds; the stages' stamps mapped onto the coordinator's clock).
+struct StageTimingTotals {
+  model::LayerRange layers;
+  double compute_seconds = 0;   // running the layers
+  double queue_seconds = 0;     // input waiting while the stage was busy with earlier batches
+  double transfer_seconds = 0;  // input in transit: from the coordinator (stage 0) or the stage before
+  uint64_t batches = 0, tokens = 0;
+};
+struct PipelineTimings {
+  std::vector<StageTimingTotals> stages;
+  double logits_transfer_seconds = 0;  // last stage back to the coordinator
+};
 
 class Pipeline {
  public:
@@ -20,17 +37,32 @@ class Pipeline {
   size_t size() const { return stages_.size(); }
   Stage& stage(size_t i) { return *stages_.at(i); }
 
-  // Starts a step; returns its id.
+  // Starts a step; returns its id. Throws StageError when a stage is lost (and did
+  // not rejoin just now).
   uint64_t submit(std::span<const model::BatchToken> batch);
   // The next finished step (steps finish in the order submitted). Throws StageError
-  // on an error from any stage, a lost stage, or no answer within timeout_ms.
+  // on an error from any stage, a lost stage, or no answer within timeout_ms; the
+  // steps in flight are then abandoned (their late answers are dropped).
   StepOutput wait(int timeout_ms);
+  // On every stage that is up; a lost one closes it when it rejoins.
   void close(int32_t seq_id);
   void truncate(int32_t seq_id, int64_t pos);
+  // Thread-safe.
+  PipelineTimings timings() const;
 
  private:
+  void plan_all();
+  void account(const StepOutput& out, size_t tokens, uint64_t wait_start);
+
   std::vector<std::unique_ptr<Stage>> stages_;
   uint64_t next_step_ = 1;
+  struct Inflight {
+    uint64_t step = 0;
+    size_t tokens = 0;
+  };
+  std::deque<Inflight> inflight_;
+  mutable std::mutex timings_mutex_;
+  PipelineTimings timings_;
 };
 
 // The coverage check alone (for tests): stages' [first, last) in order must tile

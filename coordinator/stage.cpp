@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
+#include <utility>
 
 #include "server.hpp"
 
@@ -23,7 +25,8 @@ LocalStage::LocalStage(const std::string& model_path, std::optional<model::Layer
   info_.threads = static_cast<uint32_t>(engine_.threads());
 }
 
-void LocalStage::plan(Stage* next, size_t, size_t) {
+void LocalStage::plan(Stage* next, size_t index, size_t) {
+  index_ = index;
   next_ = nullptr;
   if (next) {
     next_ = dynamic_cast<LocalStage*>(next);
@@ -33,22 +36,30 @@ void LocalStage::plan(Stage* next, size_t, size_t) {
   while (last_->next_) last_ = last_->next_;
 }
 
-void LocalStage::submit(uint64_t step, std::span<const model::BatchToken> batch) { run(step, batch, nullptr); }
+void LocalStage::submit(uint64_t step, std::span<const model::BatchToken> batch) { run(step, batch, nullptr, {}); }
 
-void LocalStage::run(uint64_t step, std::span<const model::BatchToken> batch, const float* hidden) {
+void LocalStage::run(uint64_t step, std::span<const model::BatchToken> batch, const float* hidden,
+                     std::vector<StageStamp> stamps) {
+  StageStamp stamp;
+  stamp.stage = static_cast<uint32_t>(index_);
+  stamp.received = stamp.idle_since = stamp.compute_start = protocol::steady_nanos();
   std::vector<float> out;
   try {
     out = engine_.forward(batch, hidden);
   } catch (const std::exception& e) {
     throw StageError("local stage (layers " + std::to_string(info_.layers.first) + "-" +
-                     std::to_string(info_.layers.last - 1) + "): " + e.what());
+                         std::to_string(info_.layers.last - 1) + "): " + e.what(),
+                     step);
   }
+  stamp.compute_end = stamp.sent = protocol::steady_nanos();
+  stamps.push_back(stamp);
   if (next_) {
-    next_->run(step, batch, out.data());
+    next_->run(step, batch, out.data(), std::move(stamps));
     return;
   }
   StepOutput o;
   o.step = step;
+  o.stamps = std::move(stamps);
   o.n_vocab = engine_.n_vocab();
   for (const auto& t : batch) {
     if (!t.logits) continue;
@@ -64,6 +75,20 @@ std::optional<StepOutput> LocalStage::poll(int) {
   StepOutput o = std::move(done_.front());
   done_.pop_front();
   return o;
+}
+
+std::optional<std::vector<uint8_t>> LocalStage::snapshot(int32_t seq_id) {
+  auto state = engine_.snapshot(seq_id);
+  if (!state) return std::nullopt;
+  return std::move(state->bytes);
+}
+
+void LocalStage::restore(int32_t seq_id, std::span<const uint8_t> state) {
+  try {
+    engine_.restore(seq_id, state);
+  } catch (const std::exception& e) {
+    throw StageError(std::string("local stage: restore: ") + e.what());
+  }
 }
 
 StageStats LocalStage::stats() {
@@ -97,17 +122,27 @@ std::string error_text(protocol::Envelope::Reader env) {
 
 RemoteStage::RemoteStage(const std::string& address, const RemoteOptions& options)
     : address_(address), options_(options) {
+  info_.name = address;
+  connect();
+  hello(options_.connect_timeout_ms);
+}
+
+void RemoteStage::connect() {
+  monitor_.reset();  // before its socket
+  monitor_ = std::make_unique<net::ConnectionMonitor>();
   try {
-    socket_ = net::make_dealer(address, coordinator_id(), options.timing, &monitor_);
+    socket_ = net::make_dealer(address_, coordinator_id(), options_.timing, monitor_.get());
   } catch (const std::exception& e) {
     fail(std::string("cannot connect: ") + e.what());
   }
-  info_.name = address;
+}
+
+void RemoteStage::hello(int timeout_ms) {
   protocol::Builder hello;
   hello.envelope().getBody().initHello().setRole("coordinator");
   send(hello.encode());
-  auto msg = receive(options_.connect_timeout_ms);
-  if (!msg) fail("no answer to hello within " + std::to_string(options_.connect_timeout_ms) + " ms");
+  auto msg = receive(timeout_ms);
+  if (!msg) fail("no answer to hello within " + std::to_string(timeout_ms) + " ms");
   protocol::Decoded d(msg->header_bytes());
   if (d.which() == Envelope::Body::ERROR) fail("refused hello: " + error_text(d.envelope()));
   if (d.which() != Envelope::Body::CAPABILITIES) {
@@ -121,18 +156,97 @@ RemoteStage::RemoteStage(const std::string& address, const RemoteOptions& option
   info_.cores = caps.getCores();
   info_.threads = caps.getThreads();
   info_.memory_bytes = caps.getMemoryBytes();
+  estimate_clock_offset();
 }
 
-void RemoteStage::fail(const std::string& what) const { throw StageError("worker " + address_ + ": " + what); }
+// NTP style: a few heartbeat round trips; the one with the smallest round trip gives
+// the offset, assuming its two legs took equally long.
+void RemoteStage::estimate_clock_offset() {
+  uint64_t best_rtt = UINT64_MAX;
+  for (int i = 0; i < 8; ++i) {
+    protocol::Builder ping;
+    const uint64_t t0 = protocol::steady_nanos();
+    ping.envelope().getBody().initHeartbeat().setSentNanos(t0);
+    send(ping.encode());
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(options_.connect_timeout_ms);
+    while (true) {
+      check_alive();
+      auto msg = net::receive(socket_, false, 50);
+      const uint64_t t2 = protocol::steady_nanos();
+      if (!msg) {
+        if (std::chrono::steady_clock::now() >= deadline) fail("no answer to a heartbeat");
+        continue;
+      }
+      protocol::Decoded d(msg->header_bytes());
+      if (d.which() != Envelope::Body::HEARTBEAT) continue;
+      const auto h = d.envelope().getBody().getHeartbeat();
+      if (h.getEchoNanos() != t0) continue;  // an answer to an earlier one
+      if (t2 - t0 < best_rtt) {
+        best_rtt = t2 - t0;
+        const int64_t t1 = static_cast<int64_t>(h.getSentNanos());
+        clock_offset_ = t1 - static_cast<int64_t>(t0 / 2 + t2 / 2);
+      }
+      break;
+    }
+  }
+  spdlog::debug("worker {}: clock offset {} ns (round trip {} ns)", address_, clock_offset_, best_rtt);
+}
+
+void RemoteStage::fail(const std::string& what, uint64_t step) const {
+  throw StageError("worker " + address_ + ": " + what, step);
+}
 
 void RemoteStage::check_alive() {
-  monitor_.update(0);
-  if (monitor_.lost()) fail("connection lost (the worker died or stopped answering)");
+  if (!up_) fail(lost_reason_ + "; waiting for it to rejoin");
+  if (!up()) fail(lost_reason_);
 }
 
-void RemoteStage::send(const std::vector<uint8_t>& header, std::span<const std::vector<uint8_t>> payloads) {
+bool RemoteStage::up() {
+  if (!up_) return false;
+  monitor_->update(0);
+  if (monitor_->lost()) {
+    up_ = false;
+    lost_reason_ = "connection lost (the worker died or stopped answering)";
+  }
+  return up_;
+}
+
+void RemoteStage::rejoin() {
+  if (up_) return;
+  const StageInfo before = info_;
+  connect();
+  // A fresh connection to a live worker is up at once; to a dead one it never is.
+  for (int waited = 0; !monitor_->connected() && waited < options_.rejoin_connect_ms; waited += 10) {
+    monitor_->update(10);
+  }
+  if (!monitor_->connected()) fail(lost_reason_ + "; not back yet");
+  up_ = true;
+  try {
+    hello(options_.rejoin_answer_ms);
+  } catch (const StageError&) {
+    up_ = false;
+    info_ = before;
+    throw;
+  }
+  if (!(info_.identity == before.identity) || info_.layers.first != before.layers.first ||
+      info_.layers.last != before.layers.last) {
+    up_ = false;
+    const StageInfo now = info_;
+    info_ = before;
+    lost_reason_ = "came back serving " + protocol::to_string(now.identity) + ", layers " +
+                   std::to_string(now.layers.first) + "-" + std::to_string(now.layers.last - 1) +
+                   " (before: " + protocol::to_string(before.identity) + ", layers " +
+                   std::to_string(before.layers.first) + "-" + std::to_string(before.layers.last - 1) + ")";
+    fail(lost_reason_);
+  }
+  // Sequences closed while it was away (a worker that was only hung still holds them).
+  for (int32_t seq : std::exchange(pending_closes_, {})) close(seq);
+  spdlog::info("worker {} rejoined (layers {}-{})", address_, info_.layers.first, info_.layers.last - 1);
+}
+
+void RemoteStage::send(const std::vector<uint8_t>& header, std::vector<zmq::message_t>&& payloads) {
   check_alive();
-  if (!net::send(socket_, nullptr, header, payloads)) fail("cannot queue a message (not connected)");
+  if (!net::send(socket_, nullptr, header, std::move(payloads))) fail("cannot queue a message (not connected)");
 }
 
 std::optional<net::Received> RemoteStage::receive(int timeout_ms) {
@@ -156,6 +270,24 @@ std::optional<net::Received> RemoteStage::receive(int timeout_ms) {
   }
 }
 
+net::Received RemoteStage::expect(Envelope::Body::Which which, const char* what) {
+  while (true) {
+    auto msg = receive(options_.connect_timeout_ms);
+    if (!msg) {
+      fail(std::string("no answer to ") + what + " within " + std::to_string(options_.connect_timeout_ms) + " ms");
+    }
+    protocol::Decoded d(msg->header_bytes());
+    if (d.which() == which) return std::move(*msg);
+    if (d.which() == Envelope::Body::LOGITS) continue;  // of a step abandoned earlier
+    if (d.which() == Envelope::Body::ERROR) {
+      const auto e = d.envelope().getBody().getError();
+      if (e.getStepId() != 0) continue;  // about a step abandoned earlier
+      fail(std::string("refused ") + what + ": " + e.getText().cStr());
+    }
+    fail(std::string("answered ") + what + " with " + protocol::body_name(d.which()));
+  }
+}
+
 void RemoteStage::plan(Stage* next, size_t index, size_t count) {
   std::string next_address;
   if (next) {
@@ -169,13 +301,7 @@ void RemoteStage::plan(Stage* next, size_t index, size_t count) {
   p.setStageIndex(static_cast<uint32_t>(index));
   p.setStageCount(static_cast<uint32_t>(count));
   send(b.encode());
-  auto msg = receive(options_.connect_timeout_ms);
-  if (!msg) fail("no answer to the plan");
-  protocol::Decoded d(msg->header_bytes());
-  if (d.which() == Envelope::Body::ERROR) fail("refused the plan: " + error_text(d.envelope()));
-  if (d.which() != Envelope::Body::PLAN_ACK) {
-    fail(std::string("answered the plan with ") + protocol::body_name(d.which()));
-  }
+  expect(Envelope::Body::PLAN_ACK, "the plan");
 }
 
 void RemoteStage::submit(uint64_t step, std::span<const model::BatchToken> batch) {
@@ -197,10 +323,15 @@ void RemoteStage::submit(uint64_t step, std::span<const model::BatchToken> batch
   f.setWidth(0);
   f.setDtype(protocol::DType::F32);
   f.setOutputDtype(options_.activations);
+  f.setSentNanos(protocol::steady_nanos());
   send(b.encode());
 }
 
 void RemoteStage::close(int32_t seq_id) {
+  if (!up_) {
+    pending_closes_.push_back(seq_id);
+    return;
+  }
   protocol::Builder b;
   b.envelope().getBody().initClose().setSeqId(seq_id);
   send(b.encode());
@@ -217,24 +348,41 @@ void RemoteStage::truncate(int32_t seq_id, int64_t pos) {
 std::optional<StepOutput> RemoteStage::poll(int timeout_ms) {
   auto msg = receive(timeout_ms);
   if (!msg) return std::nullopt;
+  const uint64_t received = protocol::steady_nanos();
   protocol::Decoded d(msg->header_bytes());
   if (d.which() == Envelope::Body::ERROR) {
     const auto e = d.envelope().getBody().getError();
     fail(std::string(e.getText().cStr()) +
-         (e.getStepId() ? " (step " + std::to_string(e.getStepId()) + ")" : std::string()));
+             (e.getStepId() ? " (step " + std::to_string(e.getStepId()) + ")" : std::string()),
+         e.getStepId());
   }
   if (d.which() != Envelope::Body::LOGITS) fail(std::string("unexpected ") + protocol::body_name(d.which()));
   const auto l = d.envelope().getBody().getLogits();
   StepOutput o;
   o.step = l.getStepId();
   o.n_vocab = l.getNVocab();
+  o.sent_nanos = l.getSentNanos();
+  o.received_nanos = received;
   for (auto s : l.getSeqIds()) o.seq_ids.push_back(s);
   for (auto p : l.getPositions()) o.positions.push_back(p);
-  if (msg->payloads.size() != 1 || o.seq_ids.size() != l.getRows()) fail("logits without their payload");
+  for (auto t : l.getTimings()) {
+    o.stamps.push_back({t.getStage(), t.getReceivedNanos(), t.getIdleSinceNanos(), t.getComputeStartNanos(),
+                        t.getComputeEndNanos(), t.getSentNanos()});
+  }
+  if (msg->payloads.size() != 1 || o.seq_ids.size() != l.getRows()) fail("logits without their payload", o.step);
   try {
-    o.logits = protocol::decode_payload(protocol::DType::F32, msg->payload_bytes(0), l.getRows(), l.getNVocab());
+    std::vector<float> scratch;
+    const float* rows =
+        protocol::payload_floats(protocol::DType::F32, msg->payload_bytes(0), l.getRows(), l.getNVocab(), scratch);
+    const size_t n = static_cast<size_t>(l.getRows()) * l.getNVocab();
+    if (scratch.empty() && msg->payloads[0].size() >= 64) {
+      // Read in place: a frame this large keeps its buffer when moved.
+      o.logits = LogitsBuffer(std::move(msg->payloads[0]), rows, n, {});
+    } else {
+      o.logits = LogitsBuffer(scratch.empty() ? std::vector<float>(rows, rows + n) : std::move(scratch));
+    }
   } catch (const std::exception& e) {
-    fail(e.what());
+    fail(e.what(), o.step);
   }
   return o;
 }
@@ -243,12 +391,49 @@ StageStats RemoteStage::stats() {
   protocol::Builder b;
   b.envelope().getBody().setStatsRequest();
   send(b.encode());
-  auto msg = receive(options_.connect_timeout_ms);
-  if (!msg) fail("no answer to a stats request");
-  protocol::Decoded d(msg->header_bytes());
-  if (d.which() != Envelope::Body::STATS) fail(std::string("answered stats with ") + protocol::body_name(d.which()));
+  const auto msg = expect(Envelope::Body::STATS, "a stats request");
+  protocol::Decoded d(msg.header_bytes());
   const auto s = d.envelope().getBody().getStats();
   return {s.getMemoryBytes(), s.getKvBytes(), s.getBatches(), s.getTokens(), s.getSequences()};
+}
+
+std::optional<std::vector<uint8_t>> RemoteStage::snapshot(int32_t seq_id) {
+  protocol::Builder b;
+  b.envelope().getBody().initSnapshotRequest().setSeqId(seq_id);
+  send(b.encode());
+  while (true) {
+    auto msg = receive(options_.connect_timeout_ms);
+    if (!msg) fail("no answer to a snapshot request");
+    protocol::Decoded d(msg->header_bytes());
+    if (d.which() == Envelope::Body::LOGITS) continue;  // of a step abandoned earlier
+    if (d.which() == Envelope::Body::ERROR) {
+      if (d.envelope().getBody().getError().getStepId() != 0) continue;
+      return std::nullopt;  // not open there
+    }
+    if (d.which() != Envelope::Body::SNAPSHOT) fail(std::string("answered a snapshot request with ") +
+                                                     protocol::body_name(d.which()));
+    const auto s = d.envelope().getBody().getSnapshot();
+    if (s.getSeqId() != seq_id || msg->payloads.size() != 1 || msg->payloads[0].size() != s.getBytes()) {
+      fail("a snapshot without its state");
+    }
+    const auto bytes = msg->payload_bytes(0);
+    return std::vector<uint8_t>(bytes.begin(), bytes.end());
+  }
+}
+
+void RemoteStage::restore(int32_t seq_id, std::span<const uint8_t> state) {
+  protocol::Builder b;
+  auto r = b.envelope().getBody().initRestore();
+  r.setSeqId(seq_id);
+  r.setFirstLayer(static_cast<uint32_t>(info_.layers.first));
+  r.setLastLayer(static_cast<uint32_t>(info_.layers.last));
+  r.setBytes(state.size());
+  std::vector<zmq::message_t> payload;
+  payload.emplace_back(state.data(), state.size());
+  send(b.encode(), std::move(payload));
+  const auto msg = expect(Envelope::Body::RESTORED, "a restore");
+  protocol::Decoded d(msg.header_bytes());
+  if (d.envelope().getBody().getRestored().getSeqId() != seq_id) fail("restored another sequence");
 }
 
 }  // namespace pico::coordinator

@@ -23,7 +23,12 @@ namespace pico::coordinator {
 // names the stage.
 class StageError : public std::runtime_error {
  public:
-  using std::runtime_error::runtime_error;
+  explicit StageError(const std::string& what, uint64_t step = 0) : std::runtime_error(what), step_(step) {}
+  // The step the error concerns (0: none, or every step).
+  uint64_t step() const { return step_; }
+
+ private:
+  uint64_t step_ = 0;
 };
 
 struct StageInfo {
@@ -35,13 +40,45 @@ struct StageInfo {
   uint64_t memory_bytes = 0;
 };
 
+// Logits rows: a vector of the process's own, or a received frame read in place (no
+// copy of the 4 x n_vocab bytes per row).
+class LogitsBuffer {
+ public:
+  LogitsBuffer() = default;
+  LogitsBuffer(std::vector<float> values) : values_(std::move(values)), data_(values_.data()), size_(values_.size()) {}
+  LogitsBuffer(zmq::message_t frame, const float* data, size_t size, std::vector<float> scratch)
+      : values_(std::move(scratch)), frame_(std::move(frame)), data_(data), size_(size) {}
+  LogitsBuffer(LogitsBuffer&&) noexcept = default;
+  LogitsBuffer& operator=(LogitsBuffer&&) noexcept = default;
+  const float* data() const { return data_; }
+  size_t size() const { return size_; }
+  const float* begin() const { return data_; }
+  const float* end() const { return data_ + size_; }
+
+ private:
+  std::vector<float> values_;  // moving a vector keeps its buffer, so data_ stays valid
+  zmq::message_t frame_;
+  const float* data_ = nullptr;
+  size_t size_ = 0;
+};
+
+// The stamps one stage put on a step (its own clock, protocol::StageTiming).
+struct StageStamp {
+  uint32_t stage = 0;
+  uint64_t received = 0, idle_since = 0, compute_start = 0, compute_end = 0, sent = 0;
+};
+
 // The logits of one finished step: one row of n_vocab per token that asked for them.
 struct StepOutput {
   uint64_t step = 0;
   std::vector<int32_t> seq_ids;
   std::vector<int32_t> positions;
-  std::vector<float> logits;
+  LogitsBuffer logits;
   int64_t n_vocab = 0;
+  // Timings: when the coordinator sent the step and received its logits (its clock),
+  // and each stage's stamps, in pipeline order.
+  uint64_t sent_nanos = 0, received_nanos = 0;
+  std::vector<StageStamp> stamps;
 };
 
 struct StageStats {
@@ -64,6 +101,18 @@ class Stage {
   // an error reply or a lost connection (any stage).
   virtual std::optional<StepOutput> poll(int timeout_ms) = 0;
   virtual StageStats stats() = 0;
+  // The state of one sequence on this stage's layers (nullopt: not open here), and
+  // putting one back (throws StageError when refused).
+  virtual std::optional<std::vector<uint8_t>> snapshot(int32_t seq_id) = 0;
+  virtual void restore(int32_t seq_id, std::span<const uint8_t> state) = 0;
+  // A stage in another process: its stamps are in its own clock, and its input and
+  // output cross a link. clock_offset_nanos: its clock minus the coordinator's.
+  virtual bool remote() const { return false; }
+  virtual int64_t clock_offset_nanos() const { return 0; }
+  // False once the stage was lost (looks at its connection now); rejoin() then tries
+  // to get it back (see RemoteStage), throwing StageError when it is not back.
+  virtual bool up() { return true; }
+  virtual void rejoin() {}
 };
 
 class LocalStage final : public Stage {
@@ -76,23 +125,36 @@ class LocalStage final : public Stage {
   void truncate(int32_t seq_id, int64_t pos) override { engine_.truncate(seq_id, pos); }
   std::optional<StepOutput> poll(int timeout_ms) override;
   StageStats stats() override;
+  std::optional<std::vector<uint8_t>> snapshot(int32_t seq_id) override;
+  void restore(int32_t seq_id, std::span<const uint8_t> state) override;
 
  private:
-  void run(uint64_t step, std::span<const model::BatchToken> batch, const float* hidden);
+  void run(uint64_t step, std::span<const model::BatchToken> batch, const float* hidden,
+           std::vector<StageStamp> stamps);
 
   worker::StageEngine engine_;
   StageInfo info_;
   LocalStage* next_ = nullptr;
   LocalStage* last_ = this;  // where finished steps are queued
   std::deque<StepOutput> done_;
+  size_t index_ = 0;
 };
 
 struct RemoteOptions {
   int connect_timeout_ms = 10000;  // hello and plan answers
+  // A lost worker rejoins when its address accepts a connection within rejoin_connect_ms
+  // and it answers hello within rejoin_answer_ms (a stopped process's port may still
+  // accept connections).
+  int rejoin_connect_ms = 500;
+  int rejoin_answer_ms = 1000;
   protocol::DType activations = protocol::DType::F32;
   net::Timing timing;
 };
 
+// A pico-worker. A lost worker (killed, hung past the heartbeat timeout) makes every
+// call fail with a StageError naming it until rejoin() gets it back: a fresh
+// connection, hello, the same model identity and layers as before; the Pipeline then
+// re-sends every plan.
 class RemoteStage final : public Stage {
  public:
   // Connects and exchanges hello/capabilities; throws StageError naming the worker.
@@ -100,24 +162,44 @@ class RemoteStage final : public Stage {
   const StageInfo& info() const override { return info_; }
   void plan(Stage* next, size_t index, size_t count) override;
   void submit(uint64_t step, std::span<const model::BatchToken> batch) override;
+  // Closing a sequence on a lost worker is remembered and sent when it rejoins.
   void close(int32_t seq_id) override;
   void truncate(int32_t seq_id, int64_t pos) override;
   std::optional<StepOutput> poll(int timeout_ms) override;
   StageStats stats() override;
+  std::optional<std::vector<uint8_t>> snapshot(int32_t seq_id) override;
+  void restore(int32_t seq_id, std::span<const uint8_t> state) override;
+  bool remote() const override { return true; }
+  int64_t clock_offset_nanos() const override { return clock_offset_; }
+  bool up() override;
+  // Nothing to do when up. Otherwise tries once, without waiting beyond
+  // rejoin_connect_ms when nothing listens at the address; throws StageError naming
+  // the worker when it is not back, or came back serving another model or layers.
+  void rejoin() override;
   const std::string& address() const { return address_; }
 
  private:
-  void send(const std::vector<uint8_t>& header, std::span<const std::vector<uint8_t>> payloads = {});
+  void connect();  // a fresh socket and monitor
+  void hello(int timeout_ms);  // hello/capabilities into info_, then the clock offset
+  void estimate_clock_offset();
+  void send(const std::vector<uint8_t>& header, std::vector<zmq::message_t>&& payloads = {});
   // The next message other than heartbeats within timeout_ms (throws on lost/timeout).
   std::optional<net::Received> receive(int timeout_ms);
-  [[noreturn]] void fail(const std::string& what) const;
+  // The next message of kind `which`, skipping stale answers (logits and errors of
+  // steps abandoned earlier); an error about no step fails.
+  net::Received expect(protocol::Envelope::Body::Which which, const char* what);
+  [[noreturn]] void fail(const std::string& what, uint64_t step = 0) const;
   void check_alive();
 
   std::string address_;
   RemoteOptions options_;
-  net::ConnectionMonitor monitor_;
+  std::unique_ptr<net::ConnectionMonitor> monitor_;
   zmq::socket_t socket_;
   StageInfo info_;
+  bool up_ = true;
+  std::string lost_reason_;
+  int64_t clock_offset_ = 0;
+  std::vector<int32_t> pending_closes_;
 };
 
 }  // namespace pico::coordinator

@@ -36,6 +36,9 @@ zmq::socket_t make_router(const std::string& bind_address, const Timing& timing)
   zmq::socket_t s(context(), zmq::socket_type::router);
   configure(s, timing);
   s.set(zmq::sockopt::router_mandatory, 1);
+  // A peer that reconnects under the same routing id (a coordinator whose worker was
+  // hung, then came back) takes its id over instead of being ignored.
+  s.set(zmq::sockopt::router_handover, 1);
   s.bind(bind_address);
   return s;
 }
@@ -65,6 +68,25 @@ bool send(zmq::socket_t& socket, const std::string* peer, std::span<const uint8_
       const auto flags = i + 1 == payloads.size() ? zmq::send_flags::dontwait : more;
       // The frame's bytes are copied: a payload may be freed right after the call.
       if (!socket.send(zmq::buffer(payloads[i].data(), payloads[i].size()), flags)) return false;
+    }
+    return true;
+  } catch (const zmq::error_t&) {
+    return false;  // EHOSTUNREACH: the peer is gone
+  }
+}
+
+bool send(zmq::socket_t& socket, const std::string* peer, std::span<const uint8_t> header,
+          std::vector<zmq::message_t>&& payloads) {
+  try {
+    const auto more = zmq::send_flags::sndmore | zmq::send_flags::dontwait;
+    if (peer && !socket.send(zmq::buffer(*peer), more)) return false;
+    if (!socket.send(zmq::buffer(header.data(), header.size()),
+                     payloads.empty() ? zmq::send_flags::dontwait : more)) {
+      return false;
+    }
+    for (size_t i = 0; i < payloads.size(); ++i) {
+      // The frame is moved into ZeroMQ: its buffer is freed by ZeroMQ once sent.
+      if (!socket.send(payloads[i], i + 1 == payloads.size() ? zmq::send_flags::dontwait : more)) return false;
     }
     return true;
   } catch (const zmq::error_t&) {

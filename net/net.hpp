@@ -54,6 +54,21 @@ struct Received {
 bool send(zmq::socket_t& socket, const std::string* peer, std::span<const uint8_t> header,
           std::span<const std::vector<uint8_t>> payloads = {});
 
+// A frame that owns its buffer: the vector is moved in and ZeroMQ frees it once the
+// frame is sent, so the payload is never copied on our side (zero-copy send).
+template <class T>
+zmq::message_t owned_frame(std::vector<T>&& buffer) {
+  if (buffer.empty()) return zmq::message_t();
+  auto* owner = new std::vector<T>(std::move(buffer));
+  return zmq::message_t(
+      owner->data(), owner->size() * sizeof(T),
+      [](void*, void* hint) { delete static_cast<std::vector<T>*>(hint); }, owner);
+}
+
+// As send() above, handing the frames over to ZeroMQ (see owned_frame).
+bool send(zmq::socket_t& socket, const std::string* peer, std::span<const uint8_t> header,
+          std::vector<zmq::message_t>&& payloads);
+
 // Receives one message within timeout (ms; -1 waits forever), or nullopt. With
 // `from_router`, the first frame is the sender's id. A message with no header frame
 // comes back with an empty header (the caller answers it as malformed).

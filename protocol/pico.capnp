@@ -9,7 +9,8 @@
 using Cxx = import "/capnp/c++.capnp";
 $Cxx.namespace("pico::protocol::schema");
 
-const protocolVersion :UInt32 = 1;
+# 2: timings in forward/logits, heartbeat echo, snapshot/restore of a sequence.
+const protocolVersion :UInt32 = 2;
 
 enum DType {
   f32 @0;
@@ -64,6 +65,17 @@ struct Truncate {
   pos @1 :Int64;             # keep positions [0, pos)
 }
 
+# What one stage did with one batch, in that stage's own clock (steady nanoseconds;
+# the coordinator maps them onto its clock with the offset it estimated at connect).
+struct StageTiming {
+  stage @0 :UInt32;          # index in the plan
+  receivedNanos @1 :UInt64;  # the batch was taken from the socket
+  idleSinceNanos @2 :UInt64; # the stage finished its previous work (waiting before this is queueing)
+  computeStartNanos @3 :UInt64;
+  computeEndNanos @4 :UInt64;
+  sentNanos @5 :UInt64;      # output handed to the socket
+}
+
 # A batch of tokens for one stage. The payload frame holds tokens x width values
 # (hidden states); the stage holding layer 0 gets no payload (width 0) and embeds
 # `tokens`.
@@ -77,6 +89,8 @@ struct Forward {
   width @6 :UInt32;
   dtype @7 :DType;
   outputDtype @8 :DType;     # for hidden states a stage sends on
+  sentNanos @9 :UInt64;      # the coordinator's clock when it sent the batch to stage 0
+  timings @10 :List(StageTiming);  # one per stage already passed, appended by each
 }
 
 # The last stage's answer: one payload frame of rows x nVocab F32 values, one row per
@@ -87,6 +101,20 @@ struct Logits {
   positions @2 :List(Int32);
   rows @3 :UInt32;
   nVocab @4 :UInt32;
+  sentNanos @5 :UInt64;      # copied from the forward
+  timings @6 :List(StageTiming);  # every stage's, the last one's included
+}
+
+# The state of one sequence on one stage (the KV rows of each of its layers, as
+# engine/state's SequenceState::snapshot writes them) travels as one payload frame.
+# A snapshot answers snapshotRequest; restore carries one back (to the same stage or
+# to a replica of its layers), and is answered with restored or an error.
+struct SequenceSnapshot {
+  seqId @0 :Int32;
+  nPos @1 :Int64;            # positions held
+  firstLayer @2 :UInt32;     # [firstLayer, lastLayer): the layers the bytes cover
+  lastLayer @3 :UInt32;
+  bytes @4 :UInt64;          # size of the payload frame
 }
 
 struct Stats {
@@ -103,8 +131,11 @@ struct Error {
   stepId @2 :UInt64;         # the forward step it concerns, 0: none
 }
 
+# A heartbeat answer carries the answerer's clock in sentNanos and the request's
+# sentNanos in echoNanos: one NTP-style sample of the clock offset between the two.
 struct Heartbeat {
   sentNanos @0 :UInt64;
+  echoNanos @1 :UInt64;
 }
 
 struct Envelope {
@@ -123,5 +154,9 @@ struct Envelope {
     stats @11 :Stats;
     error @12 :Error;
     heartbeat @13 :Heartbeat;
+    snapshotRequest @14 :SequenceRef;
+    snapshot @15 :SequenceSnapshot;
+    restore @16 :SequenceSnapshot;
+    restored @17 :SequenceRef;
   }
 }

@@ -64,6 +64,10 @@ const char* body_name(Envelope::Body::Which which) {
     case W::STATS: return "stats";
     case W::ERROR: return "error";
     case W::HEARTBEAT: return "heartbeat";
+    case W::SNAPSHOT_REQUEST: return "snapshotRequest";
+    case W::SNAPSHOT: return "snapshot";
+    case W::RESTORE: return "restore";
+    case W::RESTORED: return "restored";
   }
   return "unknown";
 }
@@ -77,11 +81,16 @@ std::vector<uint8_t> make_error(ErrorCode code, const std::string& text, uint64_
   return b.encode();
 }
 
-std::vector<uint8_t> make_heartbeat() {
-  Builder b;
+uint64_t steady_nanos() {
   const auto now = std::chrono::steady_clock::now().time_since_epoch();
-  b.envelope().getBody().initHeartbeat().setSentNanos(
-      static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(now).count()));
+  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(now).count());
+}
+
+std::vector<uint8_t> make_heartbeat(uint64_t echo_nanos) {
+  Builder b;
+  auto h = b.envelope().getBody().initHeartbeat();
+  h.setEchoNanos(echo_nanos);
+  h.setSentNanos(steady_nanos());
   return b.encode();
 }
 
@@ -225,6 +234,21 @@ std::vector<float> decode_payload(DType dtype, std::span<const uint8_t> bytes, s
       break;
   }
   return out;
+}
+
+const float* payload_floats(DType dtype, std::span<const uint8_t> bytes, size_t rows, size_t width,
+                            std::vector<float>& scratch) {
+  if (dtype == DType::F32 && reinterpret_cast<uintptr_t>(bytes.data()) % alignof(float) == 0) {
+    if (bytes.size() != payload_bytes(dtype, rows, width)) {
+      throw ProtocolError(ErrorCode::BAD_REQUEST, "payload of " + std::to_string(bytes.size()) +
+                                                      " bytes, expected " +
+                                                      std::to_string(payload_bytes(dtype, rows, width)) + " for " +
+                                                      std::to_string(rows) + " x " + std::to_string(width));
+    }
+    return reinterpret_cast<const float*>(bytes.data());
+  }
+  scratch = decode_payload(dtype, bytes, rows, width);
+  return scratch.data();
 }
 
 DType parse_dtype(const std::string& name) {

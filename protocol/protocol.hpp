@@ -74,7 +74,10 @@ const char* body_name(Envelope::Body::Which which);
 
 // One-call builders of the small messages.
 std::vector<uint8_t> make_error(ErrorCode code, const std::string& text, uint64_t step_id = 0);
-std::vector<uint8_t> make_heartbeat();
+// A heartbeat stamped with steady_nanos(); an answer echoes the request's stamp.
+std::vector<uint8_t> make_heartbeat(uint64_t echo_nanos = 0);
+// This host's steady clock in nanoseconds (the clock of every *Nanos field).
+uint64_t steady_nanos();
 
 // What identifies a model file: a hash of its metadata, tensor table and the first
 // bytes of each tensor's data (so that two files that differ only in their weights
@@ -98,6 +101,11 @@ size_t payload_bytes(DType dtype, size_t rows, size_t width);
 std::vector<uint8_t> encode_payload(DType dtype, const float* values, size_t rows, size_t width);
 // Throws ProtocolError (badRequest) when the byte count does not match the shape.
 std::vector<float> decode_payload(DType dtype, std::span<const uint8_t> bytes, size_t rows, size_t width);
+// The payload as floats without a copy when it can be (F32 in a 4-byte aligned frame),
+// else decoded into `scratch`; the pointer lives as long as both. Checks the size as
+// decode_payload does.
+const float* payload_floats(DType dtype, std::span<const uint8_t> bytes, size_t rows, size_t width,
+                            std::vector<float>& scratch);
 // "f32", "f16", "q8_0" (throws std::invalid_argument otherwise).
 DType parse_dtype(const std::string& name);
 

@@ -102,5 +102,37 @@ TEST(Protocol, PayloadCodecs) {
   EXPECT_THROW(parse_dtype("bf8"), std::invalid_argument);
 }
 
+// F32 payloads are read in place when aligned; otherwise (or for F16) decoded into the
+// scratch vector; a wrong size is refused either way.
+TEST(Protocol, PayloadFloatsReadsAlignedF32InPlace) {
+  std::vector<float> v(3 * 32);
+  for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(i) - 40.5f;
+  const auto bytes = encode_payload(DType::F32, v.data(), 3, 32);
+  std::vector<float> scratch;
+  const float* in_place = payload_floats(DType::F32, bytes, 3, 32, scratch);
+  EXPECT_EQ(static_cast<const void*>(in_place), static_cast<const void*>(bytes.data()));
+  EXPECT_TRUE(scratch.empty());
+  std::vector<uint8_t> shifted(bytes.size() + 1);
+  std::copy(bytes.begin(), bytes.end(), shifted.begin() + 1);
+  const std::span<const uint8_t> misaligned(shifted.data() + 1, bytes.size());
+  const float* copied = payload_floats(DType::F32, misaligned, 3, 32, scratch);
+  EXPECT_EQ(copied, scratch.data());
+  EXPECT_EQ(scratch, v);
+  const auto f16 = encode_payload(DType::F16, v.data(), 3, 32);
+  const float* decoded = payload_floats(DType::F16, f16, 3, 32, scratch);
+  EXPECT_EQ(decoded, scratch.data());
+  EXPECT_EQ(scratch, decode_payload(DType::F16, f16, 3, 32));
+  EXPECT_THROW(payload_floats(DType::F32, std::span<const uint8_t>(bytes).first(bytes.size() - 4), 3, 32, scratch),
+               ProtocolError);
+}
+
+TEST(Protocol, HeartbeatEchoesTheSendersClock) {
+  const uint64_t before = steady_nanos();
+  Decoded d(make_heartbeat(4242));
+  ASSERT_EQ(d.which(), Envelope::Body::HEARTBEAT);
+  EXPECT_EQ(d.envelope().getBody().getHeartbeat().getEchoNanos(), 4242u);
+  EXPECT_GE(d.envelope().getBody().getHeartbeat().getSentNanos(), before);
+}
+
 }  // namespace
 }  // namespace pico::protocol

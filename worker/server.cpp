@@ -31,10 +31,16 @@ Server::Server(StageEngine& engine, const std::string& listen_address, const net
     : engine_(engine), timing_(timing), router_(net::make_router(listen_address, timing)) {}
 
 void Server::run(const std::atomic<bool>& stop) {
+  idle_since_nanos_ = protocol::steady_nanos();
   while (!stop.load()) {
     auto msg = net::receive(router_, true, 100);
     if (!msg) continue;
+    received_nanos_ = protocol::steady_nanos();
+    finished_nanos_ = 0;
     handle(*msg);
+    // Idle from the moment a forward's output was handed over (being descheduled
+    // after that is not this stage's work), or from now after any other message.
+    idle_since_nanos_ = finished_nanos_ ? finished_nanos_ : protocol::steady_nanos();
   }
 }
 
@@ -88,8 +94,12 @@ void Server::handle(net::Received& msg) {
           break;
         }
         coordinator_ = msg.peer;
-        if (!next.empty() && next != next_address_) {
-          next_.reset();
+        stage_index_ = plan.getStageIndex();
+        // Every plan connects afresh: after a rejoin, batches queued toward the old
+        // next stage are dropped rather than delivered to its successor.
+        next_.reset();
+        next_address_.clear();
+        if (!next.empty()) {
           next_.emplace(net::make_dealer(next, "stage-" + std::to_string(engine_.layers().first) + "-" +
                                                    std::to_string(::getpid()),
                                          timing_));
@@ -125,7 +135,14 @@ void Server::handle(net::Received& msg) {
         break;
       }
       case Envelope::Body::HEARTBEAT:
-        reply(msg.peer, protocol::make_heartbeat());
+        // The answer carries this worker's clock and echoes the sender's (clock offset).
+        reply(msg.peer, protocol::make_heartbeat(body.getHeartbeat().getSentNanos()));
+        break;
+      case Envelope::Body::SNAPSHOT_REQUEST:
+        answer_snapshot(msg.peer, body.getSnapshotRequest().getSeqId());
+        break;
+      case Envelope::Body::RESTORE:
+        handle_restore(msg.peer, env, msg);
         break;
       default:
         reply(msg.peer, protocol::make_error(ErrorCode::BAD_REQUEST, std::string("a worker does not take ") +
@@ -156,7 +173,8 @@ void Server::handle_forward(const std::string& peer, Envelope::Reader env, net::
     batch[i] = {seqs[static_cast<unsigned>(i)], pos[static_cast<unsigned>(i)],
                 tokens.size() == rows ? tokens[static_cast<unsigned>(i)] : 0, want[static_cast<unsigned>(i)]};
   }
-  std::vector<float> hidden;
+  std::vector<float> scratch;
+  const float* hidden = nullptr;
   if (!engine_.is_first()) {
     if (f.getWidth() != engine_.n_embd() || msg.payloads.size() != 1) {
       report(peer, ErrorCode::BAD_REQUEST,
@@ -165,11 +183,13 @@ void Server::handle_forward(const std::string& peer, Envelope::Reader env, net::
              step);
       return;
     }
-    hidden = protocol::decode_payload(f.getDtype(), msg.payload_bytes(0), rows, f.getWidth());
+    // F32 hidden states are read in place from the received frame.
+    hidden = protocol::payload_floats(f.getDtype(), msg.payload_bytes(0), rows, f.getWidth(), scratch);
   }
+  const uint64_t compute_start = protocol::steady_nanos();
   std::vector<float> out;
   try {
-    out = engine_.forward(batch, hidden.empty() ? nullptr : hidden.data());
+    out = engine_.forward(batch, hidden);
   } catch (const std::exception& e) {
     report(peer, ErrorCode::FORWARD_FAILED,
            "layers " + std::to_string(engine_.layers().first) + "-" + std::to_string(engine_.layers().last - 1) +
@@ -177,10 +197,25 @@ void Server::handle_forward(const std::string& peer, Envelope::Reader env, net::
            step);
     return;
   }
+  const uint64_t compute_end = protocol::steady_nanos();
+  // This stage's timing goes after those of the stages before it.
+  const auto earlier = f.getTimings();
+  auto stamp = [&](auto list) {
+    for (unsigned i = 0; i < earlier.size(); ++i) list.setWithCaveats(i, earlier[i]);
+    auto t = list[earlier.size()];
+    t.setStage(stage_index_);
+    t.setReceivedNanos(received_nanos_);
+    t.setIdleSinceNanos(idle_since_nanos_);
+    t.setComputeStartNanos(compute_start);
+    t.setComputeEndNanos(compute_end);
+    return t;
+  };
   protocol::Builder b;
+  std::vector<zmq::message_t> payload;
   if (engine_.is_last()) {
     auto l = b.envelope().getBody().initLogits();
     l.setStepId(step);
+    l.setSentNanos(f.getSentNanos());
     size_t n = 0;
     for (const auto& t : batch) n += t.logits ? 1 : 0;
     auto ls = l.initSeqIds(static_cast<unsigned>(n));
@@ -193,10 +228,19 @@ void Server::handle_forward(const std::string& peer, Envelope::Reader env, net::
     }
     l.setRows(static_cast<uint32_t>(n));
     l.setNVocab(static_cast<uint32_t>(engine_.n_vocab()));
-    const std::vector<std::vector<uint8_t>> payload{protocol::encode_payload(DType::F32, out.data(), n,
-                                                                             static_cast<size_t>(engine_.n_vocab()))};
+    if (out.size() != n * static_cast<size_t>(engine_.n_vocab())) {
+      report(peer, ErrorCode::INTERNAL, "logits of an unexpected size", step);
+      return;
+    }
+    auto timing = stamp(l.initTimings(earlier.size() + 1));
+    // The logits rows are F32 already: handed to ZeroMQ as they are (zero-copy).
+    payload.push_back(net::owned_frame(std::move(out)));
     const std::string& to = coordinator_.empty() ? peer : coordinator_;
-    if (!net::send(router_, &to, b.encode(), payload)) spdlog::warn("could not send logits of step {}", step);
+    finished_nanos_ = protocol::steady_nanos();
+    timing.setSentNanos(finished_nanos_);
+    if (!net::send(router_, &to, b.encode(), std::move(payload))) {
+      spdlog::warn("could not send logits of step {}", step);
+    }
     return;
   }
   if (!next_) {
@@ -212,11 +256,60 @@ void Server::handle_forward(const std::string& peer, Envelope::Reader env, net::
   fw.setWidth(static_cast<uint32_t>(engine_.n_embd()));
   fw.setDtype(f.getOutputDtype());
   fw.setOutputDtype(f.getOutputDtype());
-  const std::vector<std::vector<uint8_t>> payload{
-      protocol::encode_payload(f.getOutputDtype(), out.data(), rows, static_cast<size_t>(engine_.n_embd()))};
-  if (!net::send(*next_, nullptr, b.encode(), payload)) {
+  fw.setSentNanos(f.getSentNanos());
+  auto timing = stamp(fw.initTimings(earlier.size() + 1));
+  if (f.getOutputDtype() == DType::F32) {
+    payload.push_back(net::owned_frame(std::move(out)));  // zero-copy
+  } else {
+    payload.push_back(net::owned_frame(
+        protocol::encode_payload(f.getOutputDtype(), out.data(), rows, static_cast<size_t>(engine_.n_embd()))));
+  }
+  finished_nanos_ = protocol::steady_nanos();
+  timing.setSentNanos(finished_nanos_);
+  if (!net::send(*next_, nullptr, b.encode(), std::move(payload))) {
     report(peer, ErrorCode::UNAVAILABLE, "the next stage (" + next_address_ + ") does not take batches", step);
   }
+}
+
+void Server::answer_snapshot(const std::string& peer, int32_t seq_id) {
+  auto state = engine_.snapshot(seq_id);
+  if (!state) {
+    reply(peer, protocol::make_error(ErrorCode::BAD_REQUEST,
+                                     "snapshot: sequence " + std::to_string(seq_id) + " is not open on this stage"));
+    return;
+  }
+  protocol::Builder b;
+  auto s = b.envelope().getBody().initSnapshot();
+  s.setSeqId(seq_id);
+  s.setNPos(state->n_pos);
+  s.setFirstLayer(static_cast<uint32_t>(engine_.layers().first));
+  s.setLastLayer(static_cast<uint32_t>(engine_.layers().last));
+  s.setBytes(state->bytes.size());
+  std::vector<zmq::message_t> payload;
+  payload.push_back(net::owned_frame(std::move(state->bytes)));
+  if (!net::send(router_, &peer, b.encode(), std::move(payload))) spdlog::warn("could not send a snapshot");
+}
+
+void Server::handle_restore(const std::string& peer, Envelope::Reader env, net::Received& msg) {
+  const auto r = env.getBody().getRestore();
+  const int32_t seq_id = r.getSeqId();
+  if (r.getFirstLayer() != static_cast<uint32_t>(engine_.layers().first) ||
+      r.getLastLayer() != static_cast<uint32_t>(engine_.layers().last)) {
+    reply(peer, protocol::make_error(ErrorCode::BAD_REQUEST,
+                                     "restore: the state covers layers [" + std::to_string(r.getFirstLayer()) + ", " +
+                                         std::to_string(r.getLastLayer()) + "), this stage holds [" +
+                                         std::to_string(engine_.layers().first) + ", " +
+                                         std::to_string(engine_.layers().last) + ")"));
+    return;
+  }
+  if (msg.payloads.size() != 1 || msg.payloads[0].size() != r.getBytes()) {
+    reply(peer, protocol::make_error(ErrorCode::BAD_REQUEST, "restore: needs one payload of the announced size"));
+    return;
+  }
+  engine_.restore(seq_id, msg.payload_bytes(0));  // std::invalid_argument: a bad state, answered by handle()
+  protocol::Builder b;
+  b.envelope().getBody().initRestored().setSeqId(seq_id);
+  reply(peer, b.encode());
 }
 
 }  // namespace pico::worker

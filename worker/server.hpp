@@ -25,6 +25,8 @@ class Server {
  private:
   void handle(net::Received& msg);
   void handle_forward(const std::string& peer, protocol::Envelope::Reader env, net::Received& msg);
+  void handle_restore(const std::string& peer, protocol::Envelope::Reader env, net::Received& msg);
+  void answer_snapshot(const std::string& peer, int32_t seq_id);
   void reply(const std::string& peer, const std::vector<uint8_t>& header);
   // Errors go to the coordinator when known (a forward's sender may be a worker).
   void report(const std::string& peer, protocol::ErrorCode code, const std::string& text, uint64_t step = 0);
@@ -35,6 +37,12 @@ class Server {
   std::optional<zmq::socket_t> next_;
   std::string next_address_;
   std::string coordinator_;
+  uint32_t stage_index_ = 0;
+  // Timestamps of the message being handled (protocol::steady_nanos): when it was
+  // taken from the socket, and when this worker finished its previous work.
+  uint64_t received_nanos_ = 0;
+  uint64_t idle_since_nanos_ = 0;
+  uint64_t finished_nanos_ = 0;  // a forward's output was handed to the socket
 };
 
 // Resident memory of this process in bytes (/proc/self/statm), 0 when unknown.

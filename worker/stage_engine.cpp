@@ -39,6 +39,7 @@ std::vector<float> StageEngine::forward(std::span<const model::BatchToken> batch
   if (batch.empty()) throw std::invalid_argument("empty batch");
   if (!is_first() && hidden == nullptr) throw std::invalid_argument("this stage needs hidden states");
   std::map<int32_t, int64_t> next_pos;  // per sequence: the position its next token must have
+  std::map<int32_t, int64_t> rewind;    // sequences whose tokens start below their cached positions
   for (const auto& t : batch) {
     if (is_first() && (t.token < 0 || t.token >= n_vocab())) {
       throw std::invalid_argument("token " + std::to_string(t.token) + " is outside the vocabulary");
@@ -47,16 +48,34 @@ std::vector<float> StageEngine::forward(std::span<const model::BatchToken> batch
     auto [it, fresh] = next_pos.try_emplace(t.seq_id, 0);
     if (fresh) it->second = cache_->contains(t.seq_id) ? cache_->sequence(t.seq_id).n_pos() : 0;
     const int64_t n_pos = it->second;
+    if (fresh && t.pos < n_pos) rewind[t.seq_id] = t.pos;
     it->second = t.pos + 1;
     if (t.pos > n_pos || (!fresh && t.pos != n_pos)) {
       throw std::invalid_argument("sequence " + std::to_string(t.seq_id) + ": position " + std::to_string(t.pos) +
                                   " leaves a gap after " + std::to_string(n_pos) + " cached positions");
     }
   }
+  // A sequence continued from an earlier position (the coordinator reusing a cached
+  // prompt prefix) drops the positions after it: the cut travels with the tokens, so no
+  // separate truncate message can reach a later stage after them.
+  for (const auto& [seq_id, pos] : rewind) cache_->truncate(seq_id, pos);
   std::vector<float> out = model_->forward(*be_, batch, hidden, range_, *cache_);
   ++batches_;
   tokens_ += batch.size();
   return out;
+}
+
+std::optional<StageEngine::Snapshot> StageEngine::snapshot(int32_t seq_id) const {
+  if (!cache_->contains(seq_id)) return std::nullopt;
+  const state::SequenceState& state = cache_->sequence(seq_id);
+  return Snapshot{state.n_pos(), state.snapshot()};
+}
+
+void StageEngine::restore(int32_t seq_id, std::span<const uint8_t> bytes) {
+  // Restored into a fresh state first: a refused snapshot leaves the sequence as it was.
+  state::KvState restored(cache_->config());
+  restored.restore(bytes);
+  cache_->sequence(seq_id).restore(bytes);
 }
 
 }  // namespace pico::worker

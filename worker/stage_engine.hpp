@@ -42,6 +42,16 @@ class StageEngine {
   // hidden states. Throws std::invalid_argument for a batch the stage cannot take.
   std::vector<float> forward(std::span<const model::BatchToken> batch, const float* hidden);
 
+  // A sequence's state on this stage's layers (SequenceState::snapshot), nullopt when
+  // the sequence is not open here; restore() puts one back under seq_id (replacing
+  // any state it had; std::invalid_argument for a state of another configuration).
+  struct Snapshot {
+    int64_t n_pos = 0;
+    std::vector<uint8_t> bytes;
+  };
+  std::optional<Snapshot> snapshot(int32_t seq_id) const;
+  void restore(int32_t seq_id, std::span<const uint8_t> bytes);
+
   void close(int32_t seq_id) { cache_->remove(seq_id); }
   void truncate(int32_t seq_id, int64_t pos) { cache_->truncate(seq_id, pos); }
   size_t kv_bytes() const { return cache_->bytes_used(); }

@@ -4,7 +4,7 @@
 #
 #   cluster_test.sh BUILD_DIR MODEL_DIR CASE
 #
-# CASE: models | equivalence-llama | equivalence-qwen3 | concurrency | kill | hang | refuse
+# CASE: models | equivalence-llama | equivalence-qwen3 | concurrency | kill | hang | refuse | slow-link
 set -euo pipefail
 build=$1 models=$2 case=$3
 pico=$build/tools/pico/pico worker=$build/worker/pico-worker coord=$build/coordinator/pico-coord
@@ -130,6 +130,41 @@ case $case in
     grep -q "worker tcp://127.0.0.1" "$tmp/coord.log" || fail "the error does not name the worker"
     [ "$elapsed" -lt 2000 ] || fail "failure detected after $elapsed ms (limit 2000)"
     echo "$case: detected in $elapsed ms: $(grep -m1 error "$tmp/coord.log")"
+    ;;
+
+  slow-link)
+    # A stage that stalls again and again (SIGSTOP for less than the failure timeout)
+    # while 8 sequences are in flight: no deadlock, everything completes, the same
+    # tokens and logits as an undisturbed run.
+    model=$models/llama.gguf
+    printf '%s\n' "Hi" "$prompt" "Once upon a time there was a" "$prompt $prompt" "A" "1 2 3 4 5 6 7 8 9 10" \
+      "The quick brown fox jumps over the lazy dog, twice" "$prompt $prompt $prompt" >"$tmp/prompts.txt"
+    run=(--prompts "$tmp/prompts.txt" -n 160 --temp 0 --micro-batch 5 --print-tokens)
+    start_workers "$model" 0-0,1-2,3-3
+    "$coord" -m "$model" "${workers[@]}" "${run[@]}" --dump-logits "$tmp/calm.bin" >"$tmp/calm.txt" 2>"$tmp/coord.log" \
+      || fail "undisturbed run"
+    victim=${pids[1]}
+    "$coord" -m "$model" "${workers[@]}" "${run[@]}" --dump-logits "$tmp/slow.bin" >"$tmp/slow.txt" \
+      2>"$tmp/coord-slow.log" &
+    coord_pid=$!
+    pulses=0
+    while kill -0 "$coord_pid" 2>/dev/null; do
+      if grep -q "stage 2:" "$tmp/coord-slow.log"; then  # connected and planned: steps are flowing
+        kill -STOP "$victim"
+        sleep 0.4
+        kill -CONT "$victim"
+        pulses=$((pulses + 1))
+        sleep 0.05
+      else
+        sleep 0.02
+      fi
+    done
+    kill -CONT "$victim" 2>/dev/null || true
+    wait "$coord_pid" || fail "the run with a stalling stage failed: $(grep -m1 error "$tmp/coord-slow.log")"
+    [ "$pulses" -ge 2 ] || fail "the run ended before the stage stalled twice ($pulses)"
+    diff "$tmp/calm.txt" "$tmp/slow.txt" || fail "tokens differ with a stalling stage"
+    cmp -s "$tmp/calm.bin" "$tmp/slow.bin" || fail "logits differ with a stalling stage"
+    echo "slow link: $pulses stalls of 400 ms, 8 sequences, the same tokens and logits"
     ;;
 
   refuse)

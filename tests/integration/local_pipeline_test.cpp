@@ -70,6 +70,71 @@ TEST_F(LocalPipeline, SplitsAndConcurrencyAreBitIdentical) {
   }
 }
 
+// Per-stage timings of in-process stages: compute grows with every step, transfers
+// stay 0 (nothing crosses a link).
+TEST_F(LocalPipeline, TimingsGrowPerStage) {
+  const auto file = gguf::Model::open(model_);
+  const auto tok = tokenizer::Tokenizer::from_metadata(file->metadata());
+  std::vector<std::unique_ptr<Stage>> stages;
+  stages.push_back(std::make_unique<LocalStage>(model_, model::LayerRange{0, 1}, 1));
+  stages.push_back(std::make_unique<LocalStage>(model_, model::LayerRange{1, 4}, 1));
+  Pipeline pipeline(std::move(stages), protocol::model_identity(*file));
+  PipelineTimings before = pipeline.timings();
+  ASSERT_EQ(before.stages.size(), 2u);
+  EXPECT_EQ(before.stages[1].layers.first, 1);
+  EXPECT_EQ(before.stages[1].layers.last, 4);
+  for (int round = 0; round < 2; ++round) {
+    Scheduler scheduler(pipeline, *tok, SchedulerOptions{});
+    Request r;
+    r.prompt = tok->encode("Once upon a time", true, true);
+    r.n_predict = 5;
+    r.sampling = sample::SamplingParams::greedy();
+    scheduler.run({r});
+    const PipelineTimings now = pipeline.timings();
+    for (size_t i = 0; i < 2; ++i) {
+      const auto &a = before.stages[i], &b = now.stages[i];
+      EXPECT_GT(b.compute_seconds, a.compute_seconds) << "stage " << i;
+      EXPECT_EQ(b.batches, a.batches + 5) << "stage " << i;  // the prompt in one step, then 4 decode steps
+      EXPECT_EQ(b.tokens, a.tokens + r.prompt.size() + 4) << "stage " << i;
+      EXPECT_EQ(b.transfer_seconds, 0.0);
+      EXPECT_EQ(b.queue_seconds, 0.0);
+    }
+    EXPECT_EQ(now.logits_transfer_seconds, 0.0);
+    before = now;
+  }
+}
+
+// A sequence's state taken from a stage, dropped, and put back: decoding continues with
+// bit-identical logits.
+TEST_F(LocalPipeline, SnapshotRestoreContinuesBitIdentical) {
+  LocalStage stage(model_, std::nullopt, 1);
+  stage.plan(nullptr, 0, 1);
+  const std::vector<int32_t> prompt{5, 17, 230, 99};
+  auto run = [&](int32_t seq, int32_t pos, const std::vector<int32_t>& tokens) {
+    std::vector<model::BatchToken> batch;
+    for (size_t i = 0; i < tokens.size(); ++i) {
+      batch.push_back({seq, pos + static_cast<int32_t>(i), tokens[i], i + 1 == tokens.size()});
+    }
+    stage.submit(1, batch);
+    auto out = stage.poll(0);
+    EXPECT_TRUE(out.has_value());
+    return out ? std::vector<float>(out->logits.begin(), out->logits.end()) : std::vector<float>();
+  };
+  run(1, 0, prompt);
+  const auto reference = run(1, 4, {42});
+  run(2, 0, prompt);
+  const auto state = stage.snapshot(2);
+  ASSERT_TRUE(state.has_value());
+  stage.close(2);
+  EXPECT_FALSE(stage.snapshot(2).has_value());
+  EXPECT_THROW(stage.submit(1, std::vector<model::BatchToken>{{2, 4, 42, true}}), StageError);  // a gap now
+  auto damaged = *state;
+  damaged.pop_back();
+  EXPECT_THROW(stage.restore(2, damaged), StageError);
+  stage.restore(2, *state);
+  EXPECT_TRUE(run(2, 4, {42}) == reference);
+}
+
 TEST_F(LocalPipeline, RefusesAnotherModel) {
   const auto file = gguf::Model::open(model_);
   protocol::ModelIdentity other = protocol::model_identity(*file);

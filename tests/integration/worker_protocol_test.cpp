@@ -199,5 +199,137 @@ TEST_F(WorkerProtocol, ServesAForwardAndStats) {
   EXPECT_TRUE(net::send(socket_, nullptr, close.encode()));
 }
 
+// One forward of `tokens` at positions first_pos.. for seq; the logits of the last one.
+std::vector<uint8_t> forward_message(int32_t seq, int32_t first_pos, const std::vector<int32_t>& tokens) {
+  protocol::Builder b;
+  auto f = b.envelope().getBody().initForward();
+  const auto n = static_cast<unsigned>(tokens.size());
+  f.setStepId(100 + static_cast<uint64_t>(seq));
+  f.setRows(n);
+  auto s = f.initSeqIds(n);
+  auto p = f.initPositions(n);
+  auto t = f.initTokens(n);
+  auto w = f.initWantLogits(n);
+  for (unsigned i = 0; i < n; ++i) {
+    s.set(i, seq);
+    p.set(i, first_pos + static_cast<int32_t>(i));
+    t.set(i, tokens[i]);
+    w.set(i, i + 1 == n);
+  }
+  return b.encode();
+}
+
+TEST_F(WorkerProtocol, HeartbeatAnswersEchoTheSendersClock) {
+  protocol::Builder b;
+  b.envelope().getBody().initHeartbeat().setSentNanos(123456789);
+  auto r = ask(b.encode());
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->which(), Envelope::Body::HEARTBEAT);
+  EXPECT_EQ(r->envelope().getBody().getHeartbeat().getEchoNanos(), 123456789u);
+  EXPECT_GT(r->envelope().getBody().getHeartbeat().getSentNanos(), 0u);
+}
+
+TEST_F(WorkerProtocol, LogitsCarryTheStagesTimings) {
+  const uint64_t before = protocol::steady_nanos();
+  auto r = ask(forward_message(31, 0, {1, 450}));
+  const uint64_t after = protocol::steady_nanos();
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->which(), Envelope::Body::LOGITS);
+  const auto timings = r->envelope().getBody().getLogits().getTimings();
+  ASSERT_EQ(timings.size(), 1u);
+  const auto t = timings[0];
+  EXPECT_EQ(t.getStage(), 0u);
+  // The same host: the worker's steady clock is this process's.
+  EXPECT_LE(t.getIdleSinceNanos(), t.getReceivedNanos());
+  EXPECT_GE(t.getReceivedNanos(), before);
+  EXPECT_LE(t.getReceivedNanos(), t.getComputeStartNanos());
+  EXPECT_LT(t.getComputeStartNanos(), t.getComputeEndNanos());
+  EXPECT_LE(t.getComputeEndNanos(), t.getSentNanos());
+  EXPECT_LE(t.getSentNanos(), after);
+  protocol::Builder close;
+  close.envelope().getBody().initClose().setSeqId(31);
+  EXPECT_TRUE(net::send(socket_, nullptr, close.encode()));
+}
+
+// Snapshot a sequence, close it, restore it: decoding goes on with logits bit-identical
+// to a sequence that was never closed.
+TEST_F(WorkerProtocol, SnapshotAndRestoreContinueBitIdentical) {
+  const std::vector<int32_t> prompt{1, 450, 4996, 17354, 1701, 29916};
+  auto logits_of = [&](int32_t seq, int32_t pos, const std::vector<int32_t>& tokens) {
+    auto r = ask(forward_message(seq, pos, tokens));
+    EXPECT_TRUE(r && r->which() == Envelope::Body::LOGITS);
+    if (!r || last_->payloads.size() != 1) return std::vector<uint8_t>();
+    const auto bytes = last_->payload_bytes(0);
+    return std::vector<uint8_t>(bytes.begin(), bytes.end());
+  };
+  // The reference: never closed.
+  logits_of(41, 0, prompt);
+  const auto reference = logits_of(41, static_cast<int32_t>(prompt.size()), {3681});
+  const auto reference_next = logits_of(41, static_cast<int32_t>(prompt.size()) + 1, {338});
+  ASSERT_EQ(reference.size(), 32000u * 4);
+
+  logits_of(42, 0, prompt);
+  protocol::Builder sr;
+  sr.envelope().getBody().initSnapshotRequest().setSeqId(42);
+  auto snap = ask(sr.encode());
+  ASSERT_TRUE(snap);
+  ASSERT_EQ(snap->which(), Envelope::Body::SNAPSHOT);
+  const auto s = snap->envelope().getBody().getSnapshot();
+  EXPECT_EQ(s.getSeqId(), 42);
+  EXPECT_EQ(s.getNPos(), static_cast<int64_t>(prompt.size()));
+  EXPECT_EQ(s.getFirstLayer(), 0u);
+  EXPECT_EQ(s.getLastLayer(), 2u);
+  ASSERT_EQ(last_->payloads.size(), 1u);
+  ASSERT_EQ(last_->payloads[0].size(), s.getBytes());
+  const std::vector<uint8_t> state(last_->payload_bytes(0).begin(), last_->payload_bytes(0).end());
+
+  protocol::Builder close;
+  close.envelope().getBody().initClose().setSeqId(42);
+  ASSERT_TRUE(net::send(socket_, nullptr, close.encode()));
+  // Closed: the next position leaves a gap.
+  EXPECT_EQ(refused_with(forward_message(42, static_cast<int32_t>(prompt.size()), {3681})),
+            ErrorCode::FORWARD_FAILED);
+
+  auto restore = [&](uint32_t first, uint32_t last, std::vector<uint8_t> bytes) {
+    protocol::Builder b;
+    auto r = b.envelope().getBody().initRestore();
+    r.setSeqId(42);
+    r.setNPos(static_cast<int64_t>(prompt.size()));
+    r.setFirstLayer(first);
+    r.setLastLayer(last);
+    r.setBytes(bytes.size());
+    const std::vector<std::vector<uint8_t>> payload{std::move(bytes)};
+    return ask(b.encode(), 5000, payload);
+  };
+  // Refused: another layer range, a damaged state.
+  auto wrong_layers = restore(0, 1, state);
+  ASSERT_TRUE(wrong_layers);
+  EXPECT_EQ(wrong_layers->which(), Envelope::Body::ERROR);
+  auto damaged = state;
+  damaged.resize(damaged.size() - 8);
+  auto refused = restore(0, 2, damaged);
+  ASSERT_TRUE(refused);
+  EXPECT_EQ(refused->which(), Envelope::Body::ERROR);
+
+  auto restored = restore(0, 2, state);
+  ASSERT_TRUE(restored);
+  ASSERT_EQ(restored->which(), Envelope::Body::RESTORED);
+  EXPECT_EQ(restored->envelope().getBody().getRestored().getSeqId(), 42);
+  const auto continued = logits_of(42, static_cast<int32_t>(prompt.size()), {3681});
+  EXPECT_TRUE(continued == reference) << "logits after restore differ from a sequence never closed";
+  EXPECT_TRUE(logits_of(42, static_cast<int32_t>(prompt.size()) + 1, {338}) == reference_next);
+
+  // A sequence not open here has no snapshot.
+  protocol::Builder none;
+  none.envelope().getBody().initSnapshotRequest().setSeqId(4242);
+  EXPECT_EQ(refused_with(none.encode()), ErrorCode::BAD_REQUEST);
+  for (int32_t seq : {41, 42}) {
+    protocol::Builder c;
+    c.envelope().getBody().initClose().setSeqId(seq);
+    EXPECT_TRUE(net::send(socket_, nullptr, c.encode()));
+  }
+  expect_still_serving();
+}
+
 }  // namespace
 }  // namespace pico
