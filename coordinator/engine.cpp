@@ -49,7 +49,8 @@ std::string StopMatcher::push(const std::string& text) {
 }
 
 struct Engine::Seq {
-  int32_t id = 0;
+  int32_t id = 0;     // the request's (Handle::id)
+  int32_t kv_id = 0;  // the sequence's on the stages (a kept one's when its prefix is reused)
   OnlineRequest request;
   Callbacks callbacks;
   std::unique_ptr<sample::Sampler> sampler;
@@ -57,6 +58,9 @@ struct Engine::Seq {
   std::unique_ptr<StopMatcher> matcher;
   size_t prefill_sent = 0;
   int32_t n_past = 0;
+  int n_cached = 0;                  // prompt tokens reused from a kept sequence
+  std::vector<int32_t> kv_tokens;    // the token of each position sent (n_past of them)
+  int steps_inflight = 0;            // steps in flight holding tokens of this sequence
   int n_decoded = 0;
   std::optional<int32_t> pending;
   bool awaiting = false;
@@ -120,8 +124,13 @@ std::vector<SlotInfo> Engine::slots() const {
 }
 
 EngineMetrics Engine::metrics() const {
-  std::lock_guard lock(mutex_);
-  return metrics_;
+  EngineMetrics m;
+  {
+    std::lock_guard lock(mutex_);
+    m = metrics_;
+  }
+  m.timings = pipeline_.timings();  // thread-safe on its own
+  return m;
 }
 
 void Engine::release(Seq& s, const std::string& text) {
@@ -141,30 +150,101 @@ void Engine::finish(Seq& s, const std::string& reason) {
     if (!s.matcher->matched()) tail += s.matcher->flush();
     release(s, tail);
   }
-  try {
-    pipeline_.close(s.id);
-  } catch (const std::exception& e) {
-    spdlog::warn("closing sequence {}: {}", s.id, e.what());
+  if (!s.cancelled && options_.cache_sequences > 0) {
+    // Keep its KV for a later request with a common prefix (every step of it is done).
+    kept_.push_back({s.kv_id, std::move(s.kv_tokens), ++use_tick_});
+    evict_kept();
+  } else {
+    close_sequence(s.kv_id);
   }
   const auto now = Clock::now();
   Usage u;
   u.prompt_tokens = static_cast<int>(s.request.prompt.size());
   u.completion_tokens = s.n_decoded;
+  u.cached_tokens = s.n_cached;
+  u.kv_tokens = s.n_past;
   if (s.n_decoded > 0) {
     u.prompt_ms = seconds_between(s.t_start, s.t_first) * 1e3;
     u.predicted_ms = seconds_between(s.t_first, now) * 1e3;
   }
+  if (s.cancelled) {
+    std::lock_guard lock(mutex_);
+    ++metrics_.requests_cancelled;
+  }
   if (s.callbacks.on_done) s.callbacks.on_done(s.matcher->matched() ? "stop_string" : reason, u);
 }
 
+void Engine::close_sequence(int32_t kv_id) {
+  try {
+    pipeline_.close(kv_id);
+  } catch (const std::exception& e) {
+    spdlog::warn("closing sequence {}: {}", kv_id, e.what());
+  }
+}
+
+void Engine::evict_kept() {
+  const auto running = std::count_if(active_.begin(), active_.end(), [](const auto& s) { return !s->done; });
+  auto over = [&] {
+    if (kept_.empty()) return false;
+    if (static_cast<int>(kept_.size()) > options_.cache_sequences) return true;
+    if (options_.max_sequences > 0 && static_cast<int64_t>(kept_.size()) + running > options_.max_sequences) {
+      return true;
+    }
+    if (options_.cache_tokens > 0) {
+      int64_t held = 0;
+      for (const auto& k : kept_) held += static_cast<int64_t>(k.tokens.size());
+      if (held > options_.cache_tokens) return true;
+    }
+    return false;
+  };
+  while (over()) {
+    auto lru = std::min_element(kept_.begin(), kept_.end(),
+                                [](const Kept& a, const Kept& b) { return a.last_used < b.last_used; });
+    close_sequence(lru->kv_id);
+    kept_.erase(lru);
+  }
+}
+
+// Takes the kept sequence with the longest common prefix with s's prompt, if any: s
+// continues it from the end of that prefix and computes only the rest. At least the
+// last prompt token is always computed, for its logits. A prefix under a tenth of the
+// prompt is not worth the kept sequence it would cut (as llama.cpp's default slot
+// similarity): s then starts a fresh sequence.
+void Engine::reuse_prefix(Seq& s) {
+  const auto& prompt = s.request.prompt;
+  auto best = kept_.end();
+  size_t best_len = 0;
+  if (s.request.cache_prompt) {
+    for (auto it = kept_.begin(); it != kept_.end(); ++it) {
+      const size_t limit = std::min(it->tokens.size(), prompt.size() - 1);
+      size_t n = 0;
+      while (n < limit && it->tokens[n] == prompt[n]) ++n;
+      if (n > best_len && 10 * n > prompt.size()) best = it, best_len = n;
+    }
+  }
+  if (best == kept_.end()) {
+    s.kv_id = next_kv_id_++;
+    return;
+  }
+  // No truncate message: each stage cuts the sequence when its next token arrives at
+  // position best_len (StageEngine::forward). A message sent to every stage directly
+  // could reach a later stage after that token, which comes through the stages before.
+  s.kv_id = best->kv_id;
+  kept_.erase(best);
+  s.n_cached = static_cast<int>(best_len);
+  s.n_past = static_cast<int32_t>(best_len);
+  s.prefill_sent = best_len;
+  s.kv_tokens.assign(prompt.begin(), prompt.begin() + static_cast<std::ptrdiff_t>(best_len));
+}
+
 void Engine::fail_all(const std::string& message) {
+  // The stages' state is unknown after a failure: nothing kept is trusted either.
+  for (const auto& k : kept_) close_sequence(k.kv_id);
+  kept_.clear();
   for (auto& s : active_) {
     if (s->done) continue;
     s->done = true;
-    try {
-      pipeline_.close(s->id);
-    } catch (const std::exception&) {
-    }
+    close_sequence(s->kv_id);
     if (s->callbacks.on_error) s->callbacks.on_error(message);
   }
   std::lock_guard lock(mutex_);
@@ -177,13 +257,22 @@ void Engine::update_slots() {
   int64_t positions = 0;
   for (const auto& s : active_) {
     if (s->done) continue;
-    slots.push_back({s->id, static_cast<int>(s->request.prompt.size()), s->n_decoded, s->n_past,
-                     s->prefill_sent < s->request.prompt.size()});
+    slots.push_back({s->kv_id, s->id, static_cast<int>(s->request.prompt.size()), s->n_cached, s->n_decoded,
+                     s->n_past, true, s->prefill_sent < s->request.prompt.size()});
     positions += s->n_past;
   }
+  const int active = static_cast<int>(slots.size());
+  int64_t kept_positions = 0;
+  for (const auto& k : kept_) {
+    const int n = static_cast<int>(k.tokens.size());
+    slots.push_back({k.kv_id, 0, 0, 0, 0, n, false, false});
+    kept_positions += n;
+  }
   std::lock_guard lock(mutex_);
-  metrics_.active = static_cast<int>(slots.size());
+  metrics_.active = active;
   metrics_.tokens_in_flight = positions;
+  metrics_.kept_sequences = static_cast<int>(kept_.size());
+  metrics_.kept_tokens = kept_positions;
   slots_ = std::move(slots);
 }
 
@@ -208,23 +297,49 @@ void Engine::admit() {
       incoming_.pop_front();
       --metrics_.queued;
       ++metrics_.requests;
-      metrics_.prompt_tokens += s->request.prompt.size();
-      s->sampler = std::make_unique<sample::Sampler>(s->request.sampling);
-      for (int32_t t : s->request.prompt) s->sampler->accept(t);
-      s->decoder = std::make_unique<tokenizer::StreamDecoder>(tok_);
-      s->matcher = std::make_unique<StopMatcher>(s->request.stop);
-      s->t_start = Clock::now();
       active_.push_back(std::move(s));
     }
   }
+  // A lost stage comes back (Pipeline::submit rejoins it) without the KV of the kept
+  // sequences: forget them all before one is reused.
+  const bool admitted = std::any_of(active_.begin(), active_.end(), [](const auto& s) { return !s->sampler; });
+  if (admitted && !kept_.empty()) {
+    bool all_up = true;
+    for (size_t i = 0; i < pipeline_.size(); ++i) all_up = pipeline_.stage(i).up() && all_up;
+    if (!all_up) {
+      for (const auto& k : kept_) close_sequence(k.kv_id);
+      kept_.clear();
+    }
+  }
+  for (auto& s : active_) {
+    if (s->sampler) continue;  // admitted before
+    reuse_prefix(*s);
+    evict_kept();  // the new sequence may push the kept ones over the bounds
+    {
+      std::lock_guard lock(mutex_);
+      metrics_.prompt_tokens += s->request.prompt.size() - static_cast<size_t>(s->n_cached);
+      metrics_.prompt_tokens_cached += static_cast<uint64_t>(s->n_cached);
+    }
+    s->sampler = std::make_unique<sample::Sampler>(s->request.sampling);
+    for (int32_t t : s->request.prompt) s->sampler->accept(t);
+    s->decoder = std::make_unique<tokenizer::StreamDecoder>(tok_);
+    s->matcher = std::make_unique<StopMatcher>(s->request.stop);
+    s->t_start = Clock::now();
+  }
   for (auto& s : dropped) {
+    {
+      std::lock_guard lock(mutex_);
+      ++metrics_.requests_cancelled;
+    }
     if (s->callbacks.on_done) s->callbacks.on_done("cancelled", Usage{static_cast<int>(s->request.prompt.size())});
   }
   for (int32_t id : cancels) {
     for (auto& s : active_) {
       if (s->id != id || s->done) continue;
       s->cancelled = true;
-      if (!s->awaiting) finish(*s, "cancelled");  // else when its logits come back
+      // Closed once no step holding its tokens is in flight, so that no stage sees a
+      // token of it after the close.
+      if (s->steps_inflight == 0) finish(*s, "cancelled");
     }
   }
 }
@@ -233,6 +348,7 @@ void Engine::loop() {
   struct Inflight {
     Clock::time_point submitted;
     int prefill = 0, decode = 0;
+    std::vector<Seq*> seqs;  // with tokens in this step
   };
   std::deque<Inflight> inflight;
   size_t rr = 0;
@@ -259,11 +375,23 @@ void Engine::loop() {
       if (stopping_) break;
     }
     admit();
+    stats_stale = options_.stage_stats;  // a cancel may have closed a sequence without a step
     std::erase_if(active_, [](const auto& s) { return s->done; });
+
+    // Decoding sequences are split into one group per stage (up to max_inflight), so
+    // that with several stages each works on its own group at once instead of all
+    // stages taking turns on one batch; with one stage a single group is best.
+    int decoding = 0;
+    for (const auto& s : active_) {
+      if (!s->done && !s->cancelled && s->prefill_sent == s->request.prompt.size()) ++decoding;
+    }
+    const int groups = std::max(1, std::min(static_cast<int>(pipeline_.size()), options_.max_inflight));
+    const int decode_group = (decoding + groups - 1) / groups;
 
     // Fill the pipeline.
     while (static_cast<int>(inflight.size()) < options_.max_inflight && !active_.empty()) {
       std::vector<model::BatchToken> batch;
+      std::vector<Seq*> seqs;
       int budget = options_.max_batch_tokens, prefill = 0, decode = 0;
       for (size_t k = 0; k < active_.size() && budget > 0; ++k) {
         Seq& s = *active_[(rr + k) % active_.size()];
@@ -274,13 +402,17 @@ void Engine::loop() {
                                      static_cast<size_t>(budget)});
           for (size_t j = 0; j < n; ++j) {
             const bool last = s.prefill_sent + 1 == prompt.size();
-            batch.push_back({s.id, s.n_past++, prompt[s.prefill_sent++], last});
+            s.kv_tokens.push_back(prompt[s.prefill_sent]);
+            batch.push_back({s.kv_id, s.n_past++, prompt[s.prefill_sent++], last});
           }
+          seqs.push_back(&s);
           budget -= static_cast<int>(n);
           prefill += static_cast<int>(n);
           if (s.prefill_sent == prompt.size()) s.awaiting = true;
-        } else if (s.pending) {
-          batch.push_back({s.id, s.n_past++, *s.pending, true});
+        } else if (s.pending && decode < decode_group) {
+          s.kv_tokens.push_back(*s.pending);
+          batch.push_back({s.kv_id, s.n_past++, *s.pending, true});
+          seqs.push_back(&s);
           s.pending.reset();
           s.awaiting = true;
           --budget;
@@ -298,7 +430,8 @@ void Engine::loop() {
         stats_stale = false;
         break;
       }
-      inflight.push_back({Clock::now(), prefill, decode});
+      for (Seq* sp : seqs) ++sp->steps_inflight;
+      inflight.push_back({Clock::now(), prefill, decode, std::move(seqs)});
     }
     update_slots();
     if (inflight.empty()) continue;
@@ -314,8 +447,10 @@ void Engine::loop() {
       continue;
     }
     const auto now = Clock::now();
-    const Inflight step = inflight.front();
+    const Inflight step = std::move(inflight.front());
     inflight.pop_front();
+    // Seqs leave active_ only when done, and a done one has no step in flight.
+    for (Seq* sp : step.seqs) --sp->steps_inflight;
     {
       // Wall time of this step not already counted for the step before it, split by tokens.
       const double dt = seconds_between(std::max(step.submitted, last_done), now);
@@ -328,19 +463,18 @@ void Engine::loop() {
     last_done = now;
     stats_stale = options_.stage_stats;
 
+    for (Seq* sp : step.seqs) {
+      if (sp->cancelled && !sp->done && sp->steps_inflight == 0) finish(*sp, "cancelled");
+    }
     int generated = 0;
     for (size_t r = 0; r < out.seq_ids.size(); ++r) {
       Seq* sp = nullptr;
       for (auto& s : active_) {
-        if (s->id == out.seq_ids[r]) sp = s.get();
+        if (s->kv_id == out.seq_ids[r]) sp = s.get();
       }
       if (!sp || sp->done) continue;
       Seq& s = *sp;
       s.awaiting = false;
-      if (s.cancelled) {
-        finish(s, "cancelled");
-        continue;
-      }
       const std::span<const float> logits(out.logits.data() + r * static_cast<size_t>(out.n_vocab),
                                           static_cast<size_t>(out.n_vocab));
       const int32_t id = s.sampler->sample(logits);
@@ -399,6 +533,8 @@ void Engine::loop() {
     if (!s->done && s->callbacks.on_error) s->callbacks.on_error("the server is shutting down");
   }
   active_.clear();
+  for (const auto& k : kept_) close_sequence(k.kv_id);
+  kept_.clear();
 }
 
 }  // namespace pico::coordinator

@@ -5,8 +5,13 @@
 // flight). A request ends at an end-of-generation token, at max_tokens, at the
 // context length, at one of its stop strings (matched across token boundaries and
 // never emitted: text that could begin a stop string is held back), or when
-// cancelled; its sequence is then closed on every stage. Callbacks run on the engine
-// thread and must not block.
+// cancelled; its sequence is then closed on every stage, or, with
+// SchedulerOptions::cache_sequences, kept (its KV stays on the stages) so that a later
+// request with a common prompt prefix computes only the rest (it continues the kept
+// sequence from the end of the common prefix; each stage drops the positions after it
+// when that token arrives). A cancelled sequence is closed once no
+// step holding its tokens is in flight (during prefill too). Callbacks run on the
+// engine thread and must not block.
 #pragma once
 
 #include <atomic>
@@ -41,6 +46,8 @@ struct TokenEvent {
 struct Usage {
   int prompt_tokens = 0;
   int completion_tokens = 0;
+  int cached_tokens = 0;      // prompt tokens whose KV was reused (not computed)
+  int kv_tokens = 0;          // positions the sequence's KV held at the end
   double prompt_ms = 0.0;     // first submit to first sampled token
   double predicted_ms = 0.0;  // first sampled token to the end
 };
@@ -52,6 +59,7 @@ struct OnlineRequest {
   std::vector<std::string> stop;  // stop strings
   bool ignore_eos = false;
   int logprobs = -1;              // < 0: none; >= 0: the token's logprob and this many top ones
+  bool cache_prompt = true;       // reuse the KV of a kept sequence with a common prompt prefix
 };
 
 struct Callbacks {
@@ -63,18 +71,27 @@ struct Callbacks {
   std::function<void(const std::string& message)> on_error;
 };
 
+// A sequence holding KV on the stages: an active request's, or a kept one (idle).
 struct SlotInfo {
-  int32_t id = 0;
-  int n_prompt = 0, n_decoded = 0, n_past = 0;
+  int32_t id = 0;    // the sequence id on the stages
+  int32_t task = 0;  // the request's id (Handle::id); 0 for a kept sequence
+  int n_prompt = 0, n_cached = 0, n_decoded = 0, n_past = 0;
+  bool processing = true;
   bool prefill = true;
 };
 
 struct EngineMetrics {
-  uint64_t requests = 0, requests_failed = 0, prompt_tokens = 0, generated_tokens = 0, steps = 0;
+  uint64_t requests = 0, requests_failed = 0, requests_cancelled = 0, steps = 0;
+  uint64_t prompt_tokens = 0;         // computed (the reused ones excluded)
+  uint64_t prompt_tokens_cached = 0;  // reused from a kept sequence's KV
+  uint64_t generated_tokens = 0;
   double prefill_seconds = 0.0, decode_seconds = 0.0;
   int active = 0, queued = 0;
   int64_t tokens_in_flight = 0;  // positions held by active sequences
+  int kept_sequences = 0;        // idle sequences kept for prefix reuse
+  int64_t kept_tokens = 0;       // positions they hold
   std::vector<StageStats> stages;  // per stage, as of the last time the engine went idle
+  PipelineTimings timings;         // per stage compute/queue/transfer times (Pipeline::timings)
 };
 
 class Engine {
@@ -109,8 +126,16 @@ class Engine {
 
  private:
   struct Seq;
+  struct Kept {  // a finished sequence whose KV stays on the stages
+    int32_t kv_id = 0;
+    std::vector<int32_t> tokens;  // one per position held
+    uint64_t last_used = 0;
+  };
   void loop();
   void admit();
+  void reuse_prefix(Seq& s);
+  void evict_kept();
+  void close_sequence(int32_t kv_id);
   void finish(Seq& s, const std::string& reason);
   void fail_all(const std::string& message);
   void release(Seq& s, const std::string& text);
@@ -129,7 +154,11 @@ class Engine {
   std::vector<SlotInfo> slots_;
   EngineMetrics metrics_;
 
-  std::vector<std::unique_ptr<Seq>> active_;  // engine thread only
+  // Engine thread only.
+  std::vector<std::unique_ptr<Seq>> active_;
+  std::vector<Kept> kept_;
+  int32_t next_kv_id_ = 1;
+  uint64_t use_tick_ = 0;
   std::thread thread_;
 };
 

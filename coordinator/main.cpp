@@ -63,6 +63,12 @@ int main(int argc, char** argv) {
   int parallel = 0;
   app.add_option("--parallel", parallel, "HTTP API: sequences in the batch at once (default 32); more requests queue")
       ->check(CLI::PositiveNumber);
+  int cache_slots = -1;
+  app.add_option("--cache-slots", cache_slots,
+                 "HTTP API: finished sequences whose KV is kept for prompt-prefix reuse (default: --parallel; 0: off)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--cache-tokens", sched.cache_tokens, "HTTP API: KV positions the kept sequences may hold (0: no limit)")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--chat-template", chat_template, "HTTP API: chat format name (default: from the model)");
   CLI11_PARSE(app, argc, argv);
   const bool serving = port_opt->count() > 0;
@@ -123,6 +129,7 @@ int main(int argc, char** argv) {
       }
       const auto chat = tokenizer::ChatTemplate::from_metadata(file->metadata(), &tok->vocab(), chat_template);
       sched.max_sequences = parallel > 0 ? parallel : 32;
+      sched.cache_sequences = cache_slots >= 0 ? cache_slots : sched.max_sequences;
       sched.stage_stats = true;
       Engine engine(pipeline, *tok, sched);
       serve_http(engine, *tok, chat, http);
@@ -163,6 +170,13 @@ int main(int argc, char** argv) {
       spdlog::info("stage {}: resident {:.1f} MiB, kv {} bytes, {} batches, {} tokens", i,
                    static_cast<double>(s.memory_bytes) / (1 << 20), s.kv_bytes, s.batches, s.tokens);
     }
+    const PipelineTimings timings = pipeline.timings();
+    for (size_t i = 0; i < timings.stages.size(); ++i) {
+      const auto& t = timings.stages[i];
+      spdlog::info("stage {}: compute {:.1f} ms, queue {:.1f} ms, transfer in {:.1f} ms ({} batches)", i,
+                   t.compute_seconds * 1e3, t.queue_seconds * 1e3, t.transfer_seconds * 1e3, t.batches);
+    }
+    spdlog::info("logits transfer {:.1f} ms", timings.logits_transfer_seconds * 1e3);
     return 0;
   } catch (const std::exception& e) {
     std::cout << std::flush;

@@ -36,6 +36,13 @@ struct SchedulerOptions {
   int64_t ctx = 4096;          // a sequence stops at this many positions
   bool stage_stats = false;    // online engine: ask the stages for their stats when idle (for /metrics)
   int max_sequences = 0;       // online engine: sequences in the batch at once (0: no limit); others queue
+  // Online engine, prompt-prefix reuse: finished sequences whose KV stays on the stages
+  // for later requests sharing a prefix (0: none kept). At most cache_sequences of
+  // them, holding at most cache_tokens positions (0: no limit), and, with
+  // max_sequences, never more sequences holding KV than max_sequences (active ones
+  // first); the least recently used goes first.
+  int cache_sequences = 0;
+  int64_t cache_tokens = 0;
   bool keep_logits = false;
 };
 

@@ -76,20 +76,33 @@ class Session {
   bool broken_ = false;
 };
 
-// One submitted request as seen from its connection's coroutine.
+// Submitted requests as seen from their connection's coroutine: one per choice (n > 1
+// submits the same prompt n times), their events through one queue. The socket is
+// watched meanwhile: a client that closes its connection cancels them (while queued,
+// in prefill or in decode, streaming or not).
 class Generation {
  public:
   struct Event {
     enum Kind { Token, Done, Error } kind = Token;
+    size_t choice = 0;
     TokenEvent token;
     std::string reason;  // Done: finish reason; Error: message
     Usage usage;
   };
-  // Throws ApiError (400) when the engine refuses the request.
-  Generation(Engine& engine, const asio::any_io_executor& executor, OnlineRequest request);
+  // Throws ApiError (400) when the engine refuses the request. executor: the
+  // connection's strand.
+  Generation(Engine& engine, const asio::any_io_executor& executor, tcp::socket& socket,
+             std::vector<OnlineRequest> choices);
+  Generation(Engine& engine, const asio::any_io_executor& executor, tcp::socket& socket, OnlineRequest request);
   ~Generation();
+  Generation(const Generation&) = delete;
+  Generation& operator=(const Generation&) = delete;
+  // The next event of any choice (each choice ends with one Done or Error).
   awaitable<Event> next();
   void cancel();
+  size_t size() const { return handles_.size(); }
+  // The client closed its connection (the requests were cancelled).
+  bool client_gone() const;
 
  private:
   struct Channel {
@@ -97,10 +110,14 @@ class Generation {
     std::mutex mutex;
     std::deque<Event> events;
     asio::steady_timer timer;
+    bool watching = true;  // strand only
+    bool gone = false;     // strand only
   };
+  static void watch(tcp::socket& socket, std::shared_ptr<Channel> channel, std::vector<Engine::Handle> handles);
   std::shared_ptr<Channel> channel_;
-  Engine::Handle handle_;
-  bool finished_ = false;
+  tcp::socket& socket_;
+  std::vector<Engine::Handle> handles_;
+  std::vector<bool> finished_;
 };
 
 // Request-body helpers: typed optional fields (ApiError 400 on a wrong type).

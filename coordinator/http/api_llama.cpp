@@ -12,10 +12,13 @@ namespace {
 json timings_json(const Usage& u) {
   auto per_token = [](double ms, int n) { return n > 0 ? ms / n : 0.0; };
   auto per_second = [](double ms, int n) { return ms > 0 ? 1e3 * n / ms : 0.0; };
-  return {{"prompt_n", u.prompt_tokens},
+  // llama.cpp's names: cache_n prompt tokens reused, prompt_n computed.
+  const int computed = u.prompt_tokens - u.cached_tokens;
+  return {{"cache_n", u.cached_tokens},
+          {"prompt_n", computed},
           {"prompt_ms", u.prompt_ms},
-          {"prompt_per_token_ms", per_token(u.prompt_ms, u.prompt_tokens)},
-          {"prompt_per_second", per_second(u.prompt_ms, u.prompt_tokens)},
+          {"prompt_per_token_ms", per_token(u.prompt_ms, computed)},
+          {"prompt_per_second", per_second(u.prompt_ms, computed)},
           {"predicted_n", u.completion_tokens},
           {"predicted_ms", u.predicted_ms},
           {"predicted_per_token_ms", per_token(u.predicted_ms, u.completion_tokens)},
@@ -38,7 +41,8 @@ json settings_json(const ServerState& state, const OnlineRequest* r) {
           {"frequency_penalty", sp.frequency_penalty},
           {"seed", sp.seed},
           {"stop", r ? json(r->stop) : json::array()},
-          {"ignore_eos", r ? r->ignore_eos : false}};
+          {"ignore_eos", r ? r->ignore_eos : false},
+          {"cache_prompt", r ? r->cache_prompt : true}};
 }
 
 }  // namespace
@@ -56,7 +60,7 @@ awaitable<void> llama_completion(Session& s) {
   const int n_probs = static_cast<int>(opt_int(body, "n_probs").value_or(0));
   if (n_probs > 0) req.logprobs = std::min(n_probs, 20);
 
-  Generation gen(s.state.engine, co_await asio::this_coro::executor, std::move(req));
+  Generation gen(s.state.engine, co_await asio::this_coro::executor, s.socket, std::move(req));
   std::string text;
   json tokens = json::array();
   if (stream && !co_await s.stream_begin()) {
@@ -72,6 +76,10 @@ awaitable<void> llama_completion(Session& s) {
       co_await s.stream_end();
       co_return;
     }
+    if (gen.client_gone()) {  // cancelled: nobody to answer
+      s.keep_alive = false;
+      co_return;
+    }
     if (ev.kind == Generation::Event::Done) {
       const std::string stop_type = ev.reason == "length" ? "limit" : ev.reason == "stop_string" ? "word" : "eos";
       json out = {{"content", stream ? "" : text},
@@ -81,9 +89,9 @@ awaitable<void> llama_completion(Session& s) {
                   {"model", s.state.options.model_name},
                   {"tokens_predicted", ev.usage.completion_tokens},
                   {"tokens_evaluated", ev.usage.prompt_tokens},
+                  {"tokens_cached", ev.usage.kv_tokens},
                   {"generation_settings", settings},
                   {"stop_type", stop_type},
-                  
                   {"truncated", false},
                   {"timings", timings_json(ev.usage)}};
       if (!stream) {
@@ -155,6 +163,7 @@ awaitable<void> health(Session& s) {
 awaitable<void> props(Session& s) {
   const json out = {{"default_generation_settings", settings_json(s.state, nullptr)},
                          {"total_slots", s.state.engine.options().max_sequences},
+                         {"prompt_cache_slots", s.state.engine.options().cache_sequences},
                          {"model_path", s.state.options.model_path},
                          {"model_alias", s.state.options.model_name},
                          {"chat_template", std::string(s.state.chat.name())},
@@ -164,15 +173,21 @@ awaitable<void> props(Session& s) {
 
 awaitable<void> slots(Session& s) {
   json out = json::array();
+  // Every sequence holding KV: the requests' (is_processing) and the ones kept idle for
+  // prefix reuse (n_past: the positions they still hold).
   for (const auto& slot : s.state.engine.slots()) {
-    out.push_back({{"id", slot.id},
-                   {"id_task", slot.id},
-                   {"n_ctx", s.state.engine.options().ctx},
-                   {"is_processing", true},
-                   {"state", slot.prefill ? "prefill" : "decode"},
-                   {"n_prompt_tokens", slot.n_prompt},
-                   {"n_decoded", slot.n_decoded},
-                   {"n_past", slot.n_past}});
+    json j = {{"id", slot.id},
+              {"n_ctx", s.state.engine.options().ctx},
+              {"is_processing", slot.processing},
+              {"state", !slot.processing ? "idle" : slot.prefill ? "prefill" : "decode"},
+              {"n_past", slot.n_past}};
+    if (slot.processing) {
+      j["id_task"] = slot.task;
+      j["n_prompt_tokens"] = slot.n_prompt;
+      j["n_prompt_tokens_cache"] = slot.n_cached;
+      j["n_decoded"] = slot.n_decoded;
+    }
+    out.push_back(j);
   }
   co_await s.reply(200, out);
 }
@@ -188,8 +203,12 @@ awaitable<void> metrics(Session& s) {
          static_cast<double>(m.requests_failed));
   metric("pico:http_requests_total", "counter", "HTTP requests received.",
          static_cast<double>(s.state.http_requests.load()));
-  metric("llamacpp:prompt_tokens_total", "counter", "Number of prompt tokens processed.",
+  metric("pico:requests_cancelled_total", "counter", "Requests cancelled (client gone), queued or running.",
+         static_cast<double>(m.requests_cancelled));
+  metric("llamacpp:prompt_tokens_total", "counter", "Number of prompt tokens processed, excluding cached tokens.",
          static_cast<double>(m.prompt_tokens));
+  metric("llamacpp:prompt_tokens_cached_total", "counter", "Number of prompt tokens reused from the cache.",
+         static_cast<double>(m.prompt_tokens_cached));
   metric("llamacpp:prompt_seconds_total", "counter", "Prompt process time.", m.prefill_seconds);
   metric("llamacpp:tokens_predicted_total", "counter", "Number of generation tokens processed.",
          static_cast<double>(m.generated_tokens));
@@ -202,6 +221,9 @@ awaitable<void> metrics(Session& s) {
   metric("llamacpp:requests_deferred", "gauge", "Number of requests waiting to join the batch.", m.queued);
   metric("pico:tokens_in_flight", "gauge", "KV positions held by active sequences.",
          static_cast<double>(m.tokens_in_flight));
+  metric("pico:kept_sequences", "gauge", "Idle sequences whose KV is kept for prompt-prefix reuse.",
+         m.kept_sequences);
+  metric("pico:kept_tokens", "gauge", "KV positions held by the kept sequences.", static_cast<double>(m.kept_tokens));
   metric("pico:steps_total", "counter", "Pipeline steps completed.", static_cast<double>(m.steps));
   // Per stage, as reported by the stages when the engine was last idle.
   auto stage_metric = [&](const char* name, const char* help, auto field) {
@@ -215,6 +237,34 @@ awaitable<void> metrics(Session& s) {
   stage_metric("pico:stage_batches", "Batches the stage has run.", [](const StageStats& x) { return x.batches; });
   stage_metric("pico:stage_tokens", "Tokens the stage has run.", [](const StageStats& x) { return x.tokens; });
   stage_metric("pico:stage_sequences", "Sequences open on the stage.", [](const StageStats& x) { return x.sequences; });
+  // Where the time of finished steps went, per stage (Pipeline::timings): counters that
+  // grow with every step, in the coordinator's clock.
+  {
+    const auto precision = o.precision(12);
+    auto timing_metric = [&](const char* name, const char* help, auto field) {
+      o << "# HELP " << name << ' ' << help << "\n# TYPE " << name << " counter\n";
+      for (size_t i = 0; i < m.timings.stages.size(); ++i) {
+        const auto& t = m.timings.stages[i];
+        o << name << "{stage=\"" << i << "\",layers=\"" << t.layers.first << '-' << t.layers.last - 1 << "\"} "
+          << static_cast<double>(field(t)) << '\n';
+      }
+    };
+    using Totals = StageTimingTotals;
+    timing_metric("pico_stage_compute_seconds_total", "Seconds the stage spent running its layers.",
+                  [](const Totals& t) { return t.compute_seconds; });
+    timing_metric("pico_stage_queue_seconds_total",
+                  "Seconds inputs waited while the stage was busy with earlier batches.",
+                  [](const Totals& t) { return t.queue_seconds; });
+    timing_metric("pico_stage_transfer_seconds_total",
+                  "Seconds the stage's inputs spent in transit (from the coordinator for stage 0, "
+                  "else from the stage before).",
+                  [](const Totals& t) { return t.transfer_seconds; });
+    timing_metric("pico_stage_batches_total", "Batches the stage has run.", [](const Totals& t) { return t.batches; });
+    timing_metric("pico_stage_tokens_total", "Tokens the stage has run.", [](const Totals& t) { return t.tokens; });
+    metric("pico_logits_transfer_seconds_total", "counter", "Seconds logits spent in transit from the last stage.",
+           m.timings.logits_transfer_seconds);
+    o.precision(precision);
+  }
   const std::string type = "text/plain; version=0.0.4";
   co_await s.reply_text(200, type, o.str());
 }

@@ -1,5 +1,6 @@
 // OpenAI endpoints: /v1/chat/completions, /v1/completions, /v1/models.
 #include <boost/asio/this_coro.hpp>
+#include <algorithm>
 
 #include "http/api.hpp"
 
@@ -39,13 +40,33 @@ struct CompletionLogprobs {
   }
 };
 
-json usage_json(const Usage& u) {
-  return {{"prompt_tokens", u.prompt_tokens},
-          {"completion_tokens", u.completion_tokens},
-          {"total_tokens", u.prompt_tokens + u.completion_tokens}};
+// n choices share the prompt: counted once; cached_tokens are those every choice reused.
+json usage_json(const std::vector<Usage>& choices) {
+  int completion = 0, cached = choices.empty() ? 0 : choices[0].cached_tokens;
+  for (const auto& u : choices) {
+    completion += u.completion_tokens;
+    cached = std::min(cached, u.cached_tokens);
+  }
+  const int prompt = choices.empty() ? 0 : choices[0].prompt_tokens;
+  return {{"prompt_tokens", prompt},
+          {"completion_tokens", completion},
+          {"total_tokens", prompt + completion},
+          {"prompt_tokens_details", {{"cached_tokens", cached}}}};
 }
 
 std::string finish_reason(const std::string& reason) { return reason == "length" ? "length" : "stop"; }
+
+constexpr int64_t kMaxChoices = 16;
+
+// What one choice has produced so far.
+struct Choice {
+  std::string text;
+  json chat_lp = json::array();
+  CompletionLogprobs comp_lp;
+  std::string reason;
+  Usage usage;
+  bool done = false;
+};
 
 awaitable<void> generate(Session& s, const json& body, OnlineRequest req, bool chat) {
   const bool stream = opt_bool(body, "stream").value_or(false);
@@ -54,7 +75,8 @@ awaitable<void> generate(Session& s, const json& body, OnlineRequest req, bool c
     if (!it->is_object()) throw ApiError(400, "'stream_options' must be an object");
     include_usage = opt_bool(*it, "include_usage").value_or(false);
   }
-  if (auto n = opt_int(body, "n"); n && *n != 1) throw ApiError(400, "only n = 1 is supported");
+  const int64_t n = opt_int(body, "n").value_or(1);
+  if (n < 1 || n > kMaxChoices) throw ApiError(400, "'n' must be between 1 and " + std::to_string(kMaxChoices));
   bool want_logprobs = false;
   if (chat) {
     want_logprobs = opt_bool(body, "logprobs").value_or(false);
@@ -71,33 +93,46 @@ awaitable<void> generate(Session& s, const json& body, OnlineRequest req, bool c
   const int64_t created = unix_time();
   const std::string& model = s.state.options.model_name;
   const char* object = chat ? "chat.completion.chunk" : "text_completion";
-  auto chunk = [&](json choice) {
-    choice["index"] = 0;
+  auto chunk = [&](json choice, size_t index) {
+    choice["index"] = index;
     return json{{"id", id}, {"object", object}, {"created", created}, {"model", model}, {"choices", json::array({choice})}};
   };
 
-  Generation gen(s.state.engine, co_await asio::this_coro::executor, std::move(req));
-  std::string text;
-  json chat_lp = json::array();
-  CompletionLogprobs comp_lp;
+  // One sequence per choice; with a seed, choice i samples with seed + i so that the
+  // choices differ and each is reproducible.
+  std::vector<OnlineRequest> requests(static_cast<size_t>(n), req);
+  if (req.sampling.seed != sample::SamplingParams::kRandomSeed) {
+    for (size_t i = 0; i < requests.size(); ++i) requests[i].sampling.seed = req.sampling.seed + static_cast<uint32_t>(i);
+  }
+  Generation gen(s.state.engine, co_await asio::this_coro::executor, s.socket, std::move(requests));
+  std::vector<Choice> choices(gen.size());
+  size_t remaining = choices.size();
 
   if (stream) {
     if (!co_await s.stream_begin()) {
       gen.cancel();
       co_return;
     }
-    if (chat) {
-      const json first = chunk({{"delta", {{"role", "assistant"}, {"content", ""}}}, {"logprobs", nullptr}, {"finish_reason", nullptr}});
+    for (size_t i = 0; chat && i < choices.size(); ++i) {
+      const json first =
+          chunk({{"delta", {{"role", "assistant"}, {"content", ""}}}, {"logprobs", nullptr}, {"finish_reason", nullptr}}, i);
       const std::string first_text = first.dump();
       if (!co_await s.stream_data(first_text)) {
         gen.cancel();
+        s.keep_alive = false;
         co_return;
       }
     }
   }
-  while (true) {
+  while (remaining > 0) {
     Generation::Event ev = co_await gen.next();
+    if (gen.client_gone()) {  // cancelled: nobody to answer
+      s.keep_alive = false;
+      co_return;
+    }
+    Choice& c = choices[ev.choice];
     if (ev.kind == Generation::Event::Error) {
+      gen.cancel();
       if (!stream) throw ApiError(500, ev.reason, "server_error", "generation_failed");
       const std::string err = error_body(500, ev.reason, "server_error", "generation_failed").dump();
       co_await s.stream_data(err);
@@ -105,65 +140,83 @@ awaitable<void> generate(Session& s, const json& body, OnlineRequest req, bool c
       co_return;
     }
     if (ev.kind == Generation::Event::Done) {
-      const std::string reason = finish_reason(ev.reason);
-      if (!stream) {
-        json choice = chat ? json{{"index", 0},
-                                  {"message", {{"role", "assistant"}, {"content", text}}},
-                                  {"logprobs", want_logprobs ? json{{"content", chat_lp}} : json(nullptr)},
-                                  {"finish_reason", reason}}
-                           : json{{"index", 0},
-                                  {"text", text},
-                                  {"logprobs", want_logprobs ? comp_lp.to_json() : json(nullptr)},
-                                  {"finish_reason", reason}};
-        const json full = {{"id", id},
-                               {"object", chat ? "chat.completion" : "text_completion"},
-                               {"created", created},
-                               {"model", model},
-                               {"choices", json::array({choice})},
-                               {"usage", usage_json(ev.usage)}};
-        co_await s.reply(200, full);
-        co_return;
+      c.done = true;
+      c.reason = finish_reason(ev.reason);
+      c.usage = ev.usage;
+      --remaining;
+      if (stream) {
+        const json last = chat ? chunk({{"delta", json::object()}, {"logprobs", nullptr}, {"finish_reason", c.reason}}, ev.choice)
+                               : chunk({{"text", ""}, {"logprobs", nullptr}, {"finish_reason", c.reason}}, ev.choice);
+        const std::string last_text = last.dump();
+        if (!co_await s.stream_data(last_text)) {
+          gen.cancel();
+          s.keep_alive = false;
+          co_return;
+        }
       }
-      json last = chat ? chunk({{"delta", json::object()}, {"logprobs", nullptr}, {"finish_reason", reason}})
-                       : chunk({{"text", ""}, {"logprobs", nullptr}, {"finish_reason", reason}});
-      bool ok = co_await s.stream_data(last.dump());
-      if (ok && include_usage) {
-        json u = {{"id", id}, {"object", object}, {"created", created}, {"model", model},
-                  {"choices", json::array()}, {"usage", usage_json(ev.usage)}};
-        ok = co_await s.stream_data(u.dump());
-      }
-      const std::string done = "[DONE]";
-      if (ok) co_await s.stream_data(done);
-      co_await s.stream_end();
-      co_return;
+      continue;
     }
     const TokenEvent& t = ev.token;
-    const size_t offset = text.size();
-    text += t.text;
+    const size_t offset = c.text.size();
+    c.text += t.text;
     json lp = nullptr;
     if (want_logprobs && t.id >= 0) {
       if (chat) {
         json entry = chat_logprob(s.state.tok, t);
-        chat_lp.push_back(entry);
+        c.chat_lp.push_back(entry);
         lp = {{"content", json::array({entry})}};
       } else {
         CompletionLogprobs one;
         one.add(s.state.tok, t, offset);
-        comp_lp.add(s.state.tok, t, offset);
+        c.comp_lp.add(s.state.tok, t, offset);
         lp = one.to_json();
       }
     }
     if (stream && (!t.text.empty() || !lp.is_null())) {
-      json c = chat ? chunk({{"delta", {{"content", t.text}}}, {"logprobs", lp}, {"finish_reason", nullptr}})
-                    : chunk({{"text", t.text}, {"logprobs", lp}, {"finish_reason", nullptr}});
-      const std::string text_c = c.dump(-1, ' ', false, json::error_handler_t::replace);
-      if (!co_await s.stream_data(text_c)) {
+      const json piece = chat ? chunk({{"delta", {{"content", t.text}}}, {"logprobs", lp}, {"finish_reason", nullptr}}, ev.choice)
+                              : chunk({{"text", t.text}, {"logprobs", lp}, {"finish_reason", nullptr}}, ev.choice);
+      const std::string piece_text = piece.dump(-1, ' ', false, json::error_handler_t::replace);
+      if (!co_await s.stream_data(piece_text)) {
         gen.cancel();  // the client is gone
         s.keep_alive = false;
         co_return;
       }
     }
   }
+  std::vector<Usage> usages;
+  for (const auto& c : choices) usages.push_back(c.usage);
+  if (!stream) {
+    json list = json::array();
+    for (size_t i = 0; i < choices.size(); ++i) {
+      const Choice& c = choices[i];
+      list.push_back(chat ? json{{"index", i},
+                                 {"message", {{"role", "assistant"}, {"content", c.text}}},
+                                 {"logprobs", want_logprobs ? json{{"content", c.chat_lp}} : json(nullptr)},
+                                 {"finish_reason", c.reason}}
+                          : json{{"index", i},
+                                 {"text", c.text},
+                                 {"logprobs", want_logprobs ? c.comp_lp.to_json() : json(nullptr)},
+                                 {"finish_reason", c.reason}});
+    }
+    const json full = {{"id", id},
+                       {"object", chat ? "chat.completion" : "text_completion"},
+                       {"created", created},
+                       {"model", model},
+                       {"choices", list},
+                       {"usage", usage_json(usages)}};
+    co_await s.reply(200, full);
+    co_return;
+  }
+  bool ok = true;
+  if (include_usage) {
+    const json u = {{"id", id},       {"object", object},         {"created", created},
+                    {"model", model}, {"choices", json::array()}, {"usage", usage_json(usages)}};
+    const std::string usage_text = u.dump();
+    ok = co_await s.stream_data(usage_text);
+  }
+  const std::string done = "[DONE]";
+  if (ok) co_await s.stream_data(done);
+  co_await s.stream_end();
 }
 
 std::string message_content(const json& m) {

@@ -6,7 +6,10 @@
 #include <boost/asio/signal_set.hpp>
 #include <boost/asio/this_coro.hpp>
 #include <boost/asio/use_awaitable.hpp>
+#include <sys/socket.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <limits>
 #include <random>
 #include <thread>
@@ -80,34 +83,75 @@ awaitable<void> Session::stream_end() {
 
 // ---- Generation ----
 
-Generation::Generation(Engine& engine, const asio::any_io_executor& executor, OnlineRequest request)
-    : channel_(std::make_shared<Channel>(executor)) {
-  auto push = [ch = channel_](Event ev) {
-    {
-      std::lock_guard lock(ch->mutex);
-      ch->events.push_back(std::move(ev));
+Generation::Generation(Engine& engine, const asio::any_io_executor& executor, tcp::socket& socket,
+                       OnlineRequest request)
+    : Generation(engine, executor, socket, std::vector<OnlineRequest>{std::move(request)}) {}
+
+Generation::Generation(Engine& engine, const asio::any_io_executor& executor, tcp::socket& socket,
+                       std::vector<OnlineRequest> choices)
+    : channel_(std::make_shared<Channel>(executor)), socket_(socket) {
+  for (size_t i = 0; i < choices.size(); ++i) {
+    auto push = [ch = channel_, i](Event ev) {
+      ev.choice = i;
+      {
+        std::lock_guard lock(ch->mutex);
+        ch->events.push_back(std::move(ev));
+      }
+      asio::post(ch->timer.get_executor(), [ch] { ch->timer.cancel(); });
+    };
+    Callbacks cb;
+    cb.on_token = [push](const TokenEvent& t) { push({Event::Token, 0, t, {}, {}}); };
+    cb.on_done = [push](const std::string& reason, const Usage& u) { push({Event::Done, 0, {}, reason, u}); };
+    cb.on_error = [push](const std::string& message) { push({Event::Error, 0, {}, message, {}}); };
+    try {
+      handles_.push_back(engine.submit(std::move(choices[i]), std::move(cb)));
+      finished_.push_back(false);
+    } catch (const std::invalid_argument& e) {
+      cancel();
+      const bool too_long = std::string_view(e.what()).find("context") != std::string_view::npos;
+      throw ApiError(400, e.what(), "invalid_request_error", too_long ? "context_length_exceeded" : "invalid_prompt");
     }
-    asio::post(ch->timer.get_executor(), [ch] { ch->timer.cancel(); });
-  };
-  Callbacks cb;
-  cb.on_token = [push](const TokenEvent& t) { push({Event::Token, t, {}, {}}); };
-  cb.on_done = [push](const std::string& reason, const Usage& u) { push({Event::Done, {}, reason, u}); };
-  cb.on_error = [push](const std::string& message) { push({Event::Error, {}, message, {}}); };
-  try {
-    handle_ = engine.submit(std::move(request), std::move(cb));
-  } catch (const std::invalid_argument& e) {
-    const bool too_long = std::string_view(e.what()).find("context") != std::string_view::npos;
-    throw ApiError(400, e.what(), "invalid_request_error", too_long ? "context_length_exceeded" : "invalid_prompt");
   }
+  watch(socket_, channel_, handles_);
 }
 
 Generation::~Generation() {
-  if (!finished_) handle_.cancel();
+  cancel();
+  channel_->watching = false;
+  beast::error_code ec;
+  socket_.cancel(ec);  // the watch (the coroutine, on this strand, has nothing else pending)
 }
 
 void Generation::cancel() {
-  if (!finished_) handle_.cancel();
-  finished_ = true;
+  for (size_t i = 0; i < handles_.size(); ++i) {
+    if (!finished_[i]) handles_[i].cancel();
+    finished_[i] = true;
+  }
+}
+
+bool Generation::client_gone() const { return channel_->gone; }
+
+// Waits for the socket to become readable without reading: end of stream or an error
+// means the client is gone; data (a pipelined request) is left for the next read.
+void Generation::watch(tcp::socket& socket, std::shared_ptr<Channel> channel, std::vector<Engine::Handle> handles) {
+  auto executor = channel->timer.get_executor();
+  socket.async_wait(tcp::socket::wait_read,
+                    asio::bind_executor(executor, [&socket, ch = std::move(channel),
+                                                   hs = std::move(handles)](const beast::error_code& ec) mutable {
+                      if (!ch->watching || ec == asio::error::operation_aborted) return;
+                      if (!ec) {
+                        char byte = 0;
+                        const ssize_t n = ::recv(socket.native_handle(), &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+                        if (n > 0) return;
+                        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
+                          watch(socket, std::move(ch), std::move(hs));
+                          return;
+                        }
+                      }
+                      ch->gone = true;
+                      for (auto& h : hs) h.cancel();
+                      ch->timer.cancel();
+                    }));
 }
 
 awaitable<Generation::Event> Generation::next() {
@@ -117,7 +161,7 @@ awaitable<Generation::Event> Generation::next() {
       if (!channel_->events.empty()) {
         Event ev = std::move(channel_->events.front());
         channel_->events.pop_front();
-        if (ev.kind != Event::Token) finished_ = true;
+        if (ev.kind != Event::Token) finished_[ev.choice] = true;
         co_return ev;
       }
     }
@@ -200,6 +244,7 @@ void parse_generation(const json& body, OnlineRequest& r) {
     }
   }
   if (auto v = opt_bool(body, "ignore_eos")) r.ignore_eos = *v;
+  if (auto v = opt_bool(body, "cache_prompt")) r.cache_prompt = *v;
   if (const json* stop = field(body, "stop")) {
     if (stop->is_string()) {
       r.stop.push_back(stop->get<std::string>());

@@ -1,15 +1,18 @@
 #!/usr/bin/env python3
 """HTTP API tests of pico-coord (python3 stdlib only).
 
-    http_test.py BUILD_DIR MODE      MODE: local | cluster | auth | openai
+    http_test.py BUILD_DIR MODE      MODE: local | cluster | auth | openai | prefill
 
 openai: the official npm client (tests/conformance/node_modules/openai) via
 openai_client_test.mjs; fails without node or the package (scripts/setup.sh installs both).
 
 Writes a synthetic qwen3 model (ChatML template), starts pico-coord on a free loopback
 port (in-process, or against 2 pico-workers), and checks every endpoint: greedy text
-equal to `pico run`, streaming ([DONE]), 32 concurrent streams, a client that
-disconnects mid-stream, stop strings, malformed requests, --api-key.
+equal to `pico run`, streaming ([DONE]), 32 concurrent streams, stop strings, n > 1,
+prompt-prefix reuse (cached counts, replies equal to a fresh computation), clients that
+disconnect (streaming or not, in decode, queued: their sequences are freed on every
+stage), malformed requests, --api-key. prefill: a larger model (seconds of prefill) on 2
+workers, clients that disconnect during prefill.
 """
 import http.client
 import json
@@ -115,6 +118,48 @@ class Client:
         return r.status, events
 
 
+def raw_post(port, path, body):
+    """Sends a request on a raw socket (to close it at will); returns the socket."""
+    sock = socket.create_connection(("127.0.0.1", port))
+    data = json.dumps(body)
+    sock.sendall(("POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  "Content-Length: %d\r\n\r\n%s" % (path, len(data), data)).encode())
+    return sock
+
+
+def metric(api, name):
+    _, m = api.request("GET", "/metrics")
+    return float(re.search(r"^%s (\S+)$" % re.escape(name), m, re.M).group(1))
+
+
+def processing(api):
+    """The slots of running requests (/slots also lists idle ones kept for prefix reuse)."""
+    s, sl = api.json("GET", "/slots")
+    return [x for x in sl if x["is_processing"]] if s == 200 else None
+
+
+def wait_until(cond, timeout=30):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if cond():
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def stages_hold_only_kept(api):
+    """Idle engine: every stage holds exactly the kept sequences (none of a cancelled request)."""
+    def ok():
+        if processing(api):
+            return False
+        _, m = api.request("GET", "/metrics")
+        kept = int(float(re.search(r"^pico:kept_sequences (\S+)$", m, re.M).group(1)))
+        seqs = [int(float(v)) for v in re.findall(r'^pico:stage_sequences\{stage="\d+"\} (\S+)$', m, re.M)]
+        _, sl = api.json("GET", "/slots")
+        return bool(seqs) and all(v == kept for v in seqs) and len(sl) == kept
+    return wait_until(ok, 20)
+
+
 def cleanup():
     for p in procs:
         p.terminate()
@@ -126,18 +171,60 @@ def cleanup():
     shutil.rmtree(tmp, ignore_errors=True)
 
 
+def prefill_main():
+    """Clients gone during a long prefill (streaming or not): the prefill stops (no token is
+    ever sampled) and the sequence is freed on both workers."""
+    model = os.path.join(tmp, "big.gguf")
+    subprocess.run([PICO, "mkmodel", "--arch", "llama", "--vocab", "llama2", "--layers", "4", "--embd", "384", "--ff",
+                    "1024", "--heads", "6", "--kv-heads", "2", "--ctx", "4096", "--type", "f16", "--tied", "--seed",
+                    "3", "-o", model], check=True, stdout=subprocess.DEVNULL)
+    coord_args = [COORD, "-m", model, "--port", "0", "-c", "4096"]
+    for k, layers in enumerate(["0-1", "2-3"]):
+        addr = "tcp://127.0.0.1:%d" % free_port()
+        start([WORKER, "-m", model, "--layers", layers, "--listen", addr, "-t", "1"], "worker-%d.log" % k)
+        coord_args += ["--worker", addr]
+    coord = start(coord_args, "coord.log")
+    port = wait_port("coord.log", coord)
+    api = Client(port)
+    prompt = " ".join("w%d" % i for i in range(850))  # about 3300 tokens: seconds of prefill
+    for path, body in [("/v1/completions", {"prompt": prompt, "max_tokens": 8, "stream": True}),
+                       ("/completion", {"prompt": prompt, "n_predict": 8}),
+                       ("/v1/chat/completions", {"messages": [{"role": "user", "content": prompt}], "max_tokens": 8})]:
+        predicted = metric(api, "llamacpp:tokens_predicted_total")
+        cancelled = metric(api, "pico:requests_cancelled_total")
+        sock = raw_post(port, path, body)
+        in_prefill = wait_until(lambda: any(x["state"] == "prefill" for x in processing(api) or []))
+        sock.close()
+        what = "%s%s gone in prefill" % (path, " (stream)" if body.get("stream") else "")
+        check(in_prefill, what + ": it was in prefill")
+        check(wait_until(lambda: processing(api) == [], 60), what + ": its request stops")
+        check(metric(api, "llamacpp:tokens_predicted_total") == predicted, what + ": the prefill never finished")
+        check(metric(api, "pico:requests_cancelled_total") == cancelled + 1, what + ": counted as cancelled")
+        check(stages_hold_only_kept(api) and metric(api, "pico:kept_sequences") == 0,
+              what + ": both workers freed its sequence")
+    s, b = api.json("POST", "/completion", {"prompt": "Hello", "n_predict": 4})
+    check(s == 200 and b["tokens_predicted"] == 4, "the server serves after the cancelled prefills")
+
+
 def main():
+    if MODE == "prefill":
+        prefill_main()
+        return
     model = os.path.join(tmp, "M.gguf")
     subprocess.run([PICO, "mkmodel", "--arch", "qwen3", "--vocab", "qwen3", "--layers", "2", "--embd", "64", "--ff",
                     "128", "--heads", "4", "--kv-heads", "2", "--head-dim", "32", "--ctx", "4096", "--seed", "4",
                     "-o", model], check=True, stdout=subprocess.DEVNULL)
     coord_args = [COORD, "-m", model, "--port", "0", "-c", str(CTX), "--http-threads", "4"]
+    workers = []
     if MODE == "cluster":
         for k, layers in enumerate(["0-0", "1-1"]):
             addr = "tcp://127.0.0.1:%d" % free_port()
-            start([WORKER, "-m", model, "--layers", layers, "--listen", addr, "-t", "1"], "worker-%d.log" % k)
+            args = [WORKER, "-m", model, "--layers", layers, "--listen", addr, "-t", "1"]
+            workers.append((start(args, "worker-%d.log" % k), args))
             coord_args += ["--worker", addr]
         coord_args += ["--parallel", "8"]  # 32 concurrent streams: 24 wait in the queue
+    elif MODE == "local":
+        coord_args += ["--parallel", "4"]  # few slots: the queued-cancel test fills them all
     if MODE == "auth":
         coord_args += ["--api-key", KEY]
     coord = start(coord_args, "coord.log")
@@ -173,7 +260,8 @@ def main():
     check(s == 200 and b["object"] == "list" and b["data"][0]["id"] == "M", "/v1/models lists M")
     s, b = api.json("GET", "/props")
     check(s == 200 and b["default_generation_settings"]["n_ctx"] == CTX and b["chat_template"] == "chatml" and
-          b["total_slots"] == (8 if MODE == "cluster" else 32), "/props")
+          b["total_slots"] == (8 if MODE == "cluster" else 4), "/props")
+    slots_total = b["total_slots"]
 
     # Greedy text equals `pico run`.
     ref = subprocess.run([PICO, "run", "-m", model, "-p", PROMPT, "-n", str(N), "--temp", "0"], check=True,
@@ -266,25 +354,21 @@ def main():
     while got.count(b"data: ") < 3:
         got += sock.recv(4096)
     sock.close()
-    freed = False
-    for _ in range(100):
-        s, sl = api.json("GET", "/slots")
-        if s == 200 and sl == []:
-            freed = True
-            break
-        time.sleep(0.05)
-    check(freed, "the disconnected client's sequence is freed (/slots empty)")
+    freed = wait_until(lambda: processing(api) == [], 5)
+    check(freed, "the disconnected client's sequence is freed (no slot processing)")
     delta = predicted() - before
     check(delta < CTX - 100, "generation stopped after the disconnect (%d tokens)" % delta)
-    for _ in range(40):  # the stages' stats are refreshed when the engine goes idle
-        _, m = api.request("GET", "/metrics")
-        if re.search(r'^pico:stage_sequences\{stage="\d"\} 0$', m, re.M):
-            break
-        time.sleep(0.05)
+    check(stages_hold_only_kept(api), "every stage holds only the kept sequences after the disconnect")
+    _, m = api.request("GET", "/metrics")
     for name in ["pico:requests_total", "llamacpp:prompt_tokens_total", "llamacpp:tokens_predicted_total",
                  "pico:tokens_in_flight 0", "llamacpp:prompt_tokens_seconds", "llamacpp:predicted_tokens_seconds",
-                 'pico:stage_tokens{stage="0"}', 'pico:stage_sequences{stage="%d"} 0' % (1 if MODE == "cluster" else 0)]:
+                 'pico:stage_tokens{stage="0"}', 'pico:stage_sequences{stage="%d"}' % (1 if MODE == "cluster" else 0),
+                 "llamacpp:prompt_tokens_cached_total", "pico:kept_sequences", "pico:requests_cancelled_total"]:
         check(name in m, "/metrics has " + name)
+
+    prefix_reuse_tests(api)
+    n_choices_tests(api, ref, greedy)
+    cancel_tests(api, port, slots_total)
 
     # Malformed requests: status and an OpenAI-style error object, and the server lives on.
     msgs = [{"role": "user", "content": "hi"}]
@@ -298,7 +382,10 @@ def main():
         ("POST", "/v1/chat/completions", {"messages": msgs, "max_tokens": 0}, 400),
         ("POST", "/v1/chat/completions", {"messages": msgs, "temperature": "hot"}, 400),
         ("POST", "/v1/chat/completions", {"messages": msgs, "stop": 5}, 400),
-        ("POST", "/v1/chat/completions", {"messages": msgs, "n": 2}, 400),
+        ("POST", "/v1/chat/completions", {"messages": msgs, "n": 0}, 400),
+        ("POST", "/v1/completions", {"prompt": "hi", "n": 17}, 400),
+        ("POST", "/v1/completions", {"prompt": "hi", "n": "two"}, 400),
+        ("POST", "/completion", {"prompt": "hi", "cache_prompt": 1}, 400),
         ("POST", "/v1/chat/completions", {"messages": msgs, "model": "gpt-nope"}, 404),
         ("POST", "/v1/completions", {"prompt": 5}, 400),
         ("POST", "/v1/completions", {"prompt": []}, 400),
@@ -330,6 +417,170 @@ def main():
     s, _ = api.json("GET", "/health")
     check(s == 200, "alive after the malformed requests")
     check(coord.poll() is None, "pico-coord still running")
+    if workers:
+        restarted_worker_tests(api, workers[1])
+
+
+def restarted_worker_tests(api, worker):
+    """A worker restarted while idle rejoins without the kept sequences' KV: the engine
+    forgets them instead of continuing a sequence the worker no longer has."""
+    body = {"prompt": PROMPT + " once more", "n_predict": 8, "temperature": 0}
+    s, first = api.json("POST", "/completion", body)
+    s, again = api.json("POST", "/completion", body)
+    check(again["timings"]["cache_n"] > 0, "before the restart the prompt is reused")
+    proc, args = worker
+    proc.terminate()
+    proc.wait(10)
+    time.sleep(0.5)  # the coordinator notices the lost connection
+    start(args, "worker-restarted.log")
+    check(wait_until(lambda: "listening" in open(os.path.join(tmp, "worker-restarted.log")).read(), 30),
+          "the worker restarted")
+    s, after = api.json("POST", "/completion", body)
+    check(s == 200 and after["timings"]["cache_n"] == 0 and after["content"] == first["content"],
+          "after the restart: nothing reused, the same reply (%d %s)" % (s, str(after)[:100]))
+    s, later = api.json("POST", "/completion", body)
+    check(s == 200 and later["timings"]["cache_n"] > 0 and later["content"] == first["content"],
+          "then reused again")
+    check(stages_hold_only_kept(api), "every stage holds only the kept sequences after the restart")
+
+
+def tokens_of(api, text):
+    _, t = api.json("POST", "/tokenize", {"content": text, "add_special": True})
+    return t["tokens"]
+
+
+def common_prefix(a, b):
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
+
+
+def prefix_reuse_tests(api):
+    """A request sharing a long prefix with a kept sequence computes only the rest, and its
+    greedy reply equals a fresh computation's (cache_prompt false)."""
+    shared = " ".join("item%d" % i for i in range(120))
+    first, second = shared + " and the first ending", shared + " but a second, other ending"
+    s, a = api.json("POST", "/completion", {"prompt": first, "n_predict": N, "temperature": 0})
+    check(s == 200, "/completion with a long prompt")
+    ta, tb = tokens_of(api, first), tokens_of(api, second)
+    common = common_prefix(ta, tb)
+    cached_before = metric(api, "llamacpp:prompt_tokens_cached_total")
+    computed_before = metric(api, "llamacpp:prompt_tokens_total")
+    s, b = api.json("POST", "/completion", {"prompt": second, "n_predict": N, "temperature": 0})
+    t = b["timings"]
+    check(s == 200 and t["cache_n"] == common and t["prompt_n"] == len(tb) - common and
+          b["tokens_evaluated"] == len(tb),
+          "shared prefix: cache_n %d == %d, prompt_n %d == %d" % (t["cache_n"], common, t["prompt_n"], len(tb) - common))
+    check(b["tokens_cached"] == len(tb) + b["tokens_predicted"] - 1, "tokens_cached: the positions held (%d)" %
+          b["tokens_cached"])
+    check(metric(api, "llamacpp:prompt_tokens_cached_total") - cached_before == common and
+          metric(api, "llamacpp:prompt_tokens_total") - computed_before == len(tb) - common,
+          "/metrics counts the reused and the computed prompt tokens")
+    s, fresh = api.json("POST", "/completion", {"prompt": second, "n_predict": N, "temperature": 0,
+                                                "cache_prompt": False})
+    check(fresh["timings"]["cache_n"] == 0 and fresh["timings"]["prompt_n"] == len(tb), "cache_prompt false: no reuse")
+    check(b["content"] == fresh["content"] and b["tokens_predicted"] == N,
+          "a reply with a reused prefix equals the fresh one (%r vs %r)" % (b["content"], fresh["content"]))
+    # The whole prompt kept: only its last token is computed (for its logits).
+    s, again = api.json("POST", "/completion", {"prompt": second, "n_predict": N, "temperature": 0})
+    check(again["timings"]["cache_n"] == len(tb) - 1 and again["timings"]["prompt_n"] == 1 and
+          again["content"] == fresh["content"], "the same prompt again: %d cached, 1 computed, same reply" %
+          again["timings"]["cache_n"])
+    # A prompt sharing only a few tokens (under a tenth of it) starts afresh rather than cut
+    # a kept sequence (the next check finds the kept one whole).
+    unrelated = "item0 " + " ".join("other%d" % i for i in range(40))
+    tu = tokens_of(api, unrelated)
+    s, u = api.json("POST", "/completion", {"prompt": unrelated, "n_predict": 2})
+    check(0 < common_prefix(tu, tb) and 10 * common_prefix(tu, tb) < len(tu) and u["timings"]["cache_n"] == 0,
+          "a short common prefix (%d of %d tokens) is not reused" % (common_prefix(tu, tb), len(tu)))
+    # OpenAI endpoints report it in usage.prompt_tokens_details.cached_tokens.
+    s, c = api.json("POST", "/v1/completions", {"prompt": second, "max_tokens": N, "temperature": 0})
+    check(s == 200 and c["usage"]["prompt_tokens_details"]["cached_tokens"] == len(tb) - 1 and
+          c["choices"][0]["text"] == fresh["content"], "/v1/completions: cached_tokens %d, same text" %
+          c["usage"]["prompt_tokens_details"]["cached_tokens"])
+    chat = {"messages": [{"role": "system", "content": shared}, {"role": "user", "content": "Hello there"}],
+            "max_tokens": 8, "temperature": 0}
+    s, c1 = api.json("POST", "/v1/chat/completions", chat)
+    chat["messages"][1]["content"] = "Something else"
+    s, c2 = api.json("POST", "/v1/chat/completions", chat)
+    s, c3 = api.json("POST", "/v1/chat/completions", dict(chat, cache_prompt=False))
+    check(c2["usage"]["prompt_tokens_details"]["cached_tokens"] > 120 and
+          c3["usage"]["prompt_tokens_details"]["cached_tokens"] == 0 and
+          c2["choices"][0]["message"]["content"] == c3["choices"][0]["message"]["content"],
+          "chat: the shared system prompt is reused (%d tokens), same reply as fresh" %
+          c2["usage"]["prompt_tokens_details"]["cached_tokens"])
+    s, sl = api.json("GET", "/slots")
+    idle = [x for x in sl if not x["is_processing"]]
+    check(idle and all(x["state"] == "idle" and x["n_past"] > 0 for x in idle), "/slots lists the kept sequences")
+
+
+def n_choices_tests(api, ref, greedy):
+    """n > 1: one sequence per choice, each with its index, streamed and not."""
+    s, b = api.json("POST", "/v1/completions", dict(greedy, n=3))
+    ch = b["choices"]
+    check(s == 200 and [c["index"] for c in ch] == [0, 1, 2] and all(c["text"] == ref for c in ch) and
+          b["usage"]["completion_tokens"] == 3 * N, "n=3 greedy: three choices equal to pico run")
+    sampled = dict(greedy, n=4, temperature=1.5, seed=7)
+    s, b1 = api.json("POST", "/v1/completions", sampled)
+    s, b2 = api.json("POST", "/v1/completions", sampled)
+    texts = [c["text"] for c in b1["choices"]]
+    check(texts == [c["text"] for c in b2["choices"]] and len(set(texts)) > 1,
+          "n=4 sampled with a seed: reproducible, choices differ")
+    s, ev = api.stream("/v1/completions", dict(sampled, stream=True, stream_options={"include_usage": True}))
+    chunks = [json.loads(e) for e in ev[:-1]]
+    got = ["", "", "", ""]
+    finished = set()
+    for c in chunks:
+        for x in c["choices"]:
+            got[x["index"]] += x["text"]
+            if x["finish_reason"]:
+                finished.add(x["index"])
+    check(ev[-1] == "[DONE]" and got == texts and finished == {0, 1, 2, 3} and
+          chunks[-1]["usage"]["completion_tokens"] == 4 * N, "n=4 streamed: same texts, every index finishes")
+    chat = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 6, "temperature": 0, "n": 2}
+    s, b = api.json("POST", "/v1/chat/completions", chat)
+    check(s == 200 and len(b["choices"]) == 2 and b["choices"][0]["message"] == b["choices"][1]["message"],
+          "chat n=2")
+    s, ev = api.stream("/v1/chat/completions", dict(chat, stream=True))
+    chunks = [json.loads(e) for e in ev[:-1]]
+    roles = sorted(c["choices"][0]["index"] for c in chunks if c["choices"][0]["delta"].get("role"))
+    text = ["", ""]
+    for c in chunks:
+        text[c["choices"][0]["index"]] += c["choices"][0]["delta"].get("content", "")
+    check(roles == [0, 1] and text == [b["choices"][0]["message"]["content"]] * 2, "chat n=2 streamed")
+
+
+def cancel_tests(api, port, slots_total):
+    """Clients that disconnect while their request waits in the queue, or without streaming:
+    the request is cancelled and its sequence freed on every stage."""
+    long_gen = {"prompt": PROMPT, "max_tokens": CTX - 64, "temperature": 0, "ignore_eos": True}
+    # Non-streaming, in decode.
+    cancelled = metric(api, "pico:requests_cancelled_total")
+    predicted = metric(api, "llamacpp:tokens_predicted_total")
+    sock = raw_post(port, "/v1/completions", long_gen)
+    check(wait_until(lambda: any(x["n_decoded"] > 0 for x in processing(api) or [])), "non-streaming request decoding")
+    sock.close()
+    check(wait_until(lambda: processing(api) == [], 10), "non-streaming client gone: its request stops")
+    check(metric(api, "pico:requests_cancelled_total") == cancelled + 1 and
+          metric(api, "llamacpp:tokens_predicted_total") - predicted < CTX - 200,
+          "non-streaming client gone: cancelled, generation stopped")
+    check(stages_hold_only_kept(api), "non-streaming client gone: no stage keeps its sequence")
+    # Queued: every slot busy, one more waits; it leaves the queue when its client goes.
+    busy = [raw_post(port, "/v1/completions", dict(long_gen, stream=(i % 2 == 0))) for i in range(slots_total)]
+    check(wait_until(lambda: len(processing(api) or []) == slots_total), "all %d slots busy" % slots_total)
+    admitted = metric(api, "pico:requests_total")
+    cancelled = metric(api, "pico:requests_cancelled_total")
+    queued = raw_post(port, "/completion", {"prompt": "queued " + PROMPT, "n_predict": 4})
+    check(wait_until(lambda: metric(api, "llamacpp:requests_deferred") == 1), "one request queued")
+    queued.close()
+    check(wait_until(lambda: metric(api, "llamacpp:requests_deferred") == 0, 10), "the queued client gone: dequeued")
+    check(metric(api, "pico:requests_cancelled_total") == cancelled + 1 and
+          metric(api, "pico:requests_total") == admitted, "the queued request was cancelled, never admitted")
+    for b in busy:
+        b.close()
+    check(wait_until(lambda: processing(api) == [], 10), "the busy clients gone: every slot free")
+    check(stages_hold_only_kept(api), "no stage keeps a cancelled sequence")
 
 
 try:
