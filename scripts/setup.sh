@@ -18,8 +18,9 @@ debian_packages=(
   libgtest-dev libgmock-dev googletest libbenchmark-dev
   # big-endian (s390x) and ARM cross builds of the engine tests, run under qemu-user
   g++-s390x-linux-gnu g++-aarch64-linux-gnu g++-arm-linux-gnueabihf qemu-user
-  # test drivers and plots of the cluster benchmarks
-  python3 gnuplot-nox curl
+  # test drivers and plots of the cluster benchmarks; namespaces and link shaping of
+  # scripts/emulated-cluster (ip, tc), taskset
+  python3 gnuplot-nox curl iproute2 util-linux
 )
 # Node.js 20+ and npm run the llama.cpp reference harness. The machine image may
 # bring its own Node.js (whose npm conflicts with Debian's npm package): install
