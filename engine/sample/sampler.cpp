@@ -242,7 +242,8 @@ Sampler::Sampler(SamplingParams params)
     : params_(std::move(params)),
       seed_(resolve_seed(params_.seed)),
       random_(seed_),
-      penalties_(params_.penalty_last_n) {
+      penalties_(params_.penalty_last_n),
+      plain_greedy_(is_plain_greedy()) {
   if (!std::isfinite(params_.repeat_penalty) || params_.repeat_penalty <= 0.0f) {
     throw std::invalid_argument("repeat_penalty must be finite and greater than 0");
   }
@@ -269,7 +270,22 @@ Candidates Sampler::filter(std::span<const float> logits) const {
   return c;
 }
 
+bool Sampler::is_plain_greedy() const {
+  // With temperature 0 the best candidate wins; every stage but penalties, logit
+  // bias and typical-p keeps the best one, so then the arg max of the raw logits is
+  // the answer, without building and sorting the whole vocabulary per token.
+  const bool penalties = params_.penalty_last_n != 0 &&
+                         (params_.repeat_penalty != 1.0f || params_.frequency_penalty != 0.0f ||
+                          params_.presence_penalty != 0.0f);
+  return params_.temperature <= 0.0f && params_.logit_bias.empty() && !penalties && params_.typical_p >= 1.0f;
+}
+
 int32_t Sampler::sample(std::span<const float> logits) {
+  if (plain_greedy_ && !logits.empty()) {
+    random_.uniform();  // the same one draw per token as the full path
+    // The first of equal maxima, as the candidates' order (logit, then id) picks.
+    return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+  }
   Candidates c = filter(logits);
   const double u = random_.uniform();  // one draw per token, whatever is left
   return c.items[draw(c, u)].id;

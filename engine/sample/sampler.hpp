@@ -125,6 +125,8 @@ class Sampler {
   uint32_t seed_;
   Random random_;
   PenaltyWindow penalties_;
+  bool is_plain_greedy() const;
+  bool plain_greedy_ = false;  // sample() takes the arg max directly
 };
 
 }  // namespace pico::sample

@@ -159,6 +159,32 @@ TEST(Greedy, IsTheArgMax) {
   EXPECT_EQ(s.sample(std::vector<float>{3, 9, 9, 1}), 1);  // first of equal
 }
 
+TEST(Greedy, ShortcutAgreesWithTheFullChain) {
+  // Coarse logits make ties common: the arg max shortcut must pick what the chain of
+  // stages (top-k, top-p, min-p, temperature 0) picks.
+  Random r(11);
+  Sampler s(SamplingParams::greedy());
+  for (int round = 0; round < 200; ++round) {
+    std::vector<float> logits(500);
+    for (float& l : logits) l = static_cast<float>(static_cast<int>(r.uniform() * 8.0));
+    const Candidates chain = s.filter(logits);
+    ASSERT_EQ(chain.items.size(), 1u);
+    EXPECT_EQ(s.sample(logits), chain.items[0].id);
+  }
+}
+
+TEST(Greedy, PenaltiesStillApply) {
+  // Greedy with a repeat penalty is not the plain arg max: the penalised token loses.
+  SamplingParams p = SamplingParams::greedy();
+  p.repeat_penalty = 4.0f;
+  p.penalty_last_n = 64;
+  Sampler s(p);
+  const std::vector<float> logits{1.0f, 3.0f, 2.0f};
+  EXPECT_EQ(s.sample(logits), 1);
+  s.accept(1);
+  EXPECT_EQ(s.sample(logits), 2);
+}
+
 TEST(Random, IsTheSameEverywhere) {
   // std::mt19937 with seed 5489 starts 3499211612, 581869302 (the standard fixes it).
   Random r(5489);
