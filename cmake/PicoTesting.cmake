@@ -1,4 +1,5 @@
-# pico_add_test(NAME SOURCES a.cpp b.cpp LIBS lib1 lib2 [LABELS label] [ENVIRONMENT VAR=value])
+# pico_add_test(NAME SOURCES a.cpp b.cpp LIBS lib1 lib2 [LABELS label] [ENVIRONMENT VAR=value]
+#               [FILTER gtest-filter])
 # One GoogleTest executable, registered with ctest test by test. One label and one
 # environment variable at most: gtest_discover_tests flattens list-valued
 # properties, which would scramble the property/value pairs.
@@ -6,12 +7,16 @@ function(pico_add_test name)
   if(NOT PICO_BUILD_TESTS)
     return()
   endif()
-  cmake_parse_arguments(ARG "" "LABELS;ENVIRONMENT" "SOURCES;LIBS" ${ARGN})
+  cmake_parse_arguments(ARG "" "LABELS;ENVIRONMENT;FILTER" "SOURCES;LIBS" ${ARGN})
   add_executable(${name} ${ARG_SOURCES})
   target_link_libraries(${name} PRIVATE ${ARG_LIBS} GTest::gtest GTest::gtest_main pico_warnings)
   set(properties LABELS "${ARG_LABELS}")
   if(ARG_ENVIRONMENT)
     list(APPEND properties ENVIRONMENT "${ARG_ENVIRONMENT}")
   endif()
-  gtest_discover_tests(${name} DISCOVERY_MODE PRE_TEST PROPERTIES ${properties})
+  set(filter)
+  if(ARG_FILTER)
+    set(filter TEST_FILTER "${ARG_FILTER}")
+  endif()
+  gtest_discover_tests(${name} DISCOVERY_MODE PRE_TEST ${filter} PROPERTIES ${properties})
 endfunction()

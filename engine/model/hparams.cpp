@@ -75,14 +75,19 @@ Hparams read_hparams(const gguf::Metadata& md, int64_t n_vocab) {
   if (hp.rope_scaling != RopeScaling::none && factor > 0) hp.rope_freq_scale = 1.0f / factor;
   hp.rope_n_ctx_orig = static_cast<int32_t>(k.i("rope.scaling.original_context_length").value_or(hp.n_ctx_train));
   if (hp.rope_scaling == RopeScaling::yarn) {
-    // Not yet checked against llama.cpp on a YaRN model (its attention-factor
-    // corrections of newer versions are not reproduced).
-    hp.yarn_ext_factor = static_cast<float>(k.f("rope.scaling.yarn_ext_factor").value_or(1.0));
-    hp.yarn_attn_factor = static_cast<float>(
-        k.f("rope.scaling.yarn_attn_factor").value_or(k.f("rope.scaling.attn_factor").value_or(1.0)));
-    hp.yarn_beta_fast = static_cast<float>(k.f("rope.scaling.yarn_beta_fast").value_or(32.0));
-    hp.yarn_beta_slow = static_cast<float>(k.f("rope.scaling.yarn_beta_slow").value_or(1.0));
+    // As llama.cpp derives them for these architectures (it reads no yarn_* keys for
+    // them): full extrapolation mix, betas 32 and 1, and a magnitude factor of
+    // mscale(s) / (1 + 0.1 ln s), which the rope op's own (1 + 0.1 ln s) then
+    // cancels, both rounded in float as llama.cpp rounds them.
+    const float s = 1.0f / hp.rope_freq_scale;
+    const float mscale = s <= 1.0f ? 1.0f : 0.1f * std::log(s) + 1.0f;
+    hp.yarn_ext_factor = 1.0f;
+    hp.yarn_attn_factor = mscale * (1.0f / (1.0f + 0.1f * std::log(s)));
+    hp.yarn_beta_fast = 32.0f;
+    hp.yarn_beta_slow = 1.0f;
   }
+  // rope.scaling.attn_factor scales the rotation's magnitude under any scaling.
+  hp.yarn_attn_factor *= static_cast<float>(k.f("rope.scaling.attn_factor").value_or(1.0));
 
   hp.final_logit_softcap = static_cast<float>(k.f("final_logit_softcapping").value_or(0.0));
   if (hp.arch == Arch::gemma3) {

@@ -1,13 +1,12 @@
 // pico reads what llama.cpp's quantizer writes: a synthetic F32 model (llama
 // architecture, llama2 vocabulary, n_embd 256 so that K-quant blocks fit) is
 // quantized by llama.cpp itself (llama_model_quantize of node-llama-cpp's prebuilt
-// libllama, loaded at run time from $PICO_LLAMA_LIB) to every file type whose tensor
+// libllama, loaded at run time from $PICO_LLAMA_LIB through llama_library.hpp) to every file type whose tensor
 // types pico has; pico then opens each output with gguf::Model::open and dequantizes
 // every tensor with its reference dequantize_row, checking that the values are
 // finite and close to the original weights (normalized mean squared error below a
 // bound per tensor type). Prints the tensor types of each file and the error table.
 // Fails (never skips) when PICO_LLAMA_LIB is unset or cannot be loaded.
-#include <dlfcn.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -23,6 +22,7 @@
 #include <vector>
 
 #include "gguf/reader.hpp"
+#include "llama_library.hpp"
 #include "quant/quantize.hpp"
 #include "quant/type_traits.hpp"
 #include "synthetic/synthetic_model.hpp"
@@ -31,93 +31,6 @@ namespace pico {
 namespace {
 
 namespace fs = std::filesystem;
-
-// ---- llama.h (the ABI of node-llama-cpp's libllama): only what the test calls.
-// llama_model_quantize_params, field for field as in include/llama.h. The enums are
-// int-sized. Checked against the shipped library: llama_model_quantize_default_params
-// writes 64 bytes (max_buf_size, 8 GiB, at offset 56).
-struct LlamaModelQuantizeParams {
-  int32_t nthread;
-  int32_t ftype;                 // enum llama_ftype
-  int32_t output_tensor_type;    // enum ggml_type
-  int32_t token_embedding_type;  // enum ggml_type
-  bool allow_requantize;
-  bool quantize_output_tensor;
-  bool only_copy;
-  bool pure;
-  bool keep_split;
-  bool dry_run;
-  const void* imatrix;       // const struct llama_model_imatrix_data *
-  const void* kv_overrides;  // const struct llama_model_kv_override *
-  const void* tt_overrides;  // const struct llama_model_tensor_override *
-  const int32_t* prune_layers;
-  size_t max_buf_size;
-};
-static_assert(sizeof(LlamaModelQuantizeParams) == 64);
-static_assert(offsetof(LlamaModelQuantizeParams, allow_requantize) == 16);
-static_assert(offsetof(LlamaModelQuantizeParams, imatrix) == 24);
-static_assert(offsetof(LlamaModelQuantizeParams, max_buf_size) == 56);
-
-using BackendInitFn = void (*)();
-using QuantizeDefaultParamsFn = LlamaModelQuantizeParams (*)();
-using ModelQuantizeFn = uint32_t (*)(const char* fname_inp, const char* fname_out, const LlamaModelQuantizeParams* params);
-using LoadAllFromPathFn = void (*)(const char* dir_path);
-using LogCallback = void (*)(int level, const char* text, void* user_data);  // level: enum ggml_log_level
-using LogSetFn = void (*)(LogCallback callback, void* user_data);
-
-// llama.cpp's log, warnings and errors only (GGML_LOG_LEVEL_WARN 3, ERROR 4).
-void quiet_log(int level, const char* text, void*) {
-  if (level == 3 || level == 4) std::fputs(text, stderr);
-}
-
-class Llama {
- public:
-  static Llama& get() {
-    static Llama instance;
-    return instance;
-  }
-  bool loaded() const { return quantize_ != nullptr; }
-  const std::string& error() const { return error_; }
-  LlamaModelQuantizeParams default_params() const { return default_params_(); }
-  uint32_t quantize(const fs::path& in, const fs::path& out, const LlamaModelQuantizeParams& params) const {
-    return quantize_(in.c_str(), out.c_str(), &params);
-  }
-
- private:
-  Llama() {
-    const char* path = std::getenv("PICO_LLAMA_LIB");
-    if (!path || !*path) {
-      error_ = "PICO_LLAMA_LIB is not set (path of llama.cpp's libllama, e.g. node-llama-cpp's libllama.v0.4.0.so)";
-      return;
-    }
-    // libllama's RUNPATH is $ORIGIN: its libggml*.so beside it load with it.
-    handle_ = dlopen(path, RTLD_NOW | RTLD_GLOBAL);
-    if (!handle_) {
-      error_ = std::string("dlopen failed: ") + dlerror();
-      return;
-    }
-    auto init = reinterpret_cast<BackendInitFn>(dlsym(handle_, "llama_backend_init"));
-    default_params_ = reinterpret_cast<QuantizeDefaultParamsFn>(dlsym(handle_, "llama_model_quantize_default_params"));
-    auto quantize = reinterpret_cast<ModelQuantizeFn>(dlsym(handle_, "llama_model_quantize"));
-    if (!init || !default_params_ || !quantize) {
-      error_ = std::string(path) + " lacks llama_backend_init / llama_model_quantize_default_params / llama_model_quantize";
-      return;
-    }
-    // The CPU backends (libggml-cpu-*.so) are plugins of libggml, loaded from a
-    // directory: load them from the library's own (quantization itself needs only
-    // ggml-base, but this is how llama.cpp's tools start).
-    if (auto load_all = reinterpret_cast<LoadAllFromPathFn>(dlsym(handle_, "ggml_backend_load_all_from_path"))) {
-      load_all(fs::path(path).parent_path().c_str());
-    }
-    if (auto log_set = reinterpret_cast<LogSetFn>(dlsym(handle_, "llama_log_set"))) log_set(quiet_log, nullptr);
-    init();
-    quantize_ = quantize;
-  }
-  void* handle_ = nullptr;
-  QuantizeDefaultParamsFn default_params_ = nullptr;
-  ModelQuantizeFn quantize_ = nullptr;
-  std::string error_;
-};
 
 // llama_ftype values (include/llama.h).
 struct FileType {
@@ -226,7 +139,8 @@ class TempDir {
 };
 
 TEST(LlamaQuantized, PicoDequantizesEveryFileTypeLlamaCppWrites) {
-  ASSERT_TRUE(Llama::get().loaded()) << Llama::get().error();
+  const conformance::LlamaLibrary& llama = conformance::LlamaLibrary::get();
+  ASSERT_TRUE(llama.loaded()) << llama.error();
   TempDir dir;
   synthetic::SyntheticSpec spec;
   spec.architecture = synthetic::Architecture::llama;
@@ -253,11 +167,8 @@ TEST(LlamaQuantized, PicoDequantizesEveryFileTypeLlamaCppWrites) {
   for (const FileType& ft : file_types()) {
     SCOPED_TRACE(ft.name);
     const fs::path out = dir.path() / (std::string(ft.name) + ".gguf");
-    LlamaModelQuantizeParams params = Llama::get().default_params();
-    params.nthread = 2;
-    params.ftype = ft.ftype;
-    params.pure = ft.pure;
-    ASSERT_EQ(Llama::get().quantize(source, out, params), 0u) << "llama_model_quantize failed for " << ft.name;
+    ASSERT_EQ(llama.quantize(source, out, static_cast<conformance::LlamaFileType>(ft.ftype), ft.pure), 0u)
+        << "llama_model_quantize failed for " << ft.name;
     const auto quantized = read_all(out);
     ASSERT_EQ(quantized.size(), original.size()) << ft.name;
 

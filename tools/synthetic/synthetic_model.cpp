@@ -197,6 +197,11 @@ void validate(const SyntheticSpec& spec) {
     fail(std::string(architecture_name(spec.architecture)) + " needs head dim = embd / heads");
   }
   if (spec.architecture == Architecture::gpt2 && spec.n_head_kv != spec.n_head) fail("gpt2 has no grouped-query attention (kv heads = heads)");
+  if (!spec.rope_scaling.empty()) {
+    if (!uses_rope(spec.architecture)) fail("rope scaling needs an architecture with rope");
+    if (spec.rope_scaling != "linear" && spec.rope_scaling != "yarn") fail("rope scaling must be linear or yarn");
+    if (!(spec.rope_scaling_factor > 0)) fail("rope scaling factor must be positive");
+  }
   file_type_of(spec.weight_type);
 }
 
@@ -225,6 +230,12 @@ gguf::Writer build_synthetic_model(const SyntheticSpec& spec, const Vocabulary& 
   if (uses_rope(arch)) {
     md.set(a + ".rope.freq_base", freq_base);
     md.set(a + ".rope.dimension_count", head_dim);
+    if (!spec.rope_scaling.empty()) {
+      md.set(a + ".rope.scaling.type", spec.rope_scaling);
+      md.set(a + ".rope.scaling.factor", spec.rope_scaling_factor);
+      md.set(a + ".rope.scaling.original_context_length",
+             spec.rope_original_context > 0 ? spec.rope_original_context : spec.n_ctx_train);
+    }
   }
   if (arch == Architecture::gpt2) {
     md.set(a + ".attention.layer_norm_epsilon", eps);

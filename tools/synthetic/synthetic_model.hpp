@@ -65,6 +65,12 @@ struct SyntheticSpec {
   uint32_t n_ctx_train = 256;
   float rope_freq_base = 0;  // 0: the architecture's usual value (10000 llama, 1e6 qwen/gemma3)
   float norm_eps = 0;        // 0: 1e-5 (llama, gpt2) or 1e-6 (qwen2, qwen3, gemma3)
+  // RoPE context scaling ({arch}.rope.scaling.*): "" (none), "linear" or "yarn", by
+  // `rope_scaling_factor`, from a trained context of `rope_original_context`
+  // (0: n_ctx_train).
+  std::string rope_scaling;
+  float rope_scaling_factor = 1.0f;
+  uint32_t rope_original_context = 0;
   uint32_t sliding_window = 512;  // gemma3 only (every 6th layer is global, llama.cpp's default)
   VocabKind vocab = VocabKind::llama2;
   std::filesystem::path node_modules;  // where the vocabulary packages are

@@ -171,6 +171,25 @@ TEST(SyntheticModel, LlamaTensorsAndMetadata) {
   }
 }
 
+TEST(SyntheticModel, RopeScalingKeys) {
+  TempDir dir;
+  SyntheticSpec spec = small_spec(Architecture::llama, VocabKind::llama2);
+  EXPECT_FALSE(build_and_open(spec, dir / "plain.gguf")->metadata().contains("llama.rope.scaling.type"));
+  spec.rope_scaling = "yarn";
+  spec.rope_scaling_factor = 4.0f;
+  spec.rope_original_context = 16;
+  auto model = build_and_open(spec, dir / "yarn.gguf");
+  const gguf::Metadata& md = model->metadata();
+  EXPECT_EQ(md.get_string("llama.rope.scaling.type"), "yarn");
+  EXPECT_FLOAT_EQ(static_cast<float>(*md.get_float("llama.rope.scaling.factor")), 4.0f);
+  EXPECT_EQ(md.get_int("llama.rope.scaling.original_context_length"), 16);
+  spec.rope_scaling = "ntk";
+  EXPECT_THROW(validate(spec), std::invalid_argument);
+  spec = small_spec(Architecture::gpt2, VocabKind::gpt2);
+  spec.rope_scaling = "linear";
+  EXPECT_THROW(validate(spec), std::invalid_argument);  // no rope to scale
+}
+
 TEST(SyntheticModel, Qwen2HasQkvBiases) {
   TempDir dir;
   auto model = build_and_open(small_spec(Architecture::qwen2, VocabKind::gpt2), dir / "qwen2.gguf");

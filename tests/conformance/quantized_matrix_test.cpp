@@ -1,0 +1,351 @@
+// The weight-type conformance matrix against llama.cpp (issue 5, point 5): for each
+// architecture (llama, qwen2, qwen3, gpt2, gemma3; 2 layers, embd 256, ff 512, real
+// vocabularies) x weight type (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K,
+// Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL) x who made the file:
+//   - "pico":  `pico quantize` (tools/quantize) of the synthetic F32 model, every
+//     matrix in the type (F32 is the synthetic model itself);
+//   - "llama": llama.cpp's own quantizer (llama_model_quantize of node-llama-cpp's
+//     libllama) with the file type of that name, i.e. its standard mix (Q3_K, Q4_K
+//     and Q5_K are its _M mixes; the head gets Q6_K as llama.cpp chooses).
+// Both engines evaluate the same ~100 token ids (llama.cpp's tokenization of a fixed
+// text) in batches of 64 with an F16 KV cache; llama.cpp runs in-process
+// (llama_library.hpp), pico through model::Model on the CPU backend. Required per
+// file: mean KL(llama.cpp || pico) <= 1e-3 and top-1 agreement >= 99% over every
+// position; for F32, F16 and Q8_0 also the same 64-token greedy continuation.
+// Every case runs and prints its numbers whether or not an earlier one failed; the
+// "drift" column is the first position whose KL exceeds 1e-6, i.e. where an
+// activation first landed on another quantization code than llama.cpp's (float
+// rounding alone stays near 1e-8).
+//
+// One test per architecture x source, so that ctest -j2 spreads them.
+// Fails (never skips) when $PICO_LLAMA_LIB cannot be loaded.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/backend.hpp"
+#include "gguf/reader.hpp"
+#include "llama_library.hpp"
+#include "model/model.hpp"
+#include "quantize/model_quantizer.hpp"
+#include "state/kv_cache.hpp"
+#include "synthetic/synthetic_model.hpp"
+
+namespace pico::conformance {
+namespace {
+
+namespace fs = std::filesystem;
+using synthetic::Architecture;
+
+constexpr const char* kText =
+    "The quick brown fox jumps over the lazy dog. 1234 + 5678 = 6912; naïve café, 日本語のテキスト! "
+    "Once upon a time there was a little girl who lived in a village near the forest. Whenever she "
+    "went out, the little girl wore a red riding cloak, so everyone in the village called her Little "
+    "Red Riding Hood. One morning, she asked her mother if she could go to visit her grandmother.";
+constexpr int64_t kBatch = 64;
+constexpr int kGreedyTokens = 64;
+constexpr int kThreads = 2;
+
+enum class Source { pico, llama };
+
+struct MatrixCase {
+  Architecture arch;
+  Source source;
+};
+
+std::string case_name(const MatrixCase& c) {
+  return std::string(synthetic::architecture_name(c.arch)) + (c.source == Source::pico ? "_pico_quantize" : "_llama_quantize");
+}
+void PrintTo(const MatrixCase& c, std::ostream* os) { *os << case_name(c); }
+
+// One row of the matrix: the type's name, how each source makes it.
+struct WeightType {
+  const char* name;
+  const char* pico_type;      // pico quantize's name; nullptr: the F32 model itself
+  LlamaFileType llama_ftype;  // llama.cpp's file type
+  bool greedy;                // F32, F16, Q8_0: the greedy continuation must match too
+  bool llama_source;          // also made by llama.cpp's quantizer (not F32: nothing to make)
+};
+
+const std::vector<WeightType>& weight_types() {
+  using F = LlamaFileType;
+  static const std::vector<WeightType> types = {
+      {"F32", nullptr, F::F32, true, false},     {"F16", "f16", F::F16, true, true},
+      {"BF16", "bf16", F::BF16, false, true},    {"Q8_0", "q8_0", F::Q8_0, true, true},
+      {"Q4_0", "q4_0", F::Q4_0, false, true},    {"Q4_1", "q4_1", F::Q4_1, false, true},
+      {"Q5_0", "q5_0", F::Q5_0, false, true},    {"Q5_1", "q5_1", F::Q5_1, false, true},
+      {"Q2_K", "q2_K", F::Q2_K, false, true},    {"Q3_K", "q3_K", F::Q3_K_M, false, true},
+      {"Q4_K", "q4_K", F::Q4_K_M, false, true},  {"Q5_K", "q5_K", F::Q5_K_M, false, true},
+      {"Q6_K", "q6_K", F::Q6_K, false, true},    {"IQ4_NL", "iq4_nl", F::IQ4_NL, false, true},
+  };
+  return types;
+}
+
+synthetic::SyntheticSpec spec_for(Architecture arch) {
+  synthetic::SyntheticSpec spec;
+  spec.architecture = arch;
+  spec.node_modules = PICO_NODE_MODULES_DIR;
+  spec.seed = 7;
+  spec.n_layers = 2;
+  spec.n_embd = 256;  // K-quant super-blocks are 256 wide
+  spec.n_ff = 512;
+  spec.n_head = 4;
+  spec.n_head_kv = 2;
+  spec.weight_type = GgmlType::F32;
+  switch (arch) {
+    case Architecture::llama: spec.vocab = synthetic::VocabKind::llama2; break;
+    // Tied, as the small Qwen2.5/Qwen3 models are: one vocabulary-sized matrix
+    // (llama keeps a separate head), which halves the quantizing of 152k rows.
+    case Architecture::qwen2:
+      spec.vocab = synthetic::VocabKind::qwen3;
+      spec.tied_embeddings = true;
+      break;
+    case Architecture::qwen3:
+      spec.vocab = synthetic::VocabKind::qwen3;
+      spec.tied_embeddings = true;
+      break;
+    case Architecture::gpt2:
+      spec.vocab = synthetic::VocabKind::gpt2;
+      spec.n_head_kv = 4;
+      spec.tied_embeddings = true;
+      break;
+    case Architecture::gemma3:
+      spec.vocab = synthetic::VocabKind::gemma3;
+      spec.tied_embeddings = true;
+      // A window of 16 over ~100 positions: layer 0 slides, and so does layer 1
+      // (of a pattern of 6, only the 6th is global).
+      spec.sliding_window = 16;
+      break;
+  }
+  return spec;
+}
+
+// pico's engine over one file: one sequence, batches of kBatch, F16 KV cache.
+class PicoEngine {
+ public:
+  explicit PicoEngine(const fs::path& path)
+      : file_(gguf::Model::open(path)),
+        model_(model::Model::load(*file_)),
+        be_(backend::make_cpu_backend(kThreads)),
+        cache_(model_->kv_config(model_->all_layers())) {}
+
+  int64_t n_vocab() const { return model_->hparams().n_vocab; }
+
+  // Logits after each of `ids` (all rows, or only the last one's).
+  std::vector<float> eval(const std::vector<int32_t>& ids, bool all_rows) {
+    std::vector<float> out;
+    for (size_t start = 0; start < ids.size(); start += kBatch) {
+      const size_t end = std::min(ids.size(), start + static_cast<size_t>(kBatch));
+      std::vector<model::BatchToken> batch;
+      for (size_t i = start; i < end; ++i) batch.push_back({0, n_past_++, ids[i], all_rows || i + 1 == ids.size()});
+      const std::vector<float> logits = model_->forward(*be_, batch, nullptr, model_->all_layers(), cache_);
+      out.insert(out.end(), logits.begin(), logits.end());
+    }
+    return out;
+  }
+
+  std::vector<int32_t> greedy(const std::vector<int32_t>& ids, int count) {
+    std::vector<float> last = eval(ids, false);
+    std::vector<int32_t> generated;
+    while (true) {
+      generated.push_back(argmax_row(last.data(), n_vocab()));
+      if (static_cast<int>(generated.size()) == count) return generated;
+      last = eval({generated.back()}, false);
+    }
+  }
+
+ private:
+  std::unique_ptr<gguf::Model> file_;
+  std::unique_ptr<model::Model> model_;
+  std::unique_ptr<backend::Backend> be_;
+  state::KvCache cache_;
+  int32_t n_past_ = 0;
+};
+
+struct Agreement {
+  double kl_mean = 0, kl_max = 0, top1 = 0;
+  // The first position whose KL exceeds 1e-6 (float rounding alone stays ~1e-8):
+  // where an activation first lands on another quantization code. -1: none.
+  int64_t first_drift = -1;
+};
+
+// KL(p || q) per position with p = softmax(reference), q = softmax(got), in double.
+Agreement compare(const std::vector<float>& reference, const std::vector<float>& got, int64_t n_vocab) {
+  const auto v = static_cast<size_t>(n_vocab);
+  const size_t positions = reference.size() / v;
+  std::vector<double> p(v);
+  Agreement a;
+  size_t agree = 0;
+  for (size_t t = 0; t < positions; ++t) {
+    const float* r = reference.data() + t * v;
+    const float* l = got.data() + t * v;
+    const double r_max = *std::max_element(r, r + v), l_max = *std::max_element(l, l + v);
+    double r_sum = 0, l_sum = 0;
+    for (size_t i = 0; i < v; ++i) {
+      p[i] = std::exp(static_cast<double>(r[i]) - r_max);
+      r_sum += p[i];
+      l_sum += std::exp(static_cast<double>(l[i]) - l_max);
+    }
+    const double r_lse = r_max + std::log(r_sum), l_lse = l_max + std::log(l_sum);
+    double kl = 0;
+    for (size_t i = 0; i < v; ++i) {
+      const double pi = p[i] / r_sum;
+      if (pi > 0) kl += pi * ((r[i] - r_lse) - (l[i] - l_lse));
+    }
+    a.kl_mean += kl;
+    a.kl_max = std::max(a.kl_max, kl);
+    if (kl > 1e-6 && a.first_drift < 0) a.first_drift = static_cast<int64_t>(t);
+    agree += argmax_row(r, n_vocab) == argmax_row(l, n_vocab);
+  }
+  a.kl_mean /= static_cast<double>(positions);
+  a.top1 = static_cast<double>(agree) / static_cast<double>(positions);
+  return a;
+}
+
+// The tensor types of a file, as "q4_K:12 q6_K:1 f32:5".
+std::string type_histogram(const fs::path& path) {
+  const auto file = gguf::Model::open(path);
+  std::map<std::string, int> counts;
+  for (const gguf::TensorInfo& t : file->tensors()) ++counts[std::string(type_traits(t.type).name)];
+  std::string out;
+  for (const auto& [name, n] : counts) out += (out.empty() ? "" : " ") + name + ":" + std::to_string(n);
+  return out;
+}
+
+// pico's logits for `file` against llama.cpp's over `ids`: prints one row of the
+// table and checks the thresholds (and the greedy continuation when `greedy`).
+void check_file(const std::string& label, const std::string& type, const fs::path& file,
+                const std::vector<int32_t>& ids, bool greedy) {
+  const LlamaLibrary& llama = LlamaLibrary::get();
+  const LlamaLogits reference = llama.logits(file, ids);
+  PicoEngine pico(file);
+  ASSERT_EQ(pico.n_vocab(), reference.n_vocab);
+  const std::vector<float> got = pico.eval(ids, true);
+  ASSERT_EQ(got.size(), reference.rows.size());
+  const Agreement a = compare(reference.rows, got, reference.n_vocab);
+  std::string continuation = "-";
+  if (greedy) {
+    const std::vector<int32_t> want = llama.greedy(file, ids, kGreedyTokens);
+    const std::vector<int32_t> mine = PicoEngine(file).greedy(ids, kGreedyTokens);
+    size_t same = 0;
+    while (same < want.size() && same < mine.size() && want[same] == mine[same]) ++same;
+    continuation = std::to_string(same) + "/" + std::to_string(kGreedyTokens);
+    EXPECT_EQ(mine, want) << "greedy continuations differ from token " << same;
+  }
+  std::printf("%-30s %-7s %10.3e %10.3e %7.4f %7s %6lld  %s\n", label.c_str(), type.c_str(), a.kl_mean, a.kl_max,
+              a.top1, continuation.c_str(), static_cast<long long>(a.first_drift), type_histogram(file).c_str());
+  std::fflush(stdout);
+  EXPECT_LE(a.kl_mean, 1e-3);
+  EXPECT_GE(a.top1, 0.99);
+}
+
+void print_header(const std::string& label) {
+  std::printf("%-30s %-7s %10s %10s %7s %7s %6s  %s\n", label.c_str(), "type", "mean KL", "max KL", "top-1", "greedy",
+              "drift", "tensor types");
+}
+
+class TempDir {
+ public:
+  explicit TempDir(const std::string& name)
+      : path_(fs::temp_directory_path() / ("pico_matrix_" + name + "_" + std::to_string(getpid()))) {
+    fs::remove_all(path_);
+    fs::create_directories(path_);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+  }
+  const fs::path& path() const { return path_; }
+
+ private:
+  fs::path path_;
+};
+
+class QuantizedMatrix : public ::testing::TestWithParam<MatrixCase> {};
+
+TEST_P(QuantizedMatrix, MatchesLlamaCpp) {
+  const MatrixCase& c = GetParam();
+  const LlamaLibrary& llama = LlamaLibrary::get();
+  ASSERT_TRUE(llama.loaded()) << llama.error();
+  const auto started = std::chrono::steady_clock::now();
+  TempDir dir(case_name(c));
+  const fs::path f32 = dir.path() / "F32.gguf";
+  synthetic::write_synthetic_model(spec_for(c.arch), f32);
+  const std::vector<int32_t> ids = llama.tokenize(f32, kText);
+  ASSERT_GE(ids.size(), 64u) << "the text gives too few tokens";
+
+  print_header(case_name(c));
+  for (const WeightType& type : weight_types()) {
+    if (c.source == Source::llama && !type.llama_source) continue;
+    SCOPED_TRACE(std::string(type.name) + " by " + (c.source == Source::pico ? "pico quantize" : "llama.cpp"));
+    fs::path file = f32;
+    if (type.pico_type && c.source == Source::pico) {
+      file = dir.path() / (std::string(type.name) + "_pico.gguf");
+      const auto plan = tools::parse_quantize_type(type.pico_type);
+      ASSERT_TRUE(plan.has_value()) << type.pico_type;
+      tools::quantize_model(f32, file, *plan, kThreads);
+    } else if (type.pico_type) {
+      file = dir.path() / (std::string(type.name) + "_llama.gguf");
+      ASSERT_EQ(llama.quantize(f32, file, type.llama_ftype), 0u) << "llama_model_quantize failed";
+    }
+
+    check_file(case_name(c), type.name, file, ids, type.greedy);
+    if (file != f32) fs::remove(file);
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  std::printf("%-30s %zu positions, %.1f s\n", case_name(c).c_str(), ids.size(), seconds);
+}
+
+std::vector<MatrixCase> matrix_cases() {
+  std::vector<MatrixCase> out;
+  for (Architecture arch :
+       {Architecture::llama, Architecture::qwen2, Architecture::qwen3, Architecture::gpt2, Architecture::gemma3}) {
+    for (Source source : {Source::pico, Source::llama}) out.push_back({arch, source});
+  }
+  return out;
+}
+
+INSTANTIATE_TEST_SUITE_P(Matrix, QuantizedMatrix, ::testing::ValuesIn(matrix_cases()),
+                         [](const ::testing::TestParamInfo<MatrixCase>& param_info) { return case_name(param_info.param); });
+
+// YaRN context scaling from the GGUF rope.scaling.* keys (factor 4 from a trained
+// context of 32, so that most of the ~100 positions lie beyond it): llama (normal
+// rope) and qwen2 (NeoX rope), F32 and F16 (pico quantize), greedy 64 included.
+// (Quantized types add nothing here: the matrix covers them.)
+class YarnRope : public ::testing::TestWithParam<Architecture> {};
+
+TEST_P(YarnRope, MatchesLlamaCpp) {
+  const LlamaLibrary& llama = LlamaLibrary::get();
+  ASSERT_TRUE(llama.loaded()) << llama.error();
+  const std::string label = std::string(synthetic::architecture_name(GetParam())) + "_yarn";
+  TempDir dir(label);
+  synthetic::SyntheticSpec spec = spec_for(GetParam());
+  spec.rope_scaling = "yarn";
+  spec.rope_scaling_factor = 4.0f;
+  spec.rope_original_context = 32;
+  const fs::path f32 = dir.path() / "F32.gguf", f16 = dir.path() / "F16.gguf";
+  synthetic::write_synthetic_model(spec, f32);
+  const std::vector<int32_t> ids = llama.tokenize(f32, kText);
+  ASSERT_GE(ids.size(), 64u);
+  print_header(label);
+  check_file(label, "F32", f32, ids, true);
+  tools::quantize_model(f32, f16, *tools::parse_quantize_type("f16"), kThreads);
+  check_file(label, "F16", f16, ids, true);
+}
+
+INSTANTIATE_TEST_SUITE_P(Yarn, YarnRope, ::testing::Values(Architecture::llama, Architecture::qwen2),
+                         [](const ::testing::TestParamInfo<Architecture>& param_info) {
+                           return std::string(synthetic::architecture_name(param_info.param));
+                         });
+
+}  // namespace
+}  // namespace pico::conformance
