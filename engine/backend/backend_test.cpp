@@ -4,7 +4,10 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <vector>
+
+#include "cpu/kernels.hpp"
 
 namespace pico::backend {
 namespace {
@@ -127,6 +130,46 @@ TEST(CpuBackend, AttentionMatchesReference) {
         }
       }
     }
+  }
+}
+
+// A prompt's queries (computed in blocks sharing the dequantized K and V) against
+// each query alone, at every CPU level (SIMD paths for the dot products, the
+// weighted sums of V and the F16 rounding): the same bytes everywhere.
+TEST(CpuBackend, AttentionIsTheSameForAnyBatchAndCpuLevel) {
+  auto be = make_cpu_backend(2);
+  for (GgmlType type : {GgmlType::F16, GgmlType::F32}) {
+    state::KvConfig c;
+    c.last_layer = 1;
+    c.n_kv_heads = 2;
+    c.head_dim_k = 72;  // 64-, 16- and 8-wide groups plus a rest
+    c.head_dim_v = 88;
+    c.k_type = c.v_type = type;
+    state::KvState kv(c);
+    const int64_t n_pos = 40, n_head = 8;
+    for (int64_t p = 0; p < n_pos; ++p) {
+      kv.write(0, p, wave(2 * 72, 0.37f, static_cast<float>(p)).data(), wave(2 * 88, 0.73f, static_cast<float>(-p)).data());
+    }
+    const auto q = wave(static_cast<size_t>(n_pos * n_head * 72), 0.11f);
+    std::vector<AttentionQuery> queries;
+    for (int32_t p = 0; p < n_pos; ++p) queries.push_back({p, kv.layer(0)});
+    const AttentionParams params{n_head, 2, 72, 88, 0.12f, 0, 0.0f};
+    const auto row = static_cast<size_t>(n_head * 88);
+    std::vector<float> want(static_cast<size_t>(n_pos) * row);
+    cpu::set_cpu_level(cpu::CpuLevel::scalar);
+    be->attention(q.data(), n_head * 72, queries, params, want.data());
+    for (cpu::CpuLevel level : cpu::supported_levels()) {
+      cpu::set_cpu_level(level);
+      std::vector<float> batch(want.size()), alone(want.size());
+      be->attention(q.data(), n_head * 72, queries, params, batch.data());
+      for (int64_t t = 0; t < n_pos; ++t) {
+        be->attention(q.data() + t * n_head * 72, n_head * 72, std::span(queries).subspan(static_cast<size_t>(t), 1),
+                      params, alone.data() + static_cast<size_t>(t) * row);
+      }
+      EXPECT_EQ(std::memcmp(batch.data(), want.data(), want.size() * 4), 0) << cpu::level_name(level);
+      EXPECT_EQ(std::memcmp(alone.data(), want.data(), want.size() * 4), 0) << cpu::level_name(level);
+    }
+    cpu::set_cpu_level(cpu::best_level());
   }
 }
 

@@ -2,13 +2,33 @@
 // its own (batch invariance). Built with -ffp-contract=off (see CMakeLists.txt).
 #include <algorithm>
 #include <array>
+#include <cstdint>
 #include <cmath>
 #include <cstring>
 #include <numbers>
 #include <stdexcept>
+#include <utility>
 #include <vector>
 
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+// GCC 12's AVX-512 intrinsics pass an "undefined" vector as the unused merge operand
+// and then warn about it (GCC bug 105593): silenced for the header only.
+#if !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+#include <immintrin.h>
+#if !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+#define PICO_ATTENTION_AVX512 1
+#elif defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
 #include "backend/backend.hpp"
+#include "cpu/cpu_features.hpp"
 #include "cpu/matmul.hpp"
 #include "cpu/thread_pool.hpp"
 #include "quant/float_convert.hpp"
@@ -48,6 +68,73 @@ float yarn_ramp(float low, float high, int64_t i0) {
   const float y = (static_cast<float>(i0 / 2) - low) / std::max(0.001f, high - low);
   return 1.0f - std::min(1.0f, std::max(0.0f, y));
 }
+
+#if defined(PICO_ATTENTION_AVX512)
+// AVX-512 versions of CpuBackend's dot_in_double and weighted_sum (used at the avx512
+// kernel level): the same partial sums and operations per output, eight or sixteen
+// lanes at a time, so the results equal theirs.
+[[gnu::target("avx512f,avx512dq,avx512vl")]] float dot_in_double_avx512(const float* a, const float* b, int64_t n) {
+  __m512d sums = _mm512_setzero_pd();
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    sums = _mm512_add_pd(sums, _mm512_cvtps_pd(_mm256_mul_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i))));
+  }
+  double s[8];
+  _mm512_storeu_pd(s, sums);
+  for (; i < n; ++i) s[0] += static_cast<double>(a[i] * b[i]);
+  return static_cast<float>(((s[0] + s[4]) + (s[2] + s[6])) + ((s[1] + s[5]) + (s[3] + s[7])));
+}
+
+// out[i] = fp16_to_fp32(fp32_to_fp16(in[i] * factor)) with F16C (round to nearest
+// even, as the scalar conversion); a group holding a NaN takes the scalar path (the
+// two keep different NaN payloads).
+[[gnu::target("avx512f,avx512dq,avx512vl,f16c")]] void scale_round_f16_avx512(const float* in, float factor,
+                                                                            int64_t n, float* out) {
+  int64_t i = 0;
+  const __m512 f = _mm512_set1_ps(factor);
+  for (; i + 16 <= n; i += 16) {
+    const __m512 x = _mm512_mul_ps(_mm512_loadu_ps(in + i), f);
+    if (_mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q) != 0) {
+      for (int64_t j = i; j < i + 16; ++j) out[j] = fp16_to_fp32(fp32_to_fp16(in[j] * factor));
+      continue;
+    }
+    _mm512_storeu_ps(out + i, _mm512_cvtph_ps(_mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)));
+  }
+  for (; i < n; ++i) out[i] = fp16_to_fp32(fp32_to_fp16(in[i] * factor));
+}
+
+[[gnu::target("avx512f,avx512dq,avx512vl")]] void weighted_sum_avx512(const float* weights, const float* values,
+                                                                     int64_t count, int64_t n, float* out) {
+  int64_t i0 = 0;
+  for (; i0 + 64 <= n; i0 += 64) {
+    __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps(), s2 = _mm512_setzero_ps(), s3 = _mm512_setzero_ps();
+    for (int64_t j = 0; j < count; ++j) {
+      const float* v = values + j * n + i0;
+      const __m512 w = _mm512_set1_ps(weights[j]);
+      s0 = _mm512_add_ps(s0, _mm512_mul_ps(w, _mm512_loadu_ps(v)));
+      s1 = _mm512_add_ps(s1, _mm512_mul_ps(w, _mm512_loadu_ps(v + 16)));
+      s2 = _mm512_add_ps(s2, _mm512_mul_ps(w, _mm512_loadu_ps(v + 32)));
+      s3 = _mm512_add_ps(s3, _mm512_mul_ps(w, _mm512_loadu_ps(v + 48)));
+    }
+    _mm512_storeu_ps(out + i0, s0);
+    _mm512_storeu_ps(out + i0 + 16, s1);
+    _mm512_storeu_ps(out + i0 + 32, s2);
+    _mm512_storeu_ps(out + i0 + 48, s3);
+  }
+  for (; i0 + 16 <= n; i0 += 16) {
+    __m512 sum = _mm512_setzero_ps();
+    for (int64_t j = 0; j < count; ++j) {
+      sum = _mm512_add_ps(sum, _mm512_mul_ps(_mm512_set1_ps(weights[j]), _mm512_loadu_ps(values + j * n + i0)));
+    }
+    _mm512_storeu_ps(out + i0, sum);
+  }
+  for (; i0 < n; ++i0) {
+    float sum = 0.0f;
+    for (int64_t j = 0; j < count; ++j) sum = sum + weights[j] * values[j * n + i0];
+    out[i0] = sum;
+  }
+}
+#endif
 
 class CpuBackend final : public Backend {
  public:
@@ -111,7 +198,7 @@ class CpuBackend final : public Backend {
   }
 
   void rms_norm(const float* x, const float* w, int64_t n, int64_t rows, float eps, float* y) override {
-    for (int64_t r = 0; r < rows; ++r) {
+    for_rows(rows, n, [&](int64_t r) {
       const float* xr = x + r * n;
       float* yr = y + r * n;
       double sum = 0.0;
@@ -119,12 +206,12 @@ class CpuBackend final : public Backend {
       const float mean = static_cast<float>(sum / static_cast<double>(n));
       const float scale = 1.0f / std::sqrt(mean + eps);
       for (int64_t i = 0; i < n; ++i) yr[i] = w ? xr[i] * scale * w[i] : xr[i] * scale;
-    }
+    });
   }
 
   void layer_norm(const float* x, const float* w, const float* b, int64_t n, int64_t rows, float eps,
                   float* y) override {
-    for (int64_t r = 0; r < rows; ++r) {
+    for_rows(rows, n, [&](int64_t r) {
       const float* xr = x + r * n;
       float* yr = y + r * n;
       double sum = 0.0;
@@ -143,7 +230,7 @@ class CpuBackend final : public Backend {
         if (b) v = v + b[i];
         yr[i] = v;
       }
-    }
+    });
   }
 
   void rope(float* x, int64_t tokens, int64_t row_stride, int64_t heads, int64_t head_dim, const int32_t* pos,
@@ -158,8 +245,9 @@ class CpuBackend final : public Backend {
       corr[0] = std::max(0.0f, start);
       corr[1] = std::min(static_cast<float>(n_dims - 1), end);
     }
-    std::vector<float> cache(static_cast<size_t>(n_dims));
-    for (int64_t t = 0; t < tokens; ++t) {
+    for_rows(tokens, heads * head_dim, [&](int64_t t) {
+      thread_local std::vector<float> cache;
+      cache.resize(static_cast<size_t>(n_dims));
       float theta = static_cast<float>(pos[t]);
       for (int64_t i0 = 0; i0 < n_dims; i0 += 2) {
         const float theta_extrap = theta;
@@ -186,91 +274,49 @@ class CpuBackend final : public Backend {
           v[b] = x0 * s + x1 * c;
         }
       }
-    }
+    });
   }
 
   void attention(const float* q, int64_t q_row_stride, std::span<const AttentionQuery> queries,
                  const AttentionParams& p, float* out) override {
     if (p.n_head_kv <= 0 || p.n_head % p.n_head_kv != 0) throw std::invalid_argument("attention: bad head counts");
-    const int64_t group = p.n_head / p.n_head_kv;
-    const int64_t dk = p.head_dim_k, dv = p.head_dim_v;
-    const int64_t n_tasks = static_cast<int64_t>(queries.size()) * p.n_head_kv;
+    // A task is one KV head of a block of consecutive queries reading the same cache
+    // (a prompt's tokens): each K and V row is dequantized once per task instead of
+    // once per query. Every query is still computed on its own, the same way whatever
+    // its block (batch invariance).
+    std::vector<std::pair<int64_t, int64_t>> blocks;  // [begin, end) of queries
+    const auto n_queries = static_cast<int64_t>(queries.size());
+    for (int64_t begin = 0; begin < n_queries;) {
+      int64_t end = begin + 1;
+      while (end < n_queries && end - begin < kQueryBlock &&
+             queries[static_cast<size_t>(end)].kv.k == queries[static_cast<size_t>(begin)].kv.k &&
+             queries[static_cast<size_t>(end)].kv.v == queries[static_cast<size_t>(begin)].kv.v) {
+        ++end;
+      }
+      blocks.emplace_back(begin, end);
+      begin = end;
+    }
+    const auto n_tasks = static_cast<int64_t>(blocks.size()) * p.n_head_kv;
+    const bool avx512 = cpu::cpu_level() == cpu::CpuLevel::avx512;
     pool_.parallel_for(n_tasks, [&](int64_t task, int) {
-      const int64_t t = task / p.n_head_kv;
-      const int64_t kvh = task % p.n_head_kv;
-      const AttentionQuery& query = queries[static_cast<size_t>(t)];
-      const state::KvLayerView& kv = query.kv;
-      const int64_t last = std::min<int64_t>(query.pos, kv.n_pos - 1);
-      const int64_t first = p.window > 0 ? std::max<int64_t>(0, query.pos - p.window + 1) : 0;
-      thread_local std::vector<float> scores, kbuf, vbuf, qbuf, acc;
-      const int64_t n_keys = std::max<int64_t>(0, last - first + 1);
-      scores.resize(static_cast<size_t>(group * std::max<int64_t>(n_keys, 1)));
-      kbuf.resize(static_cast<size_t>(dk));
-      vbuf.resize(static_cast<size_t>(dv));
-      qbuf.resize(static_cast<size_t>(group * dk));
-      acc.resize(static_cast<size_t>(group * dv));
-      // Q as the K dot sees it: llama.cpp converts Q to F16 for an F16 K.
-      for (int64_t g = 0; g < group; ++g) {
-        const float* qh = q + t * q_row_stride + (kvh * group + g) * dk;
-        for (int64_t i = 0; i < dk; ++i) {
-          qbuf[static_cast<size_t>(g * dk + i)] = kv.k_type == GgmlType::F16 ? fp16_to_fp32(fp32_to_fp16(qh[i])) : qh[i];
-        }
-      }
-      for (int64_t j = 0; j < n_keys; ++j) {
-        state::read_k(kv, first + j, kvh, kbuf.data());
-        for (int64_t g = 0; g < group; ++g) {
-          const float* qh = qbuf.data() + g * dk;
-          double dot = 0.0;
-          for (int64_t i = 0; i < dk; ++i) dot += static_cast<double>(qh[i] * kbuf[static_cast<size_t>(i)]);
-          float s = static_cast<float>(dot) * p.scale;
-          if (p.softcap > 0.0f) s = p.softcap * std::tanh(s / p.softcap);
-          scores[static_cast<size_t>(g * n_keys + j)] = s;
-        }
-      }
-      // Softmax per head (max, exp, sum in double, one scale), as ggml's soft_max.
-      for (int64_t g = 0; g < group; ++g) {
-        float* sg = scores.data() + g * n_keys;
-        float max = -INFINITY;
-        for (int64_t j = 0; j < n_keys; ++j) max = std::max(max, sg[j]);
-        double sum = 0.0;
-        for (int64_t j = 0; j < n_keys; ++j) {
-          sg[j] = std::exp(sg[j] - max);
-          sum += static_cast<double>(sg[j]);
-        }
-        const float inv = n_keys > 0 ? static_cast<float>(1.0 / sum) : 0.0f;
-        for (int64_t j = 0; j < n_keys; ++j) {
-          const float pj = sg[j] * inv;
-          // llama.cpp multiplies F16 V by the probabilities converted to F16.
-          sg[j] = kv.v_type == GgmlType::F16 ? fp16_to_fp32(fp32_to_fp16(pj)) : pj;
-        }
-      }
-      std::fill(acc.begin(), acc.end(), 0.0f);
-      for (int64_t j = 0; j < n_keys; ++j) {
-        state::read_v(kv, first + j, kvh, vbuf.data());
-        for (int64_t g = 0; g < group; ++g) {
-          const float pj = scores[static_cast<size_t>(g * n_keys + j)];
-          float* a = acc.data() + g * dv;
-          for (int64_t i = 0; i < dv; ++i) a[i] = a[i] + pj * vbuf[static_cast<size_t>(i)];
-        }
-      }
-      for (int64_t g = 0; g < group; ++g) {
-        std::memcpy(out + t * p.n_head * dv + (kvh * group + g) * dv, acc.data() + g * dv, static_cast<size_t>(dv) * 4);
-      }
+      const auto [begin, end] = blocks[static_cast<size_t>(task / p.n_head_kv)];
+      attend_block(q, q_row_stride, queries.subspan(static_cast<size_t>(begin), static_cast<size_t>(end - begin)),
+                   begin, task % p.n_head_kv, p, avx512, out);
     });
   }
 
   void add(const float* a, const float* b, int64_t n, int64_t rows, int64_t b_rows, float* y) override {
-    for (int64_t r = 0; r < rows; ++r) {
+    for_rows(rows, n, [&](int64_t r) {
       const float* br = b + (b_rows == 1 ? 0 : r * n);
       for (int64_t i = 0; i < n; ++i) y[r * n + i] = a[r * n + i] + br[i];
-    }
+    });
   }
 
   void mul(const float* a, const float* b, int64_t n, int64_t rows, int64_t b_rows, float* y) override {
-    for (int64_t r = 0; r < rows; ++r) {
+    for_rows(rows, n, [&](int64_t r) {
       const float* br = b + (b_rows == 1 ? 0 : r * n);
       for (int64_t i = 0; i < n; ++i) y[r * n + i] = a[r * n + i] * br[i];
-    }
+    });
   }
 
   void scale(float* x, int64_t count, float factor) override {
@@ -278,25 +324,31 @@ class CpuBackend final : public Backend {
   }
 
   void silu(const float* x, int64_t count, float* y) override {
-    for (int64_t i = 0; i < count; ++i) y[i] = x[i] / (1.0f + std::exp(-x[i]));
+    for_ranges(count, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) y[i] = x[i] / (1.0f + std::exp(-x[i]));
+    });
   }
 
   void gelu(const float* x, int64_t count, float* y) override {
     const std::vector<uint16_t>& table = gelu_table();
-    for (int64_t i = 0; i < count; ++i) {
-      if (x[i] <= -10.0f) {
-        y[i] = 0.0f;
-      } else if (x[i] >= 10.0f) {
-        y[i] = x[i];
-      } else {
-        y[i] = fp16_to_fp32(table[fp32_to_fp16(x[i])]);
+    for_ranges(count, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        if (x[i] <= -10.0f) {
+          y[i] = 0.0f;
+        } else if (x[i] >= 10.0f) {
+          y[i] = x[i];
+        } else {
+          y[i] = fp16_to_fp32(table[fp32_to_fp16(x[i])]);
+        }
       }
-    }
+    });
   }
 
   void gelu_erf(const float* x, int64_t count, float* y) override {
     constexpr float kSqrt2Inv = 0.70710678118654752440084436210484f;
-    for (int64_t i = 0; i < count; ++i) y[i] = 0.5f * x[i] * (1.0f + std::erf(x[i] * kSqrt2Inv));
+    for_ranges(count, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) y[i] = 0.5f * x[i] * (1.0f + std::erf(x[i] * kSqrt2Inv));
+    });
   }
 
   void softmax(float* x, int64_t n, int64_t rows) override {
@@ -315,6 +367,200 @@ class CpuBackend final : public Backend {
   }
 
  private:
+  // Elementwise work below this many values runs on the calling thread (decode steps).
+  static constexpr int64_t kParallelMin = 16384;
+
+  // fn(r) for every row, rows split over the pool when there is enough work. Each row
+  // is computed the same way wherever it runs.
+  template <class Fn>
+  void for_rows(int64_t rows, int64_t n, Fn&& fn) const {
+    if (rows < 2 || rows * n < kParallelMin) {
+      for (int64_t r = 0; r < rows; ++r) fn(r);
+      return;
+    }
+    pool_.parallel_for(rows, [&](int64_t r, int) { fn(r); });
+  }
+
+  // fn(begin, end) over [0, count) in chunks, in parallel when there is enough work.
+  template <class Fn>
+  void for_ranges(int64_t count, Fn&& fn) const {
+    if (count < kParallelMin) {
+      fn(int64_t{0}, count);
+      return;
+    }
+    const int64_t chunks = (count + kParallelMin - 1) / kParallelMin;
+    pool_.parallel_for(chunks, [&](int64_t c, int) { fn(c * kParallelMin, std::min(count, (c + 1) * kParallelMin)); });
+  }
+
+  // Queries per attention task (see attention).
+  static constexpr int64_t kQueryBlock = 16;
+
+  // sum of a[i] * b[i], each product rounded to float and summed in double: eight
+  // interleaved partial sums (the latency of one chain dominated attention), added in
+  // a fixed tree.
+  static float dot_in_double(const float* a, const float* b, int64_t n, bool avx512) {
+#if defined(PICO_ATTENTION_AVX512)
+    if (avx512) return dot_in_double_avx512(a, b, n);
+#else
+    (void)avx512;
+#endif
+    int64_t i = 0;
+#if defined(__SSE2__)
+    // The same partial sums as below, two per register: (s0, s1) (s2, s3) (s4, s5) (s6, s7).
+    __m128d s01 = _mm_setzero_pd(), s23 = _mm_setzero_pd(), s45 = _mm_setzero_pd(), s67 = _mm_setzero_pd();
+    for (; i + 8 <= n; i += 8) {
+      const __m128 p0 = _mm_mul_ps(_mm_loadu_ps(a + i), _mm_loadu_ps(b + i));
+      const __m128 p1 = _mm_mul_ps(_mm_loadu_ps(a + i + 4), _mm_loadu_ps(b + i + 4));
+      s01 = _mm_add_pd(s01, _mm_cvtps_pd(p0));
+      s23 = _mm_add_pd(s23, _mm_cvtps_pd(_mm_movehl_ps(p0, p0)));
+      s45 = _mm_add_pd(s45, _mm_cvtps_pd(p1));
+      s67 = _mm_add_pd(s67, _mm_cvtps_pd(_mm_movehl_ps(p1, p1)));
+    }
+    double s[8];
+    _mm_storeu_pd(s, s01);
+    _mm_storeu_pd(s + 2, s23);
+    _mm_storeu_pd(s + 4, s45);
+    _mm_storeu_pd(s + 6, s67);
+#else
+    double s[8] = {};
+    for (; i + 8 <= n; i += 8) {
+      for (int j = 0; j < 8; ++j) s[j] += static_cast<double>(a[i + j] * b[i + j]);
+    }
+#endif
+    for (; i < n; ++i) s[0] += static_cast<double>(a[i] * b[i]);
+    return static_cast<float>(((s[0] + s[4]) + (s[2] + s[6])) + ((s[1] + s[5]) + (s[3] + s[7])));
+  }
+
+  // out[i] = fp16_to_fp32(fp32_to_fp16(in[i] * factor)); in may be out.
+  static void scale_round_f16(const float* in, float factor, int64_t n, float* out, bool avx512) {
+#if defined(PICO_ATTENTION_AVX512)
+    if (avx512) {
+      scale_round_f16_avx512(in, factor, n, out);
+      return;
+    }
+#else
+    (void)avx512;
+#endif
+    for (int64_t i = 0; i < n; ++i) out[i] = fp16_to_fp32(fp32_to_fp16(in[i] * factor));
+  }
+
+  // out[i] = sum over j in order of weights[j] * values[j * n + i], from 0: sixteen
+  // outputs at a time held in registers over all j (the same operations per output as
+  // a loop over j outside).
+  static void weighted_sum(const float* weights, const float* values, int64_t count, int64_t n, float* out,
+                           bool avx512) {
+#if defined(PICO_ATTENTION_AVX512)
+    if (avx512) {
+      weighted_sum_avx512(weights, values, count, n, out);
+      return;
+    }
+#else
+    (void)avx512;
+#endif
+    constexpr int64_t kWidth = 16;
+    int64_t i0 = 0;
+    for (; i0 + kWidth <= n; i0 += kWidth) {
+#if defined(__SSE2__)
+      __m128 sum[4] = {_mm_setzero_ps(), _mm_setzero_ps(), _mm_setzero_ps(), _mm_setzero_ps()};
+      for (int64_t j = 0; j < count; ++j) {
+        const float* v = values + j * n + i0;
+        const __m128 weight = _mm_set1_ps(weights[j]);
+        for (int q = 0; q < 4; ++q) sum[q] = _mm_add_ps(sum[q], _mm_mul_ps(weight, _mm_loadu_ps(v + 4 * q)));
+      }
+      for (int q = 0; q < 4; ++q) _mm_storeu_ps(out + i0 + 4 * q, sum[q]);
+#else
+      float sum[kWidth] = {};
+      for (int64_t j = 0; j < count; ++j) {
+        const float* v = values + j * n + i0;
+        for (int64_t i = 0; i < kWidth; ++i) sum[i] = sum[i] + weights[j] * v[i];
+      }
+      std::memcpy(out + i0, sum, sizeof(sum));
+#endif
+    }
+    for (; i0 < n; ++i0) {
+      float sum = 0.0f;
+      for (int64_t j = 0; j < count; ++j) sum = sum + weights[j] * values[j * n + i0];
+      out[i0] = sum;
+    }
+  }
+
+  // One KV head for queries [first_query, first_query + block.size()), all reading the
+  // same cache.
+  static void attend_block(const float* q, int64_t q_row_stride, std::span<const AttentionQuery> block,
+                           int64_t first_query, int64_t kvh, const AttentionParams& p, bool avx512, float* out) {
+    const int64_t group = p.n_head / p.n_head_kv;
+    const int64_t dk = p.head_dim_k, dv = p.head_dim_v;
+    const state::KvLayerView& kv = block.front().kv;
+    // Keys any query of the block sees.
+    int64_t keys_begin = INT64_MAX, keys_end = 0;
+    for (const AttentionQuery& query : block) {
+      const int64_t last = std::min<int64_t>(query.pos, kv.n_pos - 1);
+      const int64_t first = p.window > 0 ? std::max<int64_t>(0, query.pos - p.window + 1) : 0;
+      if (first <= last) {
+        keys_begin = std::min(keys_begin, first);
+        keys_end = std::max(keys_end, last + 1);
+      }
+    }
+    thread_local std::vector<float> scores, keys, values, qbuf;
+    const int64_t n_cached = std::max<int64_t>(0, keys_end - keys_begin);
+    keys.resize(static_cast<size_t>(std::max<int64_t>(n_cached, 1) * dk));
+    values.resize(static_cast<size_t>(std::max<int64_t>(n_cached, 1) * dv));
+    for (int64_t j = 0; j < n_cached; ++j) {
+      state::read_k(kv, keys_begin + j, kvh, keys.data() + j * dk);
+      state::read_v(kv, keys_begin + j, kvh, values.data() + j * dv);
+    }
+    qbuf.resize(static_cast<size_t>(group * dk));
+    for (size_t b = 0; b < block.size(); ++b) {
+      const AttentionQuery& query = block[b];
+      const int64_t t = first_query + static_cast<int64_t>(b);
+      const int64_t last = std::min<int64_t>(query.pos, kv.n_pos - 1);
+      const int64_t first = p.window > 0 ? std::max<int64_t>(0, query.pos - p.window + 1) : 0;
+      const int64_t n_keys = std::max<int64_t>(0, last - first + 1);
+      scores.resize(static_cast<size_t>(group * std::max<int64_t>(n_keys, 1)));
+      // Q as the K dot sees it: llama.cpp converts Q to F16 for an F16 K.
+      for (int64_t g = 0; g < group; ++g) {
+        const float* qh = q + t * q_row_stride + (kvh * group + g) * dk;
+        float* qg = qbuf.data() + g * dk;
+        if (kv.k_type != GgmlType::F16) {
+          std::memcpy(qg, qh, static_cast<size_t>(dk) * 4);
+        } else {
+          scale_round_f16(qh, 1.0f, dk, qg, avx512);  // x * 1 is x: only the rounding
+        }
+      }
+      for (int64_t j = 0; j < n_keys; ++j) {
+        const float* key = keys.data() + (first + j - keys_begin) * dk;
+        for (int64_t g = 0; g < group; ++g) {
+          float s = dot_in_double(qbuf.data() + g * dk, key, dk, avx512) * p.scale;
+          if (p.softcap > 0.0f) s = p.softcap * std::tanh(s / p.softcap);
+          scores[static_cast<size_t>(g * n_keys + j)] = s;
+        }
+      }
+      // Softmax per head (max, exp, sum in double, one scale), as ggml's soft_max.
+      for (int64_t g = 0; g < group; ++g) {
+        float* sg = scores.data() + g * n_keys;
+        float max = -INFINITY;
+        for (int64_t j = 0; j < n_keys; ++j) max = std::max(max, sg[j]);
+        double sum = 0.0;
+        for (int64_t j = 0; j < n_keys; ++j) {
+          sg[j] = std::exp(sg[j] - max);
+          sum += static_cast<double>(sg[j]);
+        }
+        const float inv = n_keys > 0 ? static_cast<float>(1.0 / sum) : 0.0f;
+        if (kv.v_type == GgmlType::F16) {
+          // llama.cpp multiplies F16 V by the probabilities converted to F16.
+          scale_round_f16(sg, inv, n_keys, sg, avx512);
+        } else {
+          for (int64_t j = 0; j < n_keys; ++j) sg[j] = sg[j] * inv;
+        }
+      }
+      const float* v_first = values.data() + (first - keys_begin) * dv;
+      for (int64_t g = 0; g < group; ++g) {
+        weighted_sum(scores.data() + g * n_keys, v_first, n_keys, dv, out + t * p.n_head * dv + (kvh * group + g) * dv,
+                     avx512);
+      }
+    }
+  }
+
   cpu::ThreadPool pool_;
   std::vector<uint8_t> scratch_;
 };

@@ -114,6 +114,32 @@ TEST(CpuKernels, GemmIsBitIdenticalToVecDot) {
   }
 }
 
+// Long rows: the GEMM decodes its weights in blocks of rows sized to the cache
+// (tile_driver.hpp), so here several blocks, one ending mid-tile, and full token
+// groups plus a rest; every output still bit-identical to vec_dot.
+TEST(CpuKernels, GemmOverSeveralWeightBlocksIsBitIdenticalToVecDot) {
+  const int64_t k = 8192, rows = 70, tokens = 13;
+  for (GgmlType type : weight_types()) {
+    if (k % block_unit(type) != 0) continue;
+    const auto w = random_rows(type, rows, k, 7);
+    const auto a = random_rows(partner(type), tokens, k, 8);
+    const size_t wb = row_bytes(type, k), ab = row_bytes(partner(type), k);
+    for (CpuLevel level : supported_levels()) {
+      const KernelTable& table = kernels_for(level);
+      std::vector<float> y(static_cast<size_t>(rows * tokens), -1.0f);
+      table.gemm[slot(type)](k, w.data(), wb, rows, a.data(), ab, tokens, y.data(), rows);
+      for (int64_t t = 0; t < tokens; ++t) {
+        for (int64_t r = 0; r < rows; ++r) {
+          const float want = table.vec_dot[slot(type)](k, w.data() + r * wb, a.data() + t * ab);
+          const float got = y[static_cast<size_t>(t * rows + r)];
+          ASSERT_EQ(std::memcmp(&want, &got, sizeof(float)), 0)
+              << label(type, level) << " r=" << r << " t=" << t << " want " << want << " got " << got;
+        }
+      }
+    }
+  }
+}
+
 TEST(CpuKernels, ReportsWhichLevelServesEachType) {
   for (CpuLevel level : supported_levels()) {
     const KernelTable& table = kernels_for(level);

@@ -11,9 +11,12 @@ namespace {
 // Row ranges handed to threads start at multiples of this (every kernel's row tile
 // divides it).
 constexpr int64_t kRowAlign = 8;
-// Tasks per thread: a few, so that a thread slowed by another process does not hold
-// up the rest.
-constexpr int64_t kTasksPerThread = 4;
+// Tasks per thread: several, so that a thread slowed by another process does not hold
+// up the rest for long.
+constexpr int64_t kTasksPerThread = 8;
+// But at least this many rows per task with several tokens: each task decodes the
+// activations again (see tile_driver.hpp).
+constexpr int64_t kMinGemmRows = 32;
 
 size_t row_bytes(GgmlType type, int64_t k) {
   const TypeTraits& t = type_traits(type);
@@ -65,7 +68,7 @@ void matmul_quantized(const ThreadPool& pool, GgmlType w_type, const void* w, in
   const int64_t threads = pool.size();
   const int64_t wanted_tasks = threads == 1 ? 1 : threads * kTasksPerThread;
   int64_t chunk = (rows + wanted_tasks - 1) / wanted_tasks;
-  chunk = std::max<int64_t>(kRowAlign, (chunk + kRowAlign - 1) / kRowAlign * kRowAlign);
+  chunk = std::max<int64_t>(tokens > 1 ? kMinGemmRows : kRowAlign, (chunk + kRowAlign - 1) / kRowAlign * kRowAlign);
   const int64_t n_tasks = (rows + chunk - 1) / chunk;
   pool.parallel_for(n_tasks, [&](int64_t task, int) {
     const int64_t first = task * chunk;

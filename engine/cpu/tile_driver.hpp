@@ -34,6 +34,16 @@ namespace {
 constexpr int64_t kPrefetchBytes = 4096;
 constexpr uintptr_t kLine = 64;
 
+// Fully unrolls a loop over a tile's rows or columns, so that its accumulators stay in
+// registers (GCC kept them on the stack for kernels with large weight steps).
+#if defined(__GNUC__) && !defined(__clang__)
+#define PICO_UNROLL _Pragma("GCC unroll 16")
+#elif defined(__clang__)
+#define PICO_UNROLL _Pragma("unroll")
+#else
+#define PICO_UNROLL
+#endif
+
 // Every cache line of the `step_bytes` at `p`, kPrefetchBytes ahead, each line once
 // over consecutive steps (a K-quant step spans two to four lines; several float or
 // Q4_0 steps share one).
@@ -117,6 +127,47 @@ void gemv_one_row_tiles(int64_t k, const uint8_t* w, size_t w_row_bytes, int64_t
   }
 }
 
+// Decoded weight and activation steps, as the GEMM keeps them (see tiled_gemm).
+template <class K>
+struct WeightSlot {
+  typename K::W w;
+};
+template <class K>
+struct ActivationSlot {
+  typename K::A a;
+};
+
+// run_tile on decoded steps: row r's steps at w + r * steps, column c's at
+// a + c * steps. Per output the same steps in the same order as run_tile.
+template <class K, int R, int C>
+inline void run_panel_tile(const WeightSlot<K>* w, const ActivationSlot<K>* a, int64_t steps, float* out,
+                           int64_t out_stride) {
+  typename K::Acc acc[R][C];
+  PICO_UNROLL for (int r = 0; r < R; ++r)
+    PICO_UNROLL for (int c = 0; c < C; ++c) acc[r][c] = K::zero();
+  for (int64_t s = 0; s < steps; ++s) {
+    if constexpr (R % 2 == 0 && C % 2 == 0 && has_step2x2<K>) {
+      PICO_UNROLL for (int r = 0; r < R; r += 2)
+        PICO_UNROLL for (int c = 0; c < C; c += 2)
+          K::step2x2(acc[r][c], acc[r][c + 1], acc[r + 1][c], acc[r + 1][c + 1], w[r * steps + s].w,
+                     w[(r + 1) * steps + s].w, a[c * steps + s].a, a[(c + 1) * steps + s].a);
+    } else {
+      PICO_UNROLL for (int r = 0; r < R; ++r)
+        PICO_UNROLL for (int c = 0; c < C; ++c) K::step(acc[r][c], w[r * steps + s].w, a[c * steps + s].a);
+    }
+  }
+  PICO_UNROLL for (int r = 0; r < R; ++r)
+    PICO_UNROLL for (int c = 0; c < C; ++c) out[c * out_stride + r] = K::reduce(acc[r][c]);
+}
+
+// Decoded weights kept per block of rows: about half an L2 cache.
+constexpr size_t kWeightPanelBytes = size_t{256} << 10;
+
+// GEMM as a packed matrix multiply: the weight rows are decoded block by block into
+// a per-thread panel (kWeightPanelBytes), the activations of each group of C columns
+// into a small one, and the register tiles run over the two panels. Each weight step
+// is decoded once per block instead of once per tile and token group, each
+// activation step once per block instead of once per row tile.
 template <class K>
 void tiled_gemm(int64_t k, const void* w, size_t w_row_bytes, int64_t rows, const void* a, size_t a_row_bytes,
                 int64_t cols, float* out, int64_t out_stride) {
@@ -137,22 +188,54 @@ void tiled_gemm(int64_t k, const void* w, size_t w_row_bytes, int64_t rows, cons
   }
   constexpr int R = K::kRows;
   constexpr int C = K::kCols;
-  int64_t r = 0;
-  for (; r + R <= rows; r += R) {
-    const uint8_t* wr = wb + r * w_row_bytes;
-    int64_t c = 0;
-    for (; c + C <= cols; c += C)
-      run_tile<K, R, C>(k, wr, w_row_bytes, ab + c * a_row_bytes, a_row_bytes, out + c * out_stride + r, out_stride);
-    for (; c < cols; ++c)
-      run_tile<K, R, 1>(k, wr, w_row_bytes, ab + c * a_row_bytes, a_row_bytes, out + c * out_stride + r, out_stride);
-  }
-  for (; r < rows; ++r) {
-    const uint8_t* wr = wb + r * w_row_bytes;
-    int64_t c = 0;
-    for (; c + C <= cols; c += C)
-      run_tile<K, 1, C>(k, wr, w_row_bytes, ab + c * a_row_bytes, a_row_bytes, out + c * out_stride + r, out_stride);
-    for (; c < cols; ++c)
-      run_tile<K, 1, 1>(k, wr, w_row_bytes, ab + c * a_row_bytes, a_row_bytes, out + c * out_stride + r, out_stride);
+  thread_local std::vector<WeightSlot<K>> weights;
+  thread_local std::vector<ActivationSlot<K>> activations;
+  const int64_t steps = (k + K::kStep - 1) / K::kStep;
+  const int64_t step_bytes = steps == 0 ? 0 : static_cast<int64_t>(w_row_bytes) / steps;
+  // A block's decoded steps, or its raw rows where those are larger (kernels whose
+  // steps are pointers into the rows), stay in cache over all the token groups.
+  const auto slot_bytes = static_cast<int64_t>(sizeof(WeightSlot<K>));
+  const int64_t row_panel_bytes = steps * (slot_bytes > step_bytes ? slot_bytes : step_bytes);
+  int64_t block_rows = static_cast<int64_t>(kWeightPanelBytes) / (row_panel_bytes == 0 ? 1 : row_panel_bytes) / R * R;
+  if (block_rows < R) block_rows = R;
+  if (block_rows > rows) block_rows = rows;
+  weights.resize(static_cast<size_t>(block_rows * steps));
+  activations.resize(static_cast<size_t>(C * steps));
+  for (int64_t r0 = 0; r0 < rows; r0 += block_rows) {
+    const int64_t nr = rows - r0 < block_rows ? rows - r0 : block_rows;
+    for (int64_t i = 0; i < nr; ++i) {
+      const uint8_t* row = wb + (r0 + i) * static_cast<int64_t>(w_row_bytes);
+      for (int64_t s = 0; s < steps; ++s) {
+        prefetch_step(row + s * step_bytes, step_bytes);
+        weights[static_cast<size_t>(i * steps + s)].w = K::load_w(row, s, k);
+      }
+    }
+    for (int64_t c = 0; c < cols; c += C) {
+      const int64_t n = cols - c < C ? cols - c : C;
+      for (int64_t j = 0; j < n; ++j)
+        for (int64_t s = 0; s < steps; ++s)
+          activations[static_cast<size_t>(j * steps + s)].a = K::load_a(ab + (c + j) * a_row_bytes, s, k);
+      float* oc = out + c * out_stride + r0;
+      const WeightSlot<K>* wp = weights.data();
+      const ActivationSlot<K>* ap = activations.data();
+      int64_t i = 0;
+      for (; i + R <= nr; i += R) {
+        if (n == C) {
+          run_panel_tile<K, R, C>(wp + i * steps, ap, steps, oc + i, out_stride);
+        } else {
+          for (int64_t j = 0; j < n; ++j)
+            run_panel_tile<K, R, 1>(wp + i * steps, ap + j * steps, steps, oc + j * out_stride + i, out_stride);
+        }
+      }
+      for (; i < nr; ++i) {
+        if (n == C) {
+          run_panel_tile<K, 1, C>(wp + i * steps, ap, steps, oc + i, out_stride);
+        } else {
+          for (int64_t j = 0; j < n; ++j)
+            run_panel_tile<K, 1, 1>(wp + i * steps, ap + j * steps, steps, oc + j * out_stride + i, out_stride);
+        }
+      }
+    }
   }
 }
 

@@ -168,17 +168,24 @@ void Model::project_qkv(ForwardContext& ctx, const LayerWeights& lw, const float
 
 void Model::gated_ffn(ForwardContext& ctx, const LayerWeights& lw, const float* xn, bool gelu, float* out) const {
   const int64_t n = ctx.n_tokens(), ff = hp_.n_ff;
-  std::vector<float> gate(static_cast<size_t>(n * ff)), up(static_cast<size_t>(n * ff));
+  // Per-thread scratch, kept between calls: a prompt's gate and up are megabytes, and
+  // allocating (and zeroing) them in every layer cost page faults and memsets.
+  thread_local std::vector<float> gate_buffer, up_buffer;
+  const auto size = static_cast<size_t>(n * ff);
+  if (gate_buffer.size() < size) gate_buffer.resize(size);
+  if (up_buffer.size() < size) up_buffer.resize(size);
+  float* gate = gate_buffer.data();
+  float* up = up_buffer.data();
   const Weight ws[2] = {lw.ffn_gate, lw.ffn_up};
-  float* const ys[2] = {gate.data(), up.data()};
+  float* const ys[2] = {gate, up};
   ctx.be.matmul_many(ws, xn, n, ys);
   if (gelu) {
-    ctx.be.gelu(gate.data(), n * ff, gate.data());
+    ctx.be.gelu(gate, n * ff, gate);
   } else {
-    ctx.be.silu(gate.data(), n * ff, gate.data());
+    ctx.be.silu(gate, n * ff, gate);
   }
-  ctx.be.mul(gate.data(), up.data(), ff, n, n, gate.data());
-  ctx.be.matmul(lw.ffn_down, gate.data(), n, out);
+  ctx.be.mul(gate, up, ff, n, n, gate);
+  ctx.be.matmul(lw.ffn_down, gate, n, out);
 }
 
 void Model::residual(ForwardContext& ctx, float* x, const float* o) const {
