@@ -162,7 +162,7 @@ PICO_GEMV_CACHED(Q2_K);
 PICO_GEMV_CACHED(Q3_K);
 PICO_GEMV_CACHED(IQ4_NL);
 #define PICO_GEMM(T) \
-  BENCHMARK_CAPTURE(BM_Gemm, T, GgmlType::T)->Args({64, 2})->Args({256, 2})->Args({256, 1})->UseRealTime()->Unit(benchmark::kMillisecond)
+  BENCHMARK_CAPTURE(BM_Gemm, T, GgmlType::T)->Args({1, 1})->Args({4, 1})->Args({8, 1})->Args({16, 1})->Args({64, 2})->Args({256, 2})->Args({256, 1})->UseRealTime()->Unit(benchmark::kMillisecond)
 PICO_GEMM(Q4_0);
 PICO_GEMM(Q8_0);
 PICO_GEMM(Q4_K);
