@@ -23,6 +23,7 @@
 
 #include "gguf/reader.hpp"
 #include "llama_library.hpp"
+#include "temp_dir.hpp"
 #include "quant/quantize.hpp"
 #include "quant/type_traits.hpp"
 #include "synthetic/synthetic_model.hpp"
@@ -31,6 +32,7 @@ namespace pico {
 namespace {
 
 namespace fs = std::filesystem;
+using conformance::TempDir;
 
 // llama_ftype values (include/llama.h).
 struct FileType {
@@ -122,26 +124,10 @@ std::map<std::string, TensorValues> read_all(const fs::path& path) {
   return out;
 }
 
-class TempDir {
- public:
-  TempDir() : path_(fs::temp_directory_path() / ("pico_llama_quantized_" + std::to_string(getpid()))) {
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
-};
-
 TEST(LlamaQuantized, PicoDequantizesEveryFileTypeLlamaCppWrites) {
   const conformance::LlamaLibrary& llama = conformance::LlamaLibrary::get();
   ASSERT_TRUE(llama.loaded()) << llama.error();
-  TempDir dir;
+  TempDir dir("llama_quantized");
   synthetic::SyntheticSpec spec;
   spec.architecture = synthetic::Architecture::llama;
   spec.vocab = synthetic::VocabKind::llama2;

@@ -35,6 +35,7 @@
 #include "backend/backend.hpp"
 #include "gguf/reader.hpp"
 #include "llama_library.hpp"
+#include "temp_dir.hpp"
 #include "model/model.hpp"
 #include "quantize/model_quantizer.hpp"
 #include "state/kv_cache.hpp"
@@ -253,23 +254,6 @@ void print_header(const std::string& label) {
               "drift", "tensor types");
 }
 
-class TempDir {
- public:
-  explicit TempDir(const std::string& name)
-      : path_(fs::temp_directory_path() / ("pico_matrix_" + name + "_" + std::to_string(getpid()))) {
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
-};
-
 class QuantizedMatrix : public ::testing::TestWithParam<MatrixCase> {};
 
 TEST_P(QuantizedMatrix, MatchesLlamaCpp) {
@@ -277,7 +261,7 @@ TEST_P(QuantizedMatrix, MatchesLlamaCpp) {
   const LlamaLibrary& llama = LlamaLibrary::get();
   ASSERT_TRUE(llama.loaded()) << llama.error();
   const auto started = std::chrono::steady_clock::now();
-  TempDir dir(case_name(c));
+  TempDir dir("matrix_" + case_name(c));
   const fs::path f32 = dir.path() / "F32.gguf";
   synthetic::write_synthetic_model(spec_for(c.arch), f32);
   const std::vector<int32_t> ids = llama.tokenize(f32, kText);
@@ -327,7 +311,7 @@ TEST_P(YarnRope, MatchesLlamaCpp) {
   const LlamaLibrary& llama = LlamaLibrary::get();
   ASSERT_TRUE(llama.loaded()) << llama.error();
   const std::string label = std::string(synthetic::architecture_name(GetParam())) + "_yarn";
-  TempDir dir(label);
+  TempDir dir("matrix_" + label);
   synthetic::SyntheticSpec spec = spec_for(GetParam());
   spec.rope_scaling = "yarn";
   spec.rope_scaling_factor = 4.0f;
