@@ -86,6 +86,25 @@ TEST(CpuKernels, SimdMatchesScalar) {
   }
 }
 
+// gemm over `rows` weight rows x `tokens` activation rows, each output compared bit
+// for bit with vec_dot of the same row and token.
+void expect_gemm_equals_vec_dot(const KernelTable& table, GgmlType type, CpuLevel level, int64_t k,
+                                const std::vector<uint8_t>& w, int64_t rows, const std::vector<uint8_t>& a,
+                                int64_t tokens) {
+  const size_t wb = row_bytes(type, k), ab = row_bytes(partner(type), k);
+  std::vector<float> y(static_cast<size_t>(rows * tokens), -1.0f);
+  table.gemm[slot(type)](k, w.data(), wb, rows, a.data(), ab, tokens, y.data(), rows);
+  for (int64_t t = 0; t < tokens; ++t) {
+    for (int64_t r = 0; r < rows; ++r) {
+      const float want = table.vec_dot[slot(type)](k, w.data() + r * wb, a.data() + t * ab);
+      const float got = y[static_cast<size_t>(t * rows + r)];
+      ASSERT_EQ(std::memcmp(&want, &got, sizeof(float)), 0)
+          << label(type, level) << " rows=" << rows << " tokens=" << tokens << " r=" << r << " t=" << t
+          << " want " << want << " got " << got;
+    }
+  }
+}
+
 TEST(CpuKernels, GemmIsBitIdenticalToVecDot) {
   for (CpuLevel level : supported_levels()) {
     const KernelTable& table = kernels_for(level);
@@ -94,20 +113,10 @@ TEST(CpuKernels, GemmIsBitIdenticalToVecDot) {
       const int64_t max_rows = 33, max_tokens = 17;
       const auto w = random_rows(type, max_rows, k, 5);
       const auto a = random_rows(partner(type), max_tokens, k, 6);
-      const size_t wb = row_bytes(type, k), ab = row_bytes(partner(type), k);
       for (int64_t rows : {1, 2, 7, 33}) {
         for (int64_t tokens = 1; tokens <= max_tokens; ++tokens) {
-          std::vector<float> y(static_cast<size_t>(rows * tokens), -1.0f);
-          table.gemm[slot(type)](k, w.data(), wb, rows, a.data(), ab, tokens, y.data(), rows);
-          for (int64_t t = 0; t < tokens; ++t) {
-            for (int64_t r = 0; r < rows; ++r) {
-              const float want = table.vec_dot[slot(type)](k, w.data() + r * wb, a.data() + t * ab);
-              const float got = y[static_cast<size_t>(t * rows + r)];
-              ASSERT_EQ(std::memcmp(&want, &got, sizeof(float)), 0)
-                  << label(type, level) << " rows=" << rows << " tokens=" << tokens << " r=" << r << " t=" << t
-                  << " want " << want << " got " << got;
-            }
-          }
+          expect_gemm_equals_vec_dot(table, type, level, k, w, rows, a, tokens);
+          if (HasFatalFailure()) return;
         }
       }
     }
@@ -124,19 +133,10 @@ TEST(CpuKernels, GemmOverSeveralWeightBlocksIsBitIdenticalToVecDot) {
     if (k % block_unit(type) != 0) continue;
     const auto w = random_rows(type, rows, k, 7);
     const auto a = random_rows(partner(type), tokens, k, 8);
-    const size_t wb = row_bytes(type, k), ab = row_bytes(partner(type), k);
     for (CpuLevel level : supported_levels()) {
       const KernelTable& table = kernels_for(level);
-      std::vector<float> y(static_cast<size_t>(rows * tokens), -1.0f);
-      table.gemm[slot(type)](k, w.data(), wb, rows, a.data(), ab, tokens, y.data(), rows);
-      for (int64_t t = 0; t < tokens; ++t) {
-        for (int64_t r = 0; r < rows; ++r) {
-          const float want = table.vec_dot[slot(type)](k, w.data() + r * wb, a.data() + t * ab);
-          const float got = y[static_cast<size_t>(t * rows + r)];
-          ASSERT_EQ(std::memcmp(&want, &got, sizeof(float)), 0)
-              << label(type, level) << " r=" << r << " t=" << t << " want " << want << " got " << got;
-        }
-      }
+      expect_gemm_equals_vec_dot(table, type, level, k, w, rows, a, tokens);
+      if (HasFatalFailure()) return;
     }
   }
 }
