@@ -131,7 +131,6 @@ class FakeStage final : public Stage {
   void plan(Stage*, size_t, size_t) override { ++plans; }
   void submit(uint64_t step, std::span<const model::BatchToken>) override { submitted.push_back(step); }
   void close(int32_t) override {}
-  void truncate(int32_t, int64_t) override {}
   std::optional<StepOutput> poll(int) override {
     if (answers.empty()) return std::nullopt;
     auto answer = std::move(answers.front());

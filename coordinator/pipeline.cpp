@@ -184,8 +184,4 @@ void Pipeline::close(int32_t seq_id) {
   if (first) throw *first;
 }
 
-void Pipeline::truncate(int32_t seq_id, int64_t pos) {
-  for (auto& s : stages_) s->truncate(seq_id, pos);
-}
-
 }  // namespace pico::coordinator

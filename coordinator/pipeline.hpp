@@ -46,7 +46,6 @@ class Pipeline {
   StepOutput wait(int timeout_ms);
   // On every stage that is up; a lost one closes it when it rejoins.
   void close(int32_t seq_id);
-  void truncate(int32_t seq_id, int64_t pos);
   // Thread-safe.
   PipelineTimings timings() const;
 

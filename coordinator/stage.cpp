@@ -337,14 +337,6 @@ void RemoteStage::close(int32_t seq_id) {
   send(b.encode());
 }
 
-void RemoteStage::truncate(int32_t seq_id, int64_t pos) {
-  protocol::Builder b;
-  auto t = b.envelope().getBody().initTruncate();
-  t.setSeqId(seq_id);
-  t.setPos(pos);
-  send(b.encode());
-}
-
 std::optional<StepOutput> RemoteStage::poll(int timeout_ms) {
   auto msg = receive(timeout_ms);
   if (!msg) return std::nullopt;

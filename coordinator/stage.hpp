@@ -96,7 +96,9 @@ class Stage {
   // The first stage: starts a step through the whole chain.
   virtual void submit(uint64_t step, std::span<const model::BatchToken> batch) = 0;
   virtual void close(int32_t seq_id) = 0;
-  virtual void truncate(int32_t seq_id, int64_t pos) = 0;
+  // No truncate: a stage cuts a sequence when its next token comes below the positions
+  // it holds (StageEngine::forward), since a separate message could reach a later
+  // stage after that token.
   // A finished step (the last stage), waiting up to timeout_ms; throws StageError on
   // an error reply or a lost connection (any stage).
   virtual std::optional<StepOutput> poll(int timeout_ms) = 0;
@@ -122,7 +124,6 @@ class LocalStage final : public Stage {
   void plan(Stage* next, size_t index, size_t count) override;
   void submit(uint64_t step, std::span<const model::BatchToken> batch) override;
   void close(int32_t seq_id) override { engine_.close(seq_id); }
-  void truncate(int32_t seq_id, int64_t pos) override { engine_.truncate(seq_id, pos); }
   std::optional<StepOutput> poll(int timeout_ms) override;
   StageStats stats() override;
   std::optional<std::vector<uint8_t>> snapshot(int32_t seq_id) override;
@@ -164,7 +165,6 @@ class RemoteStage final : public Stage {
   void submit(uint64_t step, std::span<const model::BatchToken> batch) override;
   // Closing a sequence on a lost worker is remembered and sent when it rejoins.
   void close(int32_t seq_id) override;
-  void truncate(int32_t seq_id, int64_t pos) override;
   std::optional<StepOutput> poll(int timeout_ms) override;
   StageStats stats() override;
   std::optional<std::vector<uint8_t>> snapshot(int32_t seq_id) override;
