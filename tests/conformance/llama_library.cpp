@@ -157,7 +157,9 @@ namespace {
 class Loaded {
  public:
   Loaded(const LlamaLibrary::Api& api, const fs::path& path, const LlamaEvalOptions& o, bool need_context) : api_(api) {
-    model_ = api.model_load_from_file(path.c_str(), api.model_default_params());
+    LlamaModelParams model_params = api.model_default_params();
+    model_params.use_extra_bufts = o.repack;
+    model_ = api.model_load_from_file(path.c_str(), model_params);
     if (!model_) throw std::runtime_error("llama.cpp cannot load " + path.string());
     if (!need_context) return;
     LlamaContextParams p = api.context_default_params();

@@ -40,11 +40,14 @@ enum class LlamaFileType : int32_t {
 // How llama.cpp evaluates: a context of n_ctx positions (one sequence), prompts in
 // batches of `batch` tokens (n_batch = n_ubatch), KV cache F16 (as pico's default),
 // no flash attention (pico follows the non-flash path), full-size sliding-window
-// cache, `threads` threads.
+// cache, `threads` threads. `repack`: llama.cpp's weight repacking for its CPU
+// (use_extra_bufts, on by default as node-llama-cpp leaves it); off, every matrix
+// multiplies through ggml's plain per-row dot products (or llamafile's sgemm).
 struct LlamaEvalOptions {
   uint32_t n_ctx = 256;
   uint32_t batch = 64;
   int32_t threads = 2;
+  bool repack = true;
 };
 
 // The logits after every token of a prompt: rows of n_vocab floats.

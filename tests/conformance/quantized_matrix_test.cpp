@@ -17,6 +17,11 @@
 // activation first landed on another quantization code than llama.cpp's (float
 // rounding alone stays near 1e-8).
 //
+// For scale, each row also shows how far llama.cpp moves from itself with its weight
+// repacking switched off ("self": mean KL and top-1 of llama.cpp without repacking
+// against llama.cpp with it, the default and the reference): printed, not checked.
+// $PICO_MATRIX_TYPES (e.g. "Q4_0,Q5_K") limits the rows, for work on one type.
+//
 // One test per architecture x source, so that ctest -j2 spreads them.
 // Fails (never skips) when $PICO_LLAMA_LIB cannot be loaded.
 #include <gtest/gtest.h>
@@ -24,6 +29,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -233,6 +239,9 @@ void check_file(const std::string& label, const std::string& type, const fs::pat
   const std::vector<float> got = pico.eval(ids, true);
   ASSERT_EQ(got.size(), reference.rows.size());
   const Agreement a = compare(reference.rows, got, reference.n_vocab);
+  LlamaEvalOptions plain;
+  plain.repack = false;
+  const Agreement self = compare(reference.rows, llama.logits(file, ids, plain).rows, reference.n_vocab);
   std::string continuation = "-";
   if (greedy) {
     const std::vector<int32_t> want = llama.greedy(file, ids, kGreedyTokens);
@@ -242,16 +251,22 @@ void check_file(const std::string& label, const std::string& type, const fs::pat
     continuation = std::to_string(same) + "/" + std::to_string(kGreedyTokens);
     EXPECT_EQ(mine, want) << "greedy continuations differ from token " << same;
   }
-  std::printf("%-30s %-7s %10.3e %10.3e %7.4f %7s %6lld  %s\n", label.c_str(), type.c_str(), a.kl_mean, a.kl_max,
-              a.top1, continuation.c_str(), static_cast<long long>(a.first_drift), type_histogram(file).c_str());
+  std::printf("%-30s %-7s %10.3e %10.3e %7.4f %7s %6lld %10.3e %7.4f  %s\n", label.c_str(), type.c_str(), a.kl_mean,
+              a.kl_max, a.top1, continuation.c_str(), static_cast<long long>(a.first_drift), self.kl_mean, self.top1,
+              type_histogram(file).c_str());
   std::fflush(stdout);
   EXPECT_LE(a.kl_mean, 1e-3);
   EXPECT_GE(a.top1, 0.99);
 }
 
+// Whether `name` is one of the comma-separated names of `list`.
+bool listed(const std::string& list, const std::string& name) {
+  return ("," + list + ",").find("," + name + ",") != std::string::npos;
+}
+
 void print_header(const std::string& label) {
-  std::printf("%-30s %-7s %10s %10s %7s %7s %6s  %s\n", label.c_str(), "type", "mean KL", "max KL", "top-1", "greedy",
-              "drift", "tensor types");
+  std::printf("%-30s %-7s %10s %10s %7s %7s %6s %10s %7s  %s\n", label.c_str(), "type", "mean KL", "max KL", "top-1",
+              "greedy", "drift", "self KL", "self t1", "tensor types");
 }
 
 class QuantizedMatrix : public ::testing::TestWithParam<MatrixCase> {};
@@ -268,8 +283,10 @@ TEST_P(QuantizedMatrix, MatchesLlamaCpp) {
   ASSERT_GE(ids.size(), 64u) << "the text gives too few tokens";
 
   print_header(case_name(c));
+  const char* only = std::getenv("PICO_MATRIX_TYPES");
   for (const WeightType& type : weight_types()) {
     if (c.source == Source::llama && !type.llama_source) continue;
+    if (only && !listed(only, type.name)) continue;
     SCOPED_TRACE(std::string(type.name) + " by " + (c.source == Source::pico ? "pico quantize" : "llama.cpp"));
     fs::path file = f32;
     if (type.pico_type && c.source == Source::pico) {
