@@ -1,14 +1,18 @@
 #include <gtest/gtest.h>
 
+#include <condition_variable>
 #include <deque>
 #include <functional>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 
 #include "cluster_config.hpp"
 #include "engine.hpp"
 #include "pipeline.hpp"
+#include "gguf/value.hpp"
 #include "protocol.hpp"
+#include "tokenizer/tokenizer.hpp"
 
 namespace pico::coordinator {
 namespace {
@@ -129,7 +133,10 @@ class FakeStage final : public Stage {
   }
   const StageInfo& info() const override { return info_; }
   void plan(Stage*, size_t, size_t) override { ++plans; }
-  void submit(uint64_t step, std::span<const model::BatchToken>) override { submitted.push_back(step); }
+  void submit(uint64_t step, std::span<const model::BatchToken> batch) override {
+    submitted.push_back(step);
+    if (on_submit) on_submit(step, batch);
+  }
   void close(int32_t) override {}
   std::optional<StepOutput> poll(int) override {
     if (answers.empty()) return std::nullopt;
@@ -151,6 +158,7 @@ class FakeStage final : public Stage {
 
   std::deque<std::function<StepOutput()>> answers;  // run when polled
   std::vector<uint64_t> submitted;
+  std::function<void(uint64_t, std::span<const model::BatchToken>)> on_submit;
   int plans = 0, rejoins = 0;
   bool is_up = true, comes_back = true;
 
@@ -268,6 +276,81 @@ TEST(PipelineSteps, RejoinsALostStageAndPlansAgain) {
   EXPECT_EQ(f.first->plans, 2);
   EXPECT_EQ(f.last->plans, 2);
   EXPECT_EQ(f.first->submitted.size(), 1u);
+}
+
+// A tokenizer of 4 tokens: <unk>, <s>, </s> and "a" (3).
+std::unique_ptr<tokenizer::Tokenizer> tiny_tokenizer() {
+  gguf::Metadata m;
+  m.set("tokenizer.ggml.model", std::string("llama"));
+  m.set("tokenizer.ggml.tokens", gguf::string_array({"<unk>", "<s>", "</s>", "a"}));
+  std::vector<gguf::Value> scores(4, gguf::Value(0.0f));
+  std::vector<gguf::Value> types{gguf::Value(int32_t{2}), gguf::Value(int32_t{3}), gguf::Value(int32_t{3}),
+                                 gguf::Value(int32_t{1})};
+  m.set("tokenizer.ggml.scores", gguf::make_array(gguf::ValueType::Float32, scores));
+  m.set("tokenizer.ggml.token_type", gguf::make_array(gguf::ValueType::Int32, types));
+  return std::make_unique<tokenizer::Tokenizer>(tokenizer::Vocabulary::from_metadata(m));
+}
+
+// With remote stages the next step goes out as soon as the sampled tokens are known:
+// a token's text and callbacks come after the step that carries it was submitted (they
+// run while the stages compute), except for the last token, which submits nothing.
+TEST(EngineSteps, SubmitsTheNextStepBeforeATokensText) {
+  auto f = fake_pipeline(0, 0);
+  const auto tok = tiny_tokenizer();
+  std::vector<std::string> events;  // engine thread only, until on_done
+  f.first->on_submit = [&](uint64_t step, std::span<const model::BatchToken> batch) {
+    events.push_back("submit");
+    std::vector<int32_t> seqs, positions;
+    for (const auto& t : batch) {
+      if (!t.logits) continue;
+      seqs.push_back(t.seq_id);
+      positions.push_back(t.pos);
+    }
+    f.last->answers.push_back([step, seqs, positions] {
+      StepOutput o;
+      o.step = step;
+      o.seq_ids = seqs;
+      o.positions = positions;
+      o.n_vocab = 4;
+      o.logits = std::vector<float>{0.0f, 0.0f, 0.0f, 5.0f};  // "a"
+      return o;
+    });
+  };
+  std::mutex mutex;
+  std::condition_variable cv;
+  bool done = false;
+  std::string text;
+  {
+    Engine engine(*f.pipeline, *tok, SchedulerOptions{});
+    OnlineRequest r;
+    r.prompt = {1, 3};
+    r.max_tokens = 3;
+    r.sampling.temperature = 0.0f;
+    Callbacks cb;
+    cb.on_token = [&](const TokenEvent& ev) {
+      if (ev.id >= 0) events.push_back("token");
+      text += ev.text;
+    };
+    cb.on_done = [&](const std::string&, const Usage&) {
+      events.push_back("done");
+      std::lock_guard lock(mutex);
+      done = true;
+      cv.notify_all();
+    };
+    cb.on_error = [&](const std::string& message) {
+      events.push_back("error: " + message);
+      std::lock_guard lock(mutex);
+      done = true;
+      cv.notify_all();
+    };
+    engine.submit(std::move(r), std::move(cb));
+    std::unique_lock lock(mutex);
+    ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(10), [&] { return done; }));
+  }
+  // The prompt, then each token's text after the step with that token went out (the
+  // third and last token submits nothing).
+  EXPECT_EQ(events, (std::vector<std::string>{"submit", "submit", "token", "submit", "token", "token", "done"}));
+  EXPECT_EQ(text, "aaa");
 }
 
 }  // namespace

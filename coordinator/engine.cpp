@@ -17,6 +17,11 @@ namespace {
 double seconds_between(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
 }
+
+std::span<const float> row_logits(const StepOutput& out, size_t row) {
+  const auto n_vocab = static_cast<size_t>(out.n_vocab);
+  return {out.logits.data() + row * n_vocab, n_vocab};
+}
 }  // namespace
 
 std::string StopMatcher::push(const std::string& text) {
@@ -131,6 +136,28 @@ EngineMetrics Engine::metrics() const {
   }
   m.timings = pipeline_.timings();  // thread-safe on its own
   return m;
+}
+
+void Engine::emit_token(Seq& s, int32_t id, std::span<const float> logits) {
+  TokenEvent ev;
+  ev.id = id;
+  if (s.request.logprobs >= 0) {
+    const float mx = *std::max_element(logits.begin(), logits.end());
+    double sum = 0.0;
+    for (float v : logits) sum += std::exp(static_cast<double>(v - mx));
+    const float lse = mx + static_cast<float>(std::log(sum));
+    ev.logprob = logits[static_cast<size_t>(id)] - lse;
+    const size_t n = std::min(static_cast<size_t>(s.request.logprobs), logits.size());
+    if (n > 0) {
+      std::vector<int32_t> idx(logits.size());
+      std::iota(idx.begin(), idx.end(), 0);
+      std::partial_sort(idx.begin(), idx.begin() + static_cast<std::ptrdiff_t>(n), idx.end(),
+                        [&](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); });
+      for (size_t j = 0; j < n; ++j) ev.top.push_back({idx[j], logits[static_cast<size_t>(idx[j])] - lse});
+    }
+  }
+  ev.text = s.matcher->push(s.decoder->push(id));
+  if (s.callbacks.on_token) s.callbacks.on_token(ev);
 }
 
 void Engine::release(Seq& s, const std::string& text) {
@@ -354,30 +381,9 @@ void Engine::loop() {
   size_t rr = 0;
   auto last_done = Clock::now();
   bool stats_stale = options_.stage_stats;
-  while (true) {
-    if (stats_stale && active_.empty() && inflight.empty()) {
-      // Idle: nothing in flight, so a remote stage can answer a stats request.
-      std::vector<StageStats> stages;
-      try {
-        for (size_t i = 0; i < pipeline_.size(); ++i) stages.push_back(pipeline_.stage(i).stats());
-        std::lock_guard lock(mutex_);
-        metrics_.stages = std::move(stages);
-      } catch (const std::exception& e) {
-        spdlog::warn("stage stats: {}", e.what());
-      }
-      stats_stale = false;
-    }
-    {
-      std::unique_lock lock(mutex_);
-      if (active_.empty() && inflight.empty()) {
-        cv_.wait(lock, [&] { return stopping_ || !incoming_.empty() || !cancels_.empty(); });
-      }
-      if (stopping_) break;
-    }
-    admit();
-    stats_stale = options_.stage_stats;  // a cancel may have closed a sequence without a step
-    std::erase_if(active_, [](const auto& s) { return s->done; });
-
+  // Fills the pipeline with the next tokens of the active sequences; false when the
+  // pipeline failed (every request then failed and active_ is empty).
+  auto fill = [&]() -> bool {
     // Decoding sequences are split into one group per stage (up to max_inflight), so
     // that with several stages each works on its own group at once instead of all
     // stages taking turns on one batch; with one stage a single group is best.
@@ -428,11 +434,38 @@ void Engine::loop() {
         fail_all(e.what());
         inflight.clear();
         stats_stale = false;
-        break;
+        return false;
       }
       for (Seq* sp : seqs) ++sp->steps_inflight;
       inflight.push_back({Clock::now(), prefill, decode, std::move(seqs)});
     }
+    return true;
+  };
+  while (true) {
+    if (stats_stale && active_.empty() && inflight.empty()) {
+      // Idle: nothing in flight, so a remote stage can answer a stats request.
+      std::vector<StageStats> stages;
+      try {
+        for (size_t i = 0; i < pipeline_.size(); ++i) stages.push_back(pipeline_.stage(i).stats());
+        std::lock_guard lock(mutex_);
+        metrics_.stages = std::move(stages);
+      } catch (const std::exception& e) {
+        spdlog::warn("stage stats: {}", e.what());
+      }
+      stats_stale = false;
+    }
+    {
+      std::unique_lock lock(mutex_);
+      if (active_.empty() && inflight.empty()) {
+        cv_.wait(lock, [&] { return stopping_ || !incoming_.empty() || !cancels_.empty(); });
+      }
+      if (stopping_) break;
+    }
+    admit();
+    stats_stale = options_.stage_stats;  // a cancel may have closed a sequence without a step
+    std::erase_if(active_, [](const auto& s) { return s->done; });
+
+    fill();
     update_slots();
     if (inflight.empty()) continue;
 
@@ -466,6 +499,20 @@ void Engine::loop() {
     for (Seq* sp : step.seqs) {
       if (sp->cancelled && !sp->done && sp->steps_inflight == 0) finish(*sp, "cancelled");
     }
+    // Sampling first, and with remote stages the next step is submitted as soon as
+    // every sequence has its token: the text and callbacks of a sequence that goes on
+    // (no stop strings, no limit reached) then run while the stages compute. (A local
+    // stage computes inside submit: there its text goes out first, as it is ready.)
+    const bool overlap = pipeline_.stage(0).remote();
+    auto at_limit = [&](const Seq& s) {
+      return (s.request.max_tokens > 0 && s.n_decoded >= s.request.max_tokens) || s.n_past >= options_.ctx;
+    };
+    struct Deferred {
+      Seq* seq;
+      size_t row;
+      int32_t id;
+    };
+    std::vector<Deferred> deferred;
     int generated = 0;
     for (size_t r = 0; r < out.seq_ids.size(); ++r) {
       Seq* sp = nullptr;
@@ -475,11 +522,9 @@ void Engine::loop() {
       if (!sp || sp->done) continue;
       Seq& s = *sp;
       s.awaiting = false;
-      const std::span<const float> logits(out.logits.data() + r * static_cast<size_t>(out.n_vocab),
-                                          static_cast<size_t>(out.n_vocab));
-      const int32_t id = s.sampler->sample(logits);
+      const int32_t id = s.sampler->sample(row_logits(out, r));
       s.sampler->accept(id);
-      if (s.callbacks.on_sampled) s.callbacks.on_sampled(id, logits);
+      if (s.callbacks.on_sampled) s.callbacks.on_sampled(id, row_logits(out, r));
       if (s.n_decoded == 0) s.t_first = now;
       ++s.n_decoded;
       ++generated;
@@ -487,32 +532,23 @@ void Engine::loop() {
         finish(s, "stop");
         continue;
       }
-      TokenEvent ev;
-      ev.id = id;
-      if (s.request.logprobs >= 0) {
-        const float mx = *std::max_element(logits.begin(), logits.end());
-        double sum = 0.0;
-        for (float v : logits) sum += std::exp(static_cast<double>(v - mx));
-        const float lse = mx + static_cast<float>(std::log(sum));
-        ev.logprob = logits[static_cast<size_t>(id)] - lse;
-        const size_t n = std::min(static_cast<size_t>(s.request.logprobs), logits.size());
-        if (n > 0) {
-          std::vector<int32_t> idx(logits.size());
-          std::iota(idx.begin(), idx.end(), 0);
-          std::partial_sort(idx.begin(), idx.begin() + static_cast<std::ptrdiff_t>(n), idx.end(),
-                            [&](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); });
-          for (size_t j = 0; j < n; ++j) ev.top.push_back({idx[j], logits[static_cast<size_t>(idx[j])] - lse});
-        }
+      if (overlap && s.request.stop.empty() && !at_limit(s)) {
+        s.pending = id;
+        deferred.push_back({&s, r, id});
+        continue;
       }
-      ev.text = s.matcher->push(s.decoder->push(id));
-      if (s.callbacks.on_token) s.callbacks.on_token(ev);
+      emit_token(s, id, row_logits(out, r));
       if (s.matcher->matched()) {
         finish(s, "stop");
-      } else if ((s.request.max_tokens > 0 && s.n_decoded >= s.request.max_tokens) || s.n_past >= options_.ctx) {
+      } else if (at_limit(s)) {
         finish(s, "length");
       } else {
         s.pending = id;
       }
+    }
+    if (!deferred.empty() && !fill()) deferred.clear();  // failed: those requests got on_error
+    for (const Deferred& d : deferred) {
+      if (!d.seq->done) emit_token(*d.seq, d.id, row_logits(out, d.row));
     }
     {
       std::lock_guard lock(mutex_);

@@ -11,7 +11,9 @@
 // sequence from the end of the common prefix; each stage drops the positions after it
 // when that token arrives). A cancelled sequence is closed once no
 // step holding its tokens is in flight (during prefill too). Callbacks run on the
-// engine thread and must not block.
+// engine thread and must not block. With remote stages, a token that does not end its
+// request (and whose request has no stop strings) goes on to the stages before its
+// text and on_token, which then run while the stages compute.
 #pragma once
 
 #include <atomic>
@@ -137,6 +139,8 @@ class Engine {
   void evict_kept();
   void close_sequence(int32_t kv_id);
   void finish(Seq& s, const std::string& reason);
+  // The text a sampled token releases (and its logprobs when asked), to on_token.
+  void emit_token(Seq& s, int32_t id, std::span<const float> logits);
   void fail_all(const std::string& message);
   void release(Seq& s, const std::string& text);
   void update_slots();
