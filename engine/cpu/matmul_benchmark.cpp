@@ -168,6 +168,7 @@ PICO_GEMM(Q8_0);
 PICO_GEMM(Q4_K);
 PICO_GEMM(Q6_K);
 PICO_GEMM(F16);
+PICO_GEMM(IQ4_NL);
 
 }  // namespace
 

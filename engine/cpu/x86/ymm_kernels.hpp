@@ -136,12 +136,6 @@ struct SignedCodesStep {
   }
 };
 
-struct Q4_0Kernel : LegacyTiles, Q8_0Activation, SignedCodesStep {
-  static W load_w(const uint8_t* row, int64_t s, int64_t) {
-    const BlockQ4_0* b = block_at<BlockQ4_0>(row, s);
-    return {_mm256_sub_epi8(unpack_nibbles(b->qs), _mm256_set1_epi8(8)), half_to_float(b->d)};
-  }
-};
 
 struct Q8_0Kernel : LegacyTiles, Q8_0Activation, SignedCodesStep {
   static W load_w(const uint8_t* row, int64_t s, int64_t) {
@@ -164,16 +158,6 @@ inline __m256i lookup16(const int8_t* table, __m256i index) {
   return _mm256_shuffle_epi8(_mm256_set_m128i(t, t), index);
 }
 
-struct IQ4_NLKernel : LegacyTiles, Q8_0Activation, SignedCodesStep {
-  static W load_w(const uint8_t* row, int64_t s, int64_t) {
-    const BlockIQ4_NL* b = block_at<BlockIQ4_NL>(row, s);
-    return {lookup16(quant::kIq4nlValues, unpack_nibbles(b->qs)), half_to_float(b->d)};
-  }
-  static void step(__m256& acc, const W& w, const Codes& a) {
-    const __m256 d = _mm256_set1_ps(a.d * w.d);
-    acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(dot_s8_s8(w.q, a.q)), acc);
-  }
-};
 
 // E8M0 scale, halved (pairs with the doubled e2m1 code values).
 inline float e8m0_half(uint8_t e) {
@@ -352,44 +336,6 @@ inline __m256i weighted_mins(const BlockQ8_K* a, __m128i scales_mins) {
   return _mm256_madd_epi16(bsums16(a), per16);
 }
 
-// Q4_K and Q5_K share everything but how a 32-byte chunk of codes unpacks: 8 scales
-// and mins from the 12 packed bytes, one scaled u8 x s8 product per 32 codes, then
-// d * sum - dmin * sum(mins x bsums). `Codes::unpack(w, j, lo, hi)` gives the codes of
-// sub-blocks 2j and 2j + 1.
-template <class Block, class Codes>
-struct FourBitSuperBlockKernel : SuperBlockTiles<Block> {
-  using Acc = typename SuperBlockTiles<Block>::Acc;
-  using W = typename SuperBlockTiles<Block>::W;
-  using A = typename SuperBlockTiles<Block>::A;
-  static void step(Acc& acc, W w, A a) {
-    const __m128i sm = decode_scales_k4(w->scales);
-    const Codes codes(w);
-    __m256i sumi = _mm256_setzero_si256();
-    for (int j = 0; j < 4; ++j) {
-      __m256i lo, hi;
-      codes.unpack(w, j, lo, hi);
-      const __m256i p_lo = scaled_dot_u8_s8(lo, load256(a->qs + 64 * j), broadcast_u8(sm, 2 * j));
-      const __m256i p_hi = scaled_dot_u8_s8(hi, load256(a->qs + 64 * j + 32), broadcast_u8(sm, 2 * j + 1));
-      sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p_lo, p_hi));
-    }
-    const float d = half_to_float(w->d) * a->d;
-    const float dmin = half_to_float(w->dmin) * a->d;
-    acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
-    acc = _mm256_fnmadd_ps(_mm256_set1_ps(dmin), _mm256_cvtepi32_ps(weighted_mins(a, sm)), acc);
-  }
-};
-
-// Q4_K: the low and high nibbles of 32 bytes.
-struct Q4_KCodes {
-  explicit Q4_KCodes(const BlockQ4_K*) {}
-  void unpack(const BlockQ4_K* w, int j, __m256i& lo, __m256i& hi) const {
-    const __m256i mask = _mm256_set1_epi8(0x0f);
-    const __m256i q = load256(w->qs + 32 * j);
-    lo = _mm256_and_si256(q, mask);
-    hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), mask);
-  }
-};
-
 // Q5_K: Q4_K's nibbles plus a fifth bit (16) from qh, bit 2j for the low nibbles and
 // 2j + 1 for the high ones.
 struct Q5_KCodes {
@@ -407,8 +353,33 @@ struct Q5_KCodes {
   }
 };
 
-using Q4_KKernel = FourBitSuperBlockKernel<BlockQ4_K, Q4_KCodes>;
-using Q5_KKernel = FourBitSuperBlockKernel<BlockQ5_K, Q5_KCodes>;
+// Q5_K in llama.cpp's float order (ggml_vec_dot_q5_K_q8_K, AVX2): the scaled code
+// sums in 8 lanes, acc = fma(d_w * d_a, sum, acc) per super-block; the mins apart, as
+// one exact integer per super-block, fma'd with -(d_a * dmin_w) into a float of their
+// own (llama.cpp's build contracts `summs += dmin * sum` into one fma: checked bit for
+// bit by ggml_matmul_crosscheck_test); the lanes' sum plus that float at the end.
+struct Q5_KKernel : SuperBlockTiles<BlockQ5_K> {
+  using Acc = OffsetAcc;
+  static Acc zero() { return {_mm256_setzero_ps(), 0.0f}; }
+  static float reduce(const Acc& acc) { return hsum(acc.v) + acc.offset; }
+  static void step(Acc& acc, W w, A a) {
+    const __m128i sm = decode_scales_k4(w->scales);
+    const Q5_KCodes codes(w);
+    __m256i sumi = _mm256_setzero_si256();
+    for (int j = 0; j < 4; ++j) {
+      __m256i lo, hi;
+      codes.unpack(w, j, lo, hi);
+      const __m256i p_lo = scaled_dot_u8_s8(lo, load256(a->qs + 64 * j), broadcast_u8(sm, 2 * j));
+      const __m256i p_hi = scaled_dot_u8_s8(hi, load256(a->qs + 64 * j + 32), broadcast_u8(sm, 2 * j + 1));
+      sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p_lo, p_hi));
+    }
+    const float d = a->d * half_to_float(w->d);
+    const float dmin = -a->d * half_to_float(w->dmin);
+    const float mins = static_cast<float>(hsum_i32(weighted_mins(a, sm)));
+    acc.offset = _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(dmin), _mm_set_ss(mins), _mm_set_ss(acc.offset)));
+    acc.v = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc.v);
+  }
+};
 
 // Q6_K: unsigned 6-bit codes u, value u - 32; the -32 is applied through the bsums:
 // sum s_j (u - 32) a = sum s_j u a - 32 sum_j s_j bsum_j.
@@ -443,31 +414,11 @@ struct Q6_KKernel : SuperBlockTiles<BlockQ6_K> {
   }
 };
 
-struct Q2_KKernel : SuperBlockTiles<BlockQ2_K> {
-  static void step(Acc& acc, W w, A a) {
-    const __m256i three = _mm256_set1_epi8(3);
-    const __m128i raw_scales = load128(w->scales);
-    const __m128i scales8 = _mm_and_si128(raw_scales, _mm_set1_epi8(0x0f));  // 0..15: as int8 too
-    __m256i sumi = _mm256_setzero_si256();
-    for (int h = 0; h < 2; ++h) {
-      const __m256i q = load256(w->qs + 32 * h);
-      for (int g = 0; g < 4; ++g) {
-        const __m256i u = _mm256_and_si256(_mm256_srli_epi16(q, 2 * g), three);
-        const int sub = 8 * h + 2 * g;
-        const __m256i p = scaled_dot_u8_s8(u, load256(a->qs + 128 * h + 32 * g), pair_i8(scales8, sub));
-        sumi = _mm256_add_epi32(sumi, p);
-      }
-    }
-    const __m256i mins16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw_scales, 4), _mm_set1_epi8(0x0f)));
-    const __m256i mins = _mm256_madd_epi16(bsums16(a), mins16);
-    const float dall = a->d * half_to_float(w->d);
-    const float dmin = a->d * half_to_float(w->dmin);
-    acc = _mm256_fmadd_ps(_mm256_set1_ps(dall), _mm256_cvtepi32_ps(sumi), acc);
-    acc = _mm256_fnmadd_ps(_mm256_set1_ps(dmin), _mm256_cvtepi32_ps(mins), acc);
-  }
-};
 
-// Q3_K: unsigned u = low 2 bits + 4 * hmask bit (0..7), value u - 4.
+// Q3_K in llama.cpp's float order (ggml_vec_dot_q3_K_q8_K, AVX2): unsigned u = low 2
+// bits + 4 * hmask bit (0..7), value u - 4, the -4 taken per pair of codes (int16
+// u * a - 4 * a, exact) so that each of the 8 int32 lanes holds exactly llama.cpp's
+// integer sum; then acc = fma(d_a * d_w, sum, acc) per super-block.
 struct Q3_KKernel : SuperBlockTiles<BlockQ3_K> {
   static void step(Acc& acc, W w, A a) {
     // 16 six-bit scales minus 32: low nibbles in bytes 0-7, high 2 bits in bytes 8-11.
@@ -481,6 +432,7 @@ struct Q3_KKernel : SuperBlockTiles<BlockQ3_K> {
                       static_cast<int>((packed[0] & low4) | ((packed[2] & two) << 4))),
         _mm_set1_epi8(32));
     const __m256i three = _mm256_set1_epi8(3);
+    const __m256i four = _mm256_set1_epi8(4);
     const __m256i hmask = load256(w->hmask);
     __m256i sumi = _mm256_setzero_si256();
     for (int h = 0; h < 2; ++h) {
@@ -488,15 +440,15 @@ struct Q3_KKernel : SuperBlockTiles<BlockQ3_K> {
       for (int g = 0; g < 4; ++g) {
         const int group = 4 * h + g;
         const __m256i bit = _mm256_set1_epi8(static_cast<char>(1 << group));
-        const __m256i high = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hmask, bit), bit), _mm256_set1_epi8(4));
+        const __m256i high = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hmask, bit), bit), four);
         const __m256i u = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 2 * g), three), high);
-        const __m256i p = scaled_dot_u8_s8(u, load256(a->qs + 32 * group), pair_i8(scales8, 2 * group));
-        sumi = _mm256_add_epi32(sumi, p);
+        const __m256i av = load256(a->qs + 32 * group);
+        const __m256i pairs = _mm256_sub_epi16(_mm256_maddubs_epi16(u, av), _mm256_maddubs_epi16(four, av));
+        sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(pairs, pair_i8(scales8, 2 * group)));
       }
     }
-    const __m256i offset = _mm256_slli_epi32(_mm256_madd_epi16(bsums16(a), _mm256_cvtepi8_epi16(scales8)), 2);
-    const float d = half_to_float(w->d) * a->d;
-    acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(_mm256_sub_epi32(sumi, offset)), acc);
+    const float d = a->d * half_to_float(w->d);
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
   }
 };
 
@@ -710,18 +662,14 @@ void fill_ymm_kernels(KernelTable& table) {
   put_kernel<F32Kernel>(table, T::F32);
   put_kernel<F16Kernel>(table, T::F16);
   put_kernel<BF16Kernel>(table, T::BF16);
-  put_kernel<Q4_0Kernel>(table, T::Q4_0);
   put_kernel<Q4_1Kernel>(table, T::Q4_1);
   put_kernel<Q5_0Kernel>(table, T::Q5_0);
   put_kernel<Q5_1Kernel>(table, T::Q5_1);
   put_kernel<Q8_0Kernel>(table, T::Q8_0);
-  put_kernel<IQ4_NLKernel>(table, T::IQ4_NL);
   put_kernel<MXFP4Kernel>(table, T::MXFP4);
   put_kernel<Q1_0Kernel>(table, T::Q1_0);
   put_kernel<Q2_0Kernel>(table, T::Q2_0);
-  put_kernel<Q2_KKernel>(table, T::Q2_K);
   put_kernel<Q3_KKernel>(table, T::Q3_K);
-  put_kernel<Q4_KKernel>(table, T::Q4_K);
   put_kernel<Q5_KKernel>(table, T::Q5_K);
   put_kernel<Q6_KKernel>(table, T::Q6_K);
   set_quantizer(table, T::F32, quantize_f32_copy);
