@@ -9,6 +9,7 @@
 
 #include "commands.hpp"
 #include "gguf/reader.hpp"
+#include "model/layer_split.hpp"
 
 namespace pico::cli {
 namespace {
@@ -18,6 +19,7 @@ struct InspectOptions {
   bool show_kv = false;
   bool show_tensors = false;
   size_t array_items = 8;
+  int split = 0;  // > 0: print only the balanced layer ranges for that many stages
 };
 
 std::string shape_string(const std::vector<uint64_t>& shape) {
@@ -86,6 +88,10 @@ void print_tensors(const gguf::Model& model, std::ostream& out) {
 
 void run_inspect(const InspectOptions& options) {
   auto model = gguf::Model::open(options.model_path);
+  if (options.split > 0) {
+    std::cout << model::format_layer_ranges(model::balanced_layer_split(*model, options.split)) << "\n";
+    return;
+  }
   const bool both = !options.show_kv && !options.show_tensors;
   print_summary(*model, std::cout);
   if (options.show_kv || both) print_metadata(*model, options.array_items, std::cout);
@@ -102,6 +108,10 @@ void add_inspect_command(CLI::App& app) {
       ->check(CLI::ExistingFile);
   command->add_flag("--kv", options->show_kv, "Print the metadata (default: metadata and tensors)");
   command->add_flag("--tensors", options->show_tensors, "Print the tensor table");
+  command->add_option("--split", options->split,
+                      "Print only the layer ranges (\"0-6,7-11\") of N pipeline stages, balanced by the weight "
+                      "bytes each reads per token (the output head on the last)")
+      ->check(CLI::Range(1, 4096));
   command->add_option("--array-items", options->array_items, "Array items shown before abbreviating")
       ->default_val(8);
   command->callback([options] { run_inspect(*options); });
