@@ -12,6 +12,7 @@
 #include <cstring>
 
 #include "cpu/tile_driver.hpp"
+#include "cpu/x86/k4_scales.hpp"
 #include "cpu/x86/k_quant_repack_order_kernels.hpp"
 #include "quant/blocks.hpp"
 
@@ -59,19 +60,13 @@ struct Q4_KRepackOrderKernel {
 
   static W load_w(const uint8_t* row, int64_t s, int64_t) {
     const BlockQ4_K* b = reinterpret_cast<const BlockQ4_K*>(row) + s;
-    uint32_t u[3];
-    std::memcpy(u, b->scales, 12);
-    const uint32_t low6 = 0x3f3f3f3f, low4 = 0x0f0f0f0f, two = 0x03030303;
-    const uint32_t scales_lo = u[0] & low6;
-    const uint32_t mins_lo = u[1] & low6;
-    const uint32_t scales_hi = (u[2] & low4) | (((u[0] >> 6) & two) << 4);
-    const uint32_t mins_hi = ((u[2] >> 4) & low4) | (((u[1] >> 6) & two) << 4);
+    const K4Scales k = unpack_k4_scales(b->scales);
     uint8_t scales[8];
-    std::memcpy(scales, &scales_lo, 4);
-    std::memcpy(scales + 4, &scales_hi, 4);
+    std::memcpy(scales, &k.scales_lo, 4);
+    std::memcpy(scales + 4, &k.scales_hi, 4);
     W w;
     for (int i = 0; i < 8; ++i) w.scales[i] = _mm256_set1_epi16(static_cast<short>(scales[i]));
-    w.min_pairs = _mm_cvtepu8_epi16(_mm_set_epi32(0, 0, static_cast<int>(mins_hi), static_cast<int>(mins_lo)));
+    w.min_pairs = _mm_cvtepu8_epi16(_mm_set_epi32(0, 0, static_cast<int>(k.mins_hi), static_cast<int>(k.mins_lo)));
     const __m256i mask = _mm256_set1_epi8(0x0f);
     for (int g = 0; g < 4; ++g) {
       const __m256i q = load256(b->qs + 32 * g);

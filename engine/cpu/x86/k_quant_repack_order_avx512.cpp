@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "cpu/tile_driver.hpp"
+#include "cpu/x86/k4_scales.hpp"
 #include "cpu/x86/k_quant_repack_order_kernels.hpp"
 #include "quant/blocks.hpp"
 
@@ -121,15 +122,9 @@ struct Q4_KOrder {
 
   // Bytes 0-7: the 8 six-bit scales, 8-15: the 8 mins.
   static __m128i scales_and_mins(const Block* b) {
-    uint32_t u[3];
-    std::memcpy(u, b->scales, 12);
-    const uint32_t low6 = 0x3f3f3f3f, low4 = 0x0f0f0f0f, two = 0x03030303;
-    const uint32_t scales_lo = u[0] & low6;
-    const uint32_t mins_lo = u[1] & low6;
-    const uint32_t scales_hi = (u[2] & low4) | (((u[0] >> 6) & two) << 4);
-    const uint32_t mins_hi = ((u[2] >> 4) & low4) | (((u[1] >> 6) & two) << 4);
-    return _mm_set_epi32(static_cast<int>(mins_hi), static_cast<int>(mins_lo), static_cast<int>(scales_hi),
-                         static_cast<int>(scales_lo));
+    const K4Scales k = unpack_k4_scales(b->scales);
+    return _mm_set_epi32(static_cast<int>(k.mins_hi), static_cast<int>(k.mins_lo), static_cast<int>(k.scales_hi),
+                         static_cast<int>(k.scales_lo));
   }
 
   static void decode_codes(const Block* b, __m512i codes[4]) {

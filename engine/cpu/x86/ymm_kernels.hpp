@@ -15,6 +15,7 @@
 
 #include "cpu/kernels.hpp"
 #include "cpu/tile_driver.hpp"
+#include "cpu/x86/k4_scales.hpp"
 #include "quant/blocks.hpp"
 
 namespace pico::cpu {
@@ -307,15 +308,9 @@ inline __m256i bsums16(const BlockQ8_K* a) { return load256(a->bsums); }
 // Q4_K / Q5_K six-bit scales and mins, bytes 0-7 scales, 8-15 mins (32-bit
 // arithmetic on the 12 packed bytes, no per-value loop).
 inline __m128i decode_scales_k4(const uint8_t* q) {
-  uint32_t u[3];
-  std::memcpy(u, q, 12);
-  const uint32_t low6 = 0x3f3f3f3f, low4 = 0x0f0f0f0f, two = 0x03030303;
-  const uint32_t scales_lo = u[0] & low6;
-  const uint32_t mins_lo = u[1] & low6;
-  const uint32_t scales_hi = (u[2] & low4) | (((u[0] >> 6) & two) << 4);
-  const uint32_t mins_hi = ((u[2] >> 4) & low4) | (((u[1] >> 6) & two) << 4);
-  return _mm_set_epi32(static_cast<int>(mins_hi), static_cast<int>(mins_lo), static_cast<int>(scales_hi),
-                       static_cast<int>(scales_lo));
+  const K4Scales k = unpack_k4_scales(q);
+  return _mm_set_epi32(static_cast<int>(k.mins_hi), static_cast<int>(k.mins_lo), static_cast<int>(k.scales_hi),
+                       static_cast<int>(k.scales_lo));
 }
 
 // Byte `index` of `bytes` (unsigned) in all 16 int16 lanes.
