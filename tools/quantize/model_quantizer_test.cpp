@@ -110,6 +110,13 @@ TEST(ChooseTensorType, FallsBackWhenRowsDoNotFitTheBlock) {
   EXPECT_EQ(choose_tensor_type(q40, "blk.0.attn_q.bias", 1, 64, 0, 2, GgmlType::F32), GgmlType::F32);
 }
 
+TEST(ChooseTensorType, KeepsPositionAndTokenTypeEmbeddingsAsLlamaCpp) {
+  const auto q80 = *parse_quantize_type("q8_0");
+  EXPECT_EQ(choose_tensor_type(q80, "position_embd.weight", 2, 256, -1, 2, GgmlType::F32), GgmlType::F32);
+  EXPECT_EQ(choose_tensor_type(q80, "token_types.weight", 2, 256, -1, 2, GgmlType::F16), GgmlType::F16);
+  EXPECT_EQ(choose_tensor_type(q80, "token_embd.weight", 2, 256, -1, 2, GgmlType::F32), GgmlType::Q8_0);
+}
+
 TEST(ParseQuantizeType, KnowsLlamaCppNamesAndRefusesOthers) {
   EXPECT_EQ(parse_quantize_type("Q4_K_M")->file_type, 15u);
   EXPECT_EQ(parse_quantize_type("q8_0")->base_type, GgmlType::Q8_0);
