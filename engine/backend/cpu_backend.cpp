@@ -5,7 +5,6 @@
 #include <cstdint>
 #include <cmath>
 #include <cstring>
-#include <limits>
 #include <numbers>
 #include <stdexcept>
 #include <utility>
@@ -58,23 +57,6 @@ const std::vector<uint16_t>& gelu_table() {
     return t;
   }();
   return table;
-}
-
-// e^x as llama.cpp's AVX-512 CPU build computes it for SiLU (a rounding trick for
-// n = round(x / ln 2), a two-part ln 2 reduction, a degree-5 polynomial with fused
-// multiply-adds, then 2^n): within ~1.5 ulp of the true value, and the same float as
-// llama.cpp's, so that SiLU outputs quantize to the same 8-bit codes (std::exp
-// differs from it by an ulp in about a quarter of the outputs).
-float exp_as_llama_avx512(float x) {
-  constexpr float kShift = 0x1.8p23f;
-  const float z = std::fma(x, 0x1.715476p+0f, kShift);
-  const float n = z - kShift;
-  const float b = std::fma(-n, 0x1.7f7d1cp-20f, std::fma(-n, 0x1.62e4p-1f, x));
-  const float u = b * b;
-  const float j = std::fma(std::fma(std::fma(0x1.0e4020p-7f, b, 0x1.573e2ep-5f), u, std::fma(0x1.555e66p-3f, b, 0x1.fffdb6p-2f)),
-                           u, std::fma(0x1.ffffecp-1f, b, 1.0f));
-  if (std::fabs(n) > 192.0f) return n <= 0.0f ? 0.0f : std::numeric_limits<float>::infinity();
-  return std::ldexp(j, static_cast<int>(n));
 }
 
 float yarn_corr_dim(int n_dims, int n_ctx_orig, float n_rot, float base) {
@@ -356,15 +338,8 @@ class CpuBackend final : public Backend {
   }
 
   void silu(const float* x, int64_t count, float* y) override {
-    // At the avx512 level, llama.cpp's AVX-512 exp (its build for that level); its
-    // vector loop covers rows in chunks of 16, i.e. all of any model's FFN rows.
-    const bool as_avx512 = cpu::cpu_level() == cpu::CpuLevel::avx512;
     for_ranges(count, [&](int64_t begin, int64_t end) {
-      if (as_avx512) {
-        for (int64_t i = begin; i < end; ++i) y[i] = x[i] / (1.0f + exp_as_llama_avx512(0.0f - x[i]));
-      } else {
-        for (int64_t i = begin; i < end; ++i) y[i] = x[i] / (1.0f + std::exp(-x[i]));
-      }
+      for (int64_t i = begin; i < end; ++i) y[i] = x[i] / (1.0f + std::exp(-x[i]));
     });
   }
 
