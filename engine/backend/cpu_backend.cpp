@@ -368,14 +368,7 @@ class CpuBackend final : public Backend {
   void softmax(float* x, int64_t n, int64_t rows) override {
     for (int64_t r = 0; r < rows; ++r) {
       float* xr = x + r * n;
-      float max = -INFINITY;
-      for (int64_t i = 0; i < n; ++i) max = std::max(max, xr[i]);
-      double sum = 0.0;
-      for (int64_t i = 0; i < n; ++i) {
-        xr[i] = std::exp(xr[i] - max);
-        sum += static_cast<double>(xr[i]);
-      }
-      const float inv = static_cast<float>(1.0 / sum);
+      const float inv = static_cast<float>(1.0 / exponentiate_from_max(xr, n));
       for (int64_t i = 0; i < n; ++i) xr[i] *= inv;
     }
   }
@@ -466,6 +459,19 @@ class CpuBackend final : public Backend {
     } else {
       state::read_k(kv, pos, head, out);
     }
+  }
+
+  // x[i] = exp(x[i] - max x) in place; returns their sum in double (ggml's soft_max
+  // steps before the one scale).
+  static double exponentiate_from_max(float* x, int64_t n) {
+    float max = -INFINITY;
+    for (int64_t i = 0; i < n; ++i) max = std::max(max, x[i]);
+    double sum = 0.0;
+    for (int64_t i = 0; i < n; ++i) {
+      x[i] = std::exp(x[i] - max);
+      sum += static_cast<double>(x[i]);
+    }
+    return sum;
   }
 
   static void scale_round_f16(const float* in, float factor, int64_t n, float* out, bool avx512) {
@@ -574,13 +580,7 @@ class CpuBackend final : public Backend {
       // Softmax per head (max, exp, sum in double, one scale), as ggml's soft_max.
       for (int64_t g = 0; g < group; ++g) {
         float* sg = scores.data() + g * n_keys;
-        float max = -INFINITY;
-        for (int64_t j = 0; j < n_keys; ++j) max = std::max(max, sg[j]);
-        double sum = 0.0;
-        for (int64_t j = 0; j < n_keys; ++j) {
-          sg[j] = std::exp(sg[j] - max);
-          sum += static_cast<double>(sg[j]);
-        }
+        const double sum = exponentiate_from_max(sg, n_keys);
         const float inv = n_keys > 0 ? static_cast<float>(1.0 / sum) : 0.0f;
         if (kv.v_type == GgmlType::F16) {
           // llama.cpp multiplies F16 V by the probabilities converted to F16.

@@ -13,6 +13,7 @@
 
 #include "cpu/tile_driver.hpp"
 #include "cpu/x86/k4_scales.hpp"
+#include "cpu/x86/ymm_hsum.hpp"
 #include "cpu/x86/k_quant_repack_order_kernels.hpp"
 #include "quant/blocks.hpp"
 
@@ -121,12 +122,7 @@ struct Q2_KVecDotOrderKernel {
   using W = const BlockQ2_K*;
   using A = const BlockQ8_K*;
   static Acc zero() { return _mm256_setzero_ps(); }
-  static float reduce(const Acc& acc) {
-    __m128 s = _mm_add_ps(_mm256_extractf128_ps(acc, 1), _mm256_castps256_ps128(acc));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-  }
+  static float reduce(const Acc& acc) { return hsum(acc); }
   static W load_w(const uint8_t* row, int64_t s, int64_t) { return reinterpret_cast<const BlockQ2_K*>(row) + s; }
   static A load_a(const uint8_t* row, int64_t s, int64_t) { return reinterpret_cast<const BlockQ8_K*>(row) + s; }
 

@@ -16,6 +16,7 @@
 #include "cpu/kernels.hpp"
 #include "cpu/tile_driver.hpp"
 #include "cpu/x86/k4_scales.hpp"
+#include "cpu/x86/ymm_hsum.hpp"
 #include "quant/blocks.hpp"
 
 namespace pico::cpu {
@@ -77,14 +78,6 @@ inline __m256i dot_s8_s8(__m256i x, __m256i y) { return dot_u8_s8(_mm256_abs_epi
 // summed in pairs to int32 (the K-quant sub-block scale step).
 inline __m256i scaled_dot_u8_s8(__m256i u, __m256i s, __m256i scales16) {
   return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), scales16);
-}
-
-// Fixed-order horizontal sum: halves, then pairs of halves of those.
-inline float hsum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
 }
 
 inline int hsum_i32(__m256i v) {
