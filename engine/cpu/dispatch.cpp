@@ -15,8 +15,14 @@ void fill_level(CpuLevel level, KernelTable& table) {
   switch (level) {
     case CpuLevel::scalar: fill_scalar_kernels(table); return;
 #if defined(__x86_64__) || defined(_M_X64)
-    case CpuLevel::avx2: fill_avx2_kernels(table); return;
-    case CpuLevel::avx512: fill_avx512_kernels(table); return;
+    case CpuLevel::avx2:
+      fill_avx2_kernels(table);
+      fill_avx2_row_functions(table);
+      return;
+    case CpuLevel::avx512:
+      fill_avx512_kernels(table);
+      fill_avx512_row_functions(table);
+      return;
 #endif
 #if defined(__aarch64__) || defined(__arm__)
     case CpuLevel::neon: fill_neon_kernels(table); return;
@@ -45,6 +51,9 @@ KernelTable build_table(CpuLevel level) {
         table.quantize_level[i] = step;
       }
     }
+    if (own.silu_row != nullptr) table.silu_row = own.silu_row;
+    if (own.exp_row != nullptr) table.exp_row = own.exp_row;
+    if (own.centered_squares_row != nullptr) table.centered_squares_row = own.centered_squares_row;
   }
   table.level = level;
   return table;
@@ -99,6 +108,13 @@ void set_kernel(KernelTable& table, GgmlType weight, VecDotFn vec_dot, GemmFn ge
 
 void set_quantizer(KernelTable& table, GgmlType activation, QuantizeRowFn quantize) {
   table.quantize[slot(activation)] = quantize;
+}
+
+void set_row_functions(KernelTable& table, SiluRowFn silu_row, ExpRowFn exp_row,
+                       CenteredSquaresRowFn centered_squares_row) {
+  table.silu_row = silu_row;
+  table.exp_row = exp_row;
+  table.centered_squares_row = centered_squares_row;
 }
 
 const KernelTable& kernels_for(CpuLevel level) {

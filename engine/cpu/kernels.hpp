@@ -29,6 +29,21 @@ using GemmFn = void (*)(int64_t k, const void* w, size_t w_row_bytes, int64_t ro
 // byte what quant's reference quantizer writes.
 using QuantizeRowFn = void (*)(const float* x, void* out, int64_t k);
 
+// Row functions whose roundings the model shares with llama.cpp. Its CPU build works
+// on whole vectors counted from the start of a row (leftovers one by one), computes
+// e^x with a vector polynomial per ISA (libm's expf on the leftovers) and adds vector
+// lanes in a fixed tree; a level that has llama.cpp's vector code fills these, the
+// others inherit the scalar ones.
+//
+// y[i] = x[i] / (1 + e^-x[i]) over one row of n.
+using SiluRowFn = void (*)(const float* x, int64_t n, float* y);
+// y[i] = e^(x[i] - max) over one row of n; returns the sum of y, added up as ggml's
+// soft_max does (per vector, in double).
+using ExpRowFn = double (*)(const float* x, int64_t n, float max, float* y);
+// y[i] = x[i] - mean over one row of n; returns the sum of y[i]^2 as ggml's LayerNorm
+// adds them (per vector, in double).
+using CenteredSquaresRowFn = double (*)(const float* x, int64_t n, float mean, float* y);
+
 // Indexed by ggml type number (Q6_0 = 133 is the largest).
 inline constexpr size_t kTypeSlots = 134;
 
@@ -41,6 +56,9 @@ struct KernelTable {
   // The level whose code fills each entry (after falling back to lower levels).
   std::array<CpuLevel, kTypeSlots> vec_dot_level{};
   std::array<CpuLevel, kTypeSlots> quantize_level{};
+  SiluRowFn silu_row = nullptr;
+  ExpRowFn exp_row = nullptr;
+  CenteredSquaresRowFn centered_squares_row = nullptr;
   CpuLevel level = CpuLevel::scalar;
 };
 
@@ -62,12 +80,16 @@ CpuLevel cpu_level();
 // since the linker may keep that copy for everyone.
 void set_kernel(KernelTable& table, GgmlType weight, VecDotFn vec_dot, GemmFn gemm);
 void set_quantizer(KernelTable& table, GgmlType activation, QuantizeRowFn quantize);
+void set_row_functions(KernelTable& table, SiluRowFn silu_row, ExpRowFn exp_row,
+                       CenteredSquaresRowFn centered_squares_row);
 
 // Each ISA file fills the entries it has; missing ones stay null and are taken from
 // the level below by the dispatcher.
 void fill_scalar_kernels(KernelTable& table);
 void fill_avx2_kernels(KernelTable& table);
 void fill_avx512_kernels(KernelTable& table);
+void fill_avx2_row_functions(KernelTable& table);
+void fill_avx512_row_functions(KernelTable& table);
 void fill_neon_kernels(KernelTable& table);
 void fill_dotprod_kernels(KernelTable& table);
 void fill_i8mm_kernels(KernelTable& table);

@@ -461,6 +461,29 @@ void put(KernelTable& table, GgmlType type) {
   table.gemm[slot(type)] = gemm_by_vec_dot<Dot>;
 }
 
+// libm's e^x, as llama.cpp's scalar code (and its vector code's leftovers) uses.
+void silu_row_scalar(const float* x, int64_t n, float* y) {
+  for (int64_t i = 0; i < n; ++i) y[i] = x[i] / (1.0f + std::exp(-x[i]));
+}
+
+double exp_row_scalar(const float* x, int64_t n, float max, float* y) {
+  double sum = 0.0;
+  for (int64_t i = 0; i < n; ++i) {
+    y[i] = std::exp(x[i] - max);
+    sum += static_cast<double>(y[i]);
+  }
+  return sum;
+}
+
+double centered_squares_row_scalar(const float* x, int64_t n, float mean, float* y) {
+  double sum = 0.0;
+  for (int64_t i = 0; i < n; ++i) {
+    y[i] = x[i] - mean;
+    sum += static_cast<double>(y[i] * y[i]);
+  }
+  return sum;
+}
+
 }  // namespace
 
 void fill_scalar_kernels(KernelTable& table) {
@@ -492,6 +515,7 @@ void fill_scalar_kernels(KernelTable& table) {
   table.quantize[slot(T::Q8_0)] = quantize_activation_q8_0;
   table.quantize[slot(T::Q8_1)] = quantize_activation_q8_1;
   table.quantize[slot(T::Q8_K)] = quantize_reference<T::Q8_K>;
+  set_row_functions(table, silu_row_scalar, exp_row_scalar, centered_squares_row_scalar);
 }
 
 }  // namespace pico::cpu

@@ -1,0 +1,103 @@
+// Row functions at the avx2 level with the float operations of llama.cpp's AVX2 CPU
+// build (8 lanes per vector from the start of a row, leftovers one by one), so that
+// pico's activations round as llama.cpp's: SiLU and the softmax exponentials with its
+// AVX2 e^x, and LayerNorm's sum of squares.
+//
+// The e^x: n = round(x / ln 2) by the 1.5 * 2^23 shift trick, b = x - n ln 2 in two
+// parts, e^b - 1 as a degree-5 polynomial, then 2^n put into the exponent field (or,
+// for |n| > 126, built from two factors so that it neither overflows nor flushes too
+// early). About 1.5 ulp from the true value; what matters here is that it is the same.
+#include <immintrin.h>
+
+#include <math.h>
+#include <cstdint>
+
+#include "cpu/kernels.hpp"
+
+namespace pico::cpu {
+namespace {
+
+__m256 exp_as_llama(__m256 x) {
+  const __m256 shift = _mm256_set1_ps(0x1.8p23f);
+  const __m256 z = _mm256_fmadd_ps(x, _mm256_set1_ps(0x1.715476p+0f), shift);
+  const __m256 n = _mm256_sub_ps(z, shift);
+  const __m256 b = _mm256_fnmadd_ps(n, _mm256_set1_ps(0x1.7f7d1cp-20f),
+                                    _mm256_fnmadd_ps(n, _mm256_set1_ps(0x1.62e4p-1f), x));
+  const __m256i exponent = _mm256_slli_epi32(_mm256_castps_si256(z), 23);
+  const __m256 two_to_n = _mm256_castsi256_ps(_mm256_add_epi32(exponent, _mm256_castps_si256(_mm256_set1_ps(1.0f))));
+  const __m256 abs_n = _mm256_andnot_ps(_mm256_set1_ps(-0.0f), n);
+  const __m256 large = _mm256_cmp_ps(abs_n, _mm256_set1_ps(126.0f), _CMP_GT_OQ);
+  const __m256 u = _mm256_mul_ps(b, b);
+  const __m256 j = _mm256_fmadd_ps(
+      _mm256_fmadd_ps(_mm256_fmadd_ps(_mm256_set1_ps(0x1.0e4020p-7f), b, _mm256_set1_ps(0x1.573e2ep-5f)), u,
+                      _mm256_fmadd_ps(_mm256_set1_ps(0x1.555e66p-3f), b, _mm256_set1_ps(0x1.fffdb6p-2f))),
+      u, _mm256_mul_ps(_mm256_set1_ps(0x1.ffffecp-1f), b));
+  const __m256 normal = _mm256_fmadd_ps(j, two_to_n, two_to_n);
+  if (_mm256_movemask_ps(large) == 0) return normal;
+  // 2^n = s1 * s2 with s1 = 2^+-125-ish, so that the product rounds once, near the end.
+  const __m256i sign_step = _mm256_and_si256(_mm256_castps_si256(_mm256_cmp_ps(n, _mm256_setzero_ps(), _CMP_LE_OQ)),
+                                             _mm256_set1_epi32(static_cast<int>(0x82000000u)));
+  const __m256 s1 = _mm256_castsi256_ps(_mm256_add_epi32(sign_step, _mm256_set1_epi32(0x7f000000)));
+  const __m256 s2 = _mm256_castsi256_ps(_mm256_sub_epi32(exponent, sign_step));
+  const __m256 huge = _mm256_cmp_ps(abs_n, _mm256_set1_ps(192.0f), _CMP_GT_OQ);
+  const __m256 scaled = _mm256_mul_ps(_mm256_fmadd_ps(s2, j, s2), s1);
+  const __m256 finite = _mm256_or_ps(_mm256_and_ps(large, scaled), _mm256_andnot_ps(large, normal));
+  return _mm256_or_ps(_mm256_and_ps(huge, _mm256_mul_ps(s1, s1)), _mm256_andnot_ps(huge, finite));
+}
+
+void silu_row_avx2(const float* x, int64_t n, float* y) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 v = _mm256_loadu_ps(x + i);
+    const __m256 e = exp_as_llama(_mm256_sub_ps(_mm256_setzero_ps(), v));
+    _mm256_storeu_ps(y + i, _mm256_div_ps(v, _mm256_add_ps(_mm256_set1_ps(1.0f), e)));
+  }
+  // libm's expf, not std::exp: an ISA file must not instantiate inline library code.
+  for (; i < n; ++i) y[i] = x[i] / (1.0f + expf(-x[i]));
+}
+
+// Lanes (0+4, 1+5, 2+6, 3+7), then (0+2, 1+3), then their sum: llama.cpp's order.
+float sum_lanes(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_extractf128_ps(v, 1), _mm256_castps256_ps128(v));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+double exp_row_avx2(const float* x, int64_t n, float max, float* y) {
+  int64_t i = 0;
+  double sum = 0.0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 e = exp_as_llama(_mm256_sub_ps(_mm256_loadu_ps(x + i), _mm256_set1_ps(max)));
+    _mm256_storeu_ps(y + i, e);
+    sum += static_cast<double>(sum_lanes(e));
+  }
+  for (; i < n; ++i) {
+    y[i] = expf(x[i] - max);
+    sum += static_cast<double>(y[i]);
+  }
+  return sum;
+}
+
+double centered_squares_row_avx2(const float* x, int64_t n, float mean, float* y) {
+  int64_t i = 0;
+  double sum = 0.0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 d = _mm256_sub_ps(_mm256_loadu_ps(x + i), _mm256_set1_ps(mean));
+    _mm256_storeu_ps(y + i, d);
+    sum += static_cast<double>(sum_lanes(_mm256_mul_ps(d, d)));
+  }
+  for (; i < n; ++i) {
+    y[i] = x[i] - mean;
+    sum += static_cast<double>(y[i] * y[i]);
+  }
+  return sum;
+}
+
+}  // namespace
+
+void fill_avx2_row_functions(KernelTable& table) {
+  set_row_functions(table, silu_row_avx2, exp_row_avx2, centered_squares_row_avx2);
+}
+
+}  // namespace pico::cpu
