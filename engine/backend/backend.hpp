@@ -107,7 +107,9 @@ class Backend {
   virtual void add(const float* a, const float* b, int64_t n, int64_t rows, int64_t b_rows, float* y) = 0;
   virtual void mul(const float* a, const float* b, int64_t n, int64_t rows, int64_t b_rows, float* y) = 0;
   virtual void scale(float* x, int64_t count, float factor) = 0;
-  virtual void silu(const float* x, int64_t count, float* y) = 0;
+  // x / (1 + e^-x) over rows of n, each row on its own (llama.cpp's vector e^x runs
+  // from each row's start).
+  virtual void silu(const float* x, int64_t n, int64_t rows, float* y) = 0;
   // ggml's GELU: the tanh approximation, through its F16 lookup table.
   virtual void gelu(const float* x, int64_t count, float* y) = 0;
   virtual void gelu_erf(const float* x, int64_t count, float* y) = 0;
@@ -115,7 +117,16 @@ class Backend {
   virtual void softmax(float* x, int64_t n, int64_t rows) = 0;
 };
 
+// How results may depend on the batch. llama.cpp adds attention's products in one
+// order when a batch holds one token and in another when it holds several, so its
+// numbers depend on the batch. invariant (the default): every query computed in
+// llama.cpp's several-token order whatever its batch, so a token's result never
+// depends on the batch it came in (what pipelining, concurrent requests and replaying
+// a sequence rely on). as_llama_cpp: a one-token batch in llama.cpp's one-token order,
+// so that decoding token by token reproduces llama.cpp's numbers bit for bit.
+enum class BatchNumerics { invariant, as_llama_cpp };
+
 // The CPU backend over engine/cpu, with its own thread pool of `threads` threads.
-std::unique_ptr<Backend> make_cpu_backend(int threads);
+std::unique_ptr<Backend> make_cpu_backend(int threads, BatchNumerics numerics = BatchNumerics::invariant);
 
 }  // namespace pico::backend

@@ -5,9 +5,12 @@
 
 #include <cmath>
 #include <cstring>
+#include <string>
 #include <vector>
 
+#include "backend/attention_sums.hpp"
 #include "cpu/kernels.hpp"
+#include "quant/float_convert.hpp"
 
 namespace pico::backend {
 namespace {
@@ -77,7 +80,7 @@ TEST(CpuBackend, SoftmaxGeluSilu) {
   for (size_t i = 0; i < 10; ++i) EXPECT_NEAR(x[i], std::exp(orig[i]) / sum, 1e-6);
   std::vector<float> g(10), s(10), e(10);
   be->gelu(orig.data(), 10, g.data());
-  be->silu(orig.data(), 10, s.data());
+  be->silu(orig.data(), 10, 1, s.data());
   be->gelu_erf(orig.data(), 10, e.data());
   for (size_t i = 0; i < 10; ++i) {
     const double v = orig[i];
@@ -136,40 +139,135 @@ TEST(CpuBackend, AttentionMatchesReference) {
 // A prompt's queries (computed in blocks sharing the dequantized K and V) against
 // each query alone, at every CPU level (SIMD paths for the dot products, the
 // weighted sums of V and the F16 rounding): the same bytes everywhere.
-TEST(CpuBackend, AttentionIsTheSameForAnyBatchAndCpuLevel) {
+// At each CPU level, a query's output does not depend on the batch it comes in; the
+// levels differ only by their e^x (each level's as llama.cpp's build for it), so by
+// far less than the F16 rounding of the probabilities.
+TEST(CpuBackend, AttentionIsTheSameForAnyBatchAtEveryCpuLevel) {
   auto be = make_cpu_backend(2);
   for (GgmlType type : {GgmlType::F16, GgmlType::F32}) {
-    state::KvConfig c;
-    c.last_layer = 1;
-    c.n_kv_heads = 2;
-    c.head_dim_k = 72;  // 64-, 16- and 8-wide groups plus a rest
-    c.head_dim_v = 88;
-    c.k_type = c.v_type = type;
-    state::KvState kv(c);
-    const int64_t n_pos = 40, n_head = 8;
-    for (int64_t p = 0; p < n_pos; ++p) {
-      kv.write(0, p, wave(2 * 72, 0.37f, static_cast<float>(p)).data(), wave(2 * 88, 0.73f, static_cast<float>(-p)).data());
-    }
-    const auto q = wave(static_cast<size_t>(n_pos * n_head * 72), 0.11f);
-    std::vector<AttentionQuery> queries;
-    for (int32_t p = 0; p < n_pos; ++p) queries.push_back({p, kv.layer(0)});
-    const AttentionParams params{n_head, 2, 72, 88, 0.12f, 0, 0.0f};
-    const auto row = static_cast<size_t>(n_head * 88);
-    std::vector<float> want(static_cast<size_t>(n_pos) * row);
-    cpu::set_cpu_level(cpu::CpuLevel::scalar);
-    be->attention(q.data(), n_head * 72, queries, params, want.data());
-    for (cpu::CpuLevel level : cpu::supported_levels()) {
-      cpu::set_cpu_level(level);
-      std::vector<float> batch(want.size()), alone(want.size());
-      be->attention(q.data(), n_head * 72, queries, params, batch.data());
-      for (int64_t t = 0; t < n_pos; ++t) {
-        be->attention(q.data() + t * n_head * 72, n_head * 72, std::span(queries).subspan(static_cast<size_t>(t), 1),
-                      params, alone.data() + static_cast<size_t>(t) * row);
+    for (int32_t window : {0, 7}) {
+      state::KvConfig c;
+      c.last_layer = 1;
+      c.n_kv_heads = 2;
+      c.head_dim_k = 72;  // 64-, 16- and 8-wide groups plus a rest
+      c.head_dim_v = 88;
+      c.k_type = c.v_type = type;
+      state::KvState kv(c);
+      const int64_t n_pos = 40, n_head = 8;
+      for (int64_t p = 0; p < n_pos; ++p) {
+        kv.write(0, p, wave(2 * 72, 0.37f, static_cast<float>(p)).data(), wave(2 * 88, 0.73f, static_cast<float>(-p)).data());
       }
-      EXPECT_EQ(std::memcmp(batch.data(), want.data(), want.size() * 4), 0) << cpu::level_name(level);
-      EXPECT_EQ(std::memcmp(alone.data(), want.data(), want.size() * 4), 0) << cpu::level_name(level);
+      const auto q = wave(static_cast<size_t>(n_pos * n_head * 72), 0.11f);
+      std::vector<AttentionQuery> queries;
+      for (int32_t p = 0; p < n_pos; ++p) queries.push_back({p, kv.layer(0)});
+      const AttentionParams params{n_head, 2, 72, 88, 0.12f, window, 0.0f};
+      const auto row = static_cast<size_t>(n_head * 88);
+      std::vector<float> scalar(static_cast<size_t>(n_pos) * row);
+      cpu::set_cpu_level(cpu::CpuLevel::scalar);
+      be->attention(q.data(), n_head * 72, queries, params, scalar.data());
+      for (cpu::CpuLevel level : cpu::supported_levels()) {
+        cpu::set_cpu_level(level);
+        std::vector<float> batch(scalar.size()), alone(scalar.size());
+        be->attention(q.data(), n_head * 72, queries, params, batch.data());
+        for (int64_t t = 0; t < n_pos; ++t) {
+          be->attention(q.data() + t * n_head * 72, n_head * 72, std::span(queries).subspan(static_cast<size_t>(t), 1),
+                        params, alone.data() + static_cast<size_t>(t) * row);
+        }
+        const std::string where = std::string(cpu::level_name(level)) + " window " + std::to_string(window);
+        EXPECT_EQ(std::memcmp(alone.data(), batch.data(), batch.size() * 4), 0) << where;
+        for (size_t i = 0; i < batch.size(); ++i) ASSERT_NEAR(batch[i], scalar[i], 2e-3f * (1.0f + std::fabs(scalar[i]))) << where;
+      }
+      cpu::set_cpu_level(cpu::best_level());
     }
-    cpu::set_cpu_level(cpu::best_level());
+  }
+}
+
+// attention_sums.hpp against ggml's operations written out as its code does them
+// (tinyBLAS: one accumulator vector over the k loop, then its horizontal sum;
+// ggml_vec_dot_f16: 4 accumulator vectors, GGML_F32x16/x8_REDUCE, leftovers in double),
+// on products of F16 values spread over many magnitudes.
+float ggml_like_hsum(std::vector<float> v, bool avx2_one_token) {
+  // _mm512_reduce_add_ps / tinyBLAS hsum: halves, then (0+2)+(1+3); GGML_F32x8_REDUCE's
+  // two _mm_hadd_ps: (0+1)+(2+3).
+  size_t n = v.size();
+  while (n > 4) {
+    n /= 2;
+    for (size_t l = 0; l < n; ++l) v[l] = v[l] + v[l + n];
+  }
+  return avx2_one_token ? (v[0] + v[1]) + (v[2] + v[3]) : (v[0] + v[2]) + (v[1] + v[3]);
+}
+
+float ggml_like_batched_dot(const std::vector<float>& a, const std::vector<float>& b, size_t lanes) {
+  std::vector<float> acc(lanes, 0.0f);
+  for (size_t i = 0; i < a.size(); i += lanes)
+    for (size_t l = 0; l < lanes; ++l) acc[l] = std::fma(a[i + l], b[i + l], acc[l]);
+  return ggml_like_hsum(acc, false);
+}
+
+float ggml_like_one_token_dot(const std::vector<float>& a, const std::vector<float>& b, size_t lanes) {
+  std::vector<std::vector<float>> sum(4, std::vector<float>(lanes, 0.0f));
+  const size_t step = 4 * lanes, np = a.size() - a.size() % step;
+  for (size_t i = 0; i < np; i += step)
+    for (size_t j = 0; j < 4; ++j)
+      for (size_t l = 0; l < lanes; ++l) sum[j][l] = std::fma(a[i + j * lanes + l], b[i + j * lanes + l], sum[j][l]);
+  for (size_t l = 0; l < lanes; ++l) sum[0][l] = sum[0][l] + sum[2][l], sum[1][l] = sum[1][l] + sum[3][l];
+  for (size_t l = 0; l < lanes; ++l) sum[0][l] = sum[0][l] + sum[1][l];
+  double total = ggml_like_hsum(sum[0], lanes == 8);
+  for (size_t i = np; i < a.size(); ++i) total += static_cast<double>(a[i] * b[i]);
+  return static_cast<float>(total);
+}
+
+std::vector<float> f16_values(size_t n, uint32_t seed) {
+  std::vector<float> v(n);
+  uint32_t x = seed;
+  for (float& f : v) {
+    x = x * 1664525u + 1013904223u;
+    const float mantissa = static_cast<float>(x >> 8) / 16777216.0f - 0.5f;
+    f = fp16_to_fp32(fp32_to_fp16(std::ldexp(mantissa, static_cast<int>((x >> 3) % 16) - 8)));
+  }
+  return v;
+}
+
+TEST(AttentionSums, DotsAreGgmlsBatchedAndOneTokenOrders) {
+  int orders_differ = 0;
+  for (int64_t lanes : {16, 8}) {
+    const SumOrder batched{lanes, 1, false}, one_token{lanes, 4, lanes == 8};
+    for (size_t n : {64u, 128u, 80u, 256u}) {
+      for (uint32_t seed = 1; seed <= 20; ++seed) {
+        const auto a = f16_values(n, seed), b = f16_values(n, seed + 100);
+        const float got_one = dot_in_order(a.data(), b.data(), static_cast<int64_t>(n), one_token);
+        EXPECT_EQ(got_one, ggml_like_one_token_dot(a, b, static_cast<size_t>(lanes))) << lanes << " lanes, n " << n;
+        if (n % static_cast<size_t>(lanes) == 0) {
+          const float got_batched = dot_in_order(a.data(), b.data(), static_cast<int64_t>(n), batched);
+          EXPECT_EQ(got_batched, ggml_like_batched_dot(a, b, static_cast<size_t>(lanes))) << lanes << " lanes, n " << n;
+          orders_differ += got_batched != got_one;
+        }
+      }
+    }
+  }
+  EXPECT_GT(orders_differ, 0) << "the inputs do not tell the two orders apart";
+}
+
+TEST(AttentionSums, WeightedSumsCountLanesFromKvCellZero) {
+  // Outputs of n = 3 values over keys at cells first .. first + count - 1: the same as
+  // a dot over the whole padded row whose other cells weigh 0.
+  for (int64_t lanes : {16, 8}) {
+    for (const SumOrder& order : {SumOrder{lanes, 1, false}, SumOrder{lanes, 4, lanes == 8}}) {
+      const int64_t first = 5, count = 150, n = 3, padded = 256;
+      const auto weights = f16_values(static_cast<size_t>(count), 7), values = f16_values(static_cast<size_t>(count * n), 9);
+      std::vector<float> out(static_cast<size_t>(n));
+      weighted_sum_in_order(weights.data(), values.data(), count, n, first, order, out.data());
+      for (int64_t i = 0; i < n; ++i) {
+        std::vector<float> w(static_cast<size_t>(padded), 0.0f), v(static_cast<size_t>(padded), 0.0f);
+        for (int64_t j = 0; j < count; ++j) {
+          w[static_cast<size_t>(first + j)] = weights[static_cast<size_t>(j)];
+          v[static_cast<size_t>(first + j)] = values[static_cast<size_t>(j * n + i)];
+        }
+        const float want = order.accumulators == 1 ? ggml_like_batched_dot(w, v, static_cast<size_t>(lanes))
+                                                   : ggml_like_one_token_dot(w, v, static_cast<size_t>(lanes));
+        EXPECT_EQ(out[static_cast<size_t>(i)], want) << lanes << " lanes, accumulators " << order.accumulators;
+      }
+    }
   }
 }
 

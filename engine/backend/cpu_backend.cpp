@@ -1,5 +1,7 @@
 // The CPU backend: matmul through engine/cpu, the other ops written here, each row on
-// its own (batch invariance). Built with -ffp-contract=off (see CMakeLists.txt).
+// its own (batch invariance). Built with -ffp-contract=off (see CMakeLists.txt): the
+// fused multiply-adds that llama.cpp's compiler makes (RoPE, YaRN, the GELU table) are
+// written out.
 #include <algorithm>
 #include <array>
 #include <cstdint>
@@ -27,8 +29,10 @@
 #include <emmintrin.h>
 #endif
 
+#include "backend/attention_sums.hpp"
 #include "backend/backend.hpp"
 #include "cpu/cpu_features.hpp"
+#include "cpu/kernels.hpp"
 #include "cpu/matmul.hpp"
 #include "cpu/thread_pool.hpp"
 #include "quant/float_convert.hpp"
@@ -51,7 +55,8 @@ const std::vector<uint16_t>& gelu_table() {
     constexpr float kSqrt2OverPi = 0.79788456080286535587989211986876f;
     for (uint32_t i = 0; i < 65536; ++i) {
       const float x = fp16_to_fp32(static_cast<uint16_t>(i));
-      const float g = 0.5f * x * (1.0f + std::tanh(kSqrt2OverPi * x * (1.0f + kCoefA * x * x)));
+      // 1 + a x^2 as one fused multiply-add, as llama.cpp's compiler contracts it.
+      const float g = 0.5f * x * (1.0f + std::tanh(kSqrt2OverPi * x * std::fma(kCoefA * x, x, 1.0f)));
       t[i] = fp32_to_fp16(g);
     }
     return t;
@@ -69,7 +74,32 @@ float yarn_ramp(float low, float high, int64_t i0) {
   return 1.0f - std::min(1.0f, std::max(0.0f, y));
 }
 
+// RoPE's rotation of `heads` heads by the (cos, sin) pairs in `cache`. llama.cpp's
+// CPU builds let the compiler contract it into fused multiply-adds (x0 * c and x0 * s
+// exact, the other product rounded); ggml_op_trace_test requires the same floats.
+[[gnu::always_inline]] inline void rotate_heads(float* x, int64_t heads, int64_t head_dim, int64_t n_dims, bool neox,
+                                                const float* cache) {
+  for (int64_t h = 0; h < heads; ++h) {
+    float* v = x + h * head_dim;
+    for (int64_t i0 = 0; i0 < n_dims; i0 += 2) {
+      const float c = cache[i0], s = cache[i0 + 1];
+      const int64_t a = neox ? i0 / 2 : i0;
+      const int64_t b = neox ? i0 / 2 + n_dims / 2 : i0 + 1;
+      const float x0 = v[a], x1 = v[b];
+      v[a] = __builtin_fmaf(x0, c, -(x1 * s));
+      v[b] = __builtin_fmaf(x0, s, x1 * c);
+    }
+  }
+}
+
 #if defined(PICO_ATTENTION_AVX512)
+// The same with FMA instructions (every x86 level above scalar has them) instead of
+// libm's fmaf calls.
+[[gnu::target("fma")]] void rotate_heads_fma(float* x, int64_t heads, int64_t head_dim, int64_t n_dims, bool neox,
+                                             const float* cache) {
+  rotate_heads(x, heads, head_dim, n_dims, neox, cache);
+}
+
 // AVX-512 versions of CpuBackend's dot_in_double and weighted_sum (used at the avx512
 // kernel level): the same partial sums and operations per output, eight or sixteen
 // lanes at a time, so the results equal theirs.
@@ -152,7 +182,7 @@ float yarn_ramp(float low, float high, int64_t i0) {
 
 class CpuBackend final : public Backend {
  public:
-  explicit CpuBackend(int threads) : pool_(threads) {}
+  CpuBackend(int threads, BatchNumerics numerics) : numerics_(numerics), pool_(threads) {}
 
   const char* name() const override { return "cpu"; }
 
@@ -225,17 +255,14 @@ class CpuBackend final : public Backend {
 
   void layer_norm(const float* x, const float* w, const float* b, int64_t n, int64_t rows, float eps,
                   float* y) override {
+    const cpu::CenteredSquaresRowFn centered_squares_row = cpu::active_kernels().centered_squares_row;
     for_rows(rows, n, [&](int64_t r) {
       const float* xr = x + r * n;
       float* yr = y + r * n;
       double sum = 0.0;
       for (int64_t i = 0; i < n; ++i) sum += static_cast<double>(xr[i]);
       const float mean = static_cast<float>(sum) / static_cast<float>(n);
-      double var = 0.0;
-      for (int64_t i = 0; i < n; ++i) {
-        yr[i] = xr[i] - mean;
-        var += static_cast<double>(yr[i] * yr[i]);
-      }
+      const double var = centered_squares_row(xr, n, mean, yr);
       const float variance = static_cast<float>(var / static_cast<double>(n));
       const float scale = 1.0f / std::sqrt(variance + eps);
       for (int64_t i = 0; i < n; ++i) {
@@ -270,24 +297,22 @@ class CpuBackend final : public Backend {
         float mscale = p.attn_factor;
         if (p.ext_factor != 0.0f) {
           const float ramp_mix = yarn_ramp(corr[0], corr[1], i0) * p.ext_factor;
-          th = theta_interp * (1 - ramp_mix) + theta_extrap * ramp_mix;
-          mscale *= 1.0f + 0.1f * std::log(1.0f / p.freq_scale);
+          // Fused multiply-adds where llama.cpp's compiler contracts (see the rotation).
+          th = std::fma(theta_interp, 1 - ramp_mix, theta_extrap * ramp_mix);
+          mscale *= std::fma(0.1f, std::log(1.0f / p.freq_scale), 1.0f);
         }
         cache[static_cast<size_t>(i0)] = std::cos(th) * mscale;
         cache[static_cast<size_t>(i0) + 1] = std::sin(th) * mscale;
         theta *= theta_scale;
       }
-      for (int64_t h = 0; h < heads; ++h) {
-        float* v = x + t * row_stride + h * head_dim;
-        for (int64_t i0 = 0; i0 < n_dims; i0 += 2) {
-          const float c = cache[static_cast<size_t>(i0)], s = cache[static_cast<size_t>(i0) + 1];
-          const int64_t a = p.neox ? i0 / 2 : i0;
-          const int64_t b = p.neox ? i0 / 2 + n_dims / 2 : i0 + 1;
-          const float x0 = v[a], x1 = v[b];
-          v[a] = x0 * c - x1 * s;
-          v[b] = x0 * s + x1 * c;
-        }
+      float* row = x + t * row_stride;
+#if defined(PICO_ATTENTION_AVX512)
+      if (cpu::cpu_level() != cpu::CpuLevel::scalar) {
+        rotate_heads_fma(row, heads, head_dim, n_dims, p.neox, cache.data());
+        return;
       }
+#endif
+      rotate_heads(row, heads, head_dim, n_dims, p.neox, cache.data());
     });
   }
 
@@ -312,10 +337,11 @@ class CpuBackend final : public Backend {
     }
     const auto n_tasks = static_cast<int64_t>(blocks.size()) * p.n_head_kv;
     const bool avx512 = cpu::cpu_level() == cpu::CpuLevel::avx512;
+    const bool one_token_order = numerics_ == BatchNumerics::as_llama_cpp && n_queries == 1;
     pool_.parallel_for(n_tasks, [&](int64_t task, int) {
       const auto [begin, end] = blocks[static_cast<size_t>(task / p.n_head_kv)];
       attend_block(q, q_row_stride, queries.subspan(static_cast<size_t>(begin), static_cast<size_t>(end - begin)),
-                   begin, task % p.n_head_kv, p, avx512, out);
+                   begin, task % p.n_head_kv, p, avx512, one_token_order, out);
     });
   }
 
@@ -337,10 +363,9 @@ class CpuBackend final : public Backend {
     for (int64_t i = 0; i < count; ++i) x[i] *= factor;
   }
 
-  void silu(const float* x, int64_t count, float* y) override {
-    for_ranges(count, [&](int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i) y[i] = x[i] / (1.0f + std::exp(-x[i]));
-    });
+  void silu(const float* x, int64_t n, int64_t rows, float* y) override {
+    const cpu::SiluRowFn silu_row = cpu::active_kernels().silu_row;
+    for_rows(rows, n, [&](int64_t r) { silu_row(x + r * n, n, y + r * n); });
   }
 
   void gelu(const float* x, int64_t count, float* y) override {
@@ -368,7 +393,7 @@ class CpuBackend final : public Backend {
   void softmax(float* x, int64_t n, int64_t rows) override {
     for (int64_t r = 0; r < rows; ++r) {
       float* xr = x + r * n;
-      const float inv = static_cast<float>(1.0 / exponentiate_from_max(xr, n));
+      const float inv = static_cast<float>(1.0 / exponentiate_from_max(xr, n, xr));
       for (int64_t i = 0; i < n; ++i) xr[i] *= inv;
     }
   }
@@ -401,6 +426,8 @@ class CpuBackend final : public Backend {
 
   // Queries per attention task (see attention).
   static constexpr int64_t kQueryBlock = 16;
+  // Lanes of llama.cpp's widest softmax vector (AVX-512; a multiple of AVX2's and NEON's).
+  static constexpr int64_t kSoftmaxVector = 16;
 
   // sum of a[i] * b[i], each product rounded to float and summed in double: eight
   // interleaved partial sums (the latency of one chain dominated attention), added in
@@ -461,17 +488,12 @@ class CpuBackend final : public Backend {
     }
   }
 
-  // x[i] = exp(x[i] - max x) in place; returns their sum in double (ggml's soft_max
-  // steps before the one scale).
-  static double exponentiate_from_max(float* x, int64_t n) {
+  // y[i] = exp(x[i] - max x) (y may be x); returns their sum in double, added up as
+  // ggml's soft_max does before its one scale.
+  static double exponentiate_from_max(const float* x, int64_t n, float* y) {
     float max = -INFINITY;
     for (int64_t i = 0; i < n; ++i) max = std::max(max, x[i]);
-    double sum = 0.0;
-    for (int64_t i = 0; i < n; ++i) {
-      x[i] = std::exp(x[i] - max);
-      sum += static_cast<double>(x[i]);
-    }
-    return sum;
+    return cpu::active_kernels().exp_row(x, n, max, y);
   }
 
   static void scale_round_f16(const float* in, float factor, int64_t n, float* out, bool avx512) {
@@ -529,10 +551,21 @@ class CpuBackend final : public Backend {
   // One KV head for queries [first_query, first_query + block.size()), all reading the
   // same cache.
   static void attend_block(const float* q, int64_t q_row_stride, std::span<const AttentionQuery> block,
-                           int64_t first_query, int64_t kvh, const AttentionParams& p, bool avx512, float* out) {
+                           int64_t first_query, int64_t kvh, const AttentionParams& p, bool avx512,
+                           bool one_token_order, float* out) {
     const int64_t group = p.n_head / p.n_head_kv;
     const int64_t dk = p.head_dim_k, dv = p.head_dim_v;
     const state::KvLayerView& kv = block.front().kv;
+    // An F16 cache is multiplied in llama.cpp's order (attention_sums.hpp): its batched
+    // one for every batch, or, as llama.cpp, its one-token order when the batch is one
+    // token (BatchNumerics::as_llama_cpp). Its AVX2 build sums in 8 lanes, the others
+    // (AVX-512) in 16.
+    const int64_t lanes = cpu::cpu_level() == cpu::CpuLevel::avx2 ? 8 : 16;
+    const SumOrder batched{lanes, 1, false}, one_token{lanes, 4, lanes == 8};
+    const SumOrder& order = one_token_order ? one_token : batched;
+    // llama.cpp's batched path needs whole vectors of K; it takes the one-token path else.
+    const SumOrder& k_order = dk % lanes == 0 ? order : one_token;
+    const bool k_in_order = kv.k_type == GgmlType::F16, v_in_order = kv.v_type == GgmlType::F16;
     // Keys any query of the block sees.
     int64_t keys_begin = INT64_MAX, keys_end = 0;
     for (const AttentionQuery& query : block) {
@@ -558,7 +591,13 @@ class CpuBackend final : public Backend {
       const int64_t last = std::min<int64_t>(query.pos, kv.n_pos - 1);
       const int64_t first = p.window > 0 ? std::max<int64_t>(0, query.pos - p.window + 1) : 0;
       const int64_t n_keys = std::max<int64_t>(0, last - first + 1);
-      scores.resize(static_cast<size_t>(group * std::max<int64_t>(n_keys, 1)));
+      // llama.cpp's softmax row starts at KV cell 0 (cell = position here) and its vector
+      // e^x sums 16 lanes at a time: the row below starts `lead` masked (-inf) cells
+      // before `first` and is padded with masked cells to whole vectors, so that the
+      // sums group as llama.cpp's.
+      const int64_t lead = n_keys > 0 ? first % kSoftmaxVector : 0;
+      const int64_t row = n_keys > 0 ? (lead + n_keys + kSoftmaxVector - 1) / kSoftmaxVector * kSoftmaxVector : 0;
+      scores.assign(static_cast<size_t>(group * std::max<int64_t>(row, 1)), -INFINITY);
       // Q as the K dot sees it: llama.cpp converts Q to F16 for an F16 K.
       for (int64_t g = 0; g < group; ++g) {
         const float* qh = q + t * q_row_stride + (kvh * group + g) * dk;
@@ -572,15 +611,17 @@ class CpuBackend final : public Backend {
       for (int64_t j = 0; j < n_keys; ++j) {
         const float* key = keys.data() + (first + j - keys_begin) * dk;
         for (int64_t g = 0; g < group; ++g) {
-          float s = dot_in_double(qbuf.data() + g * dk, key, dk, avx512) * p.scale;
+          float s = (k_in_order ? dot_in_order(qbuf.data() + g * dk, key, dk, k_order)
+                                : dot_in_double(qbuf.data() + g * dk, key, dk, avx512)) *
+                    p.scale;
           if (p.softcap > 0.0f) s = p.softcap * std::tanh(s / p.softcap);
-          scores[static_cast<size_t>(g * n_keys + j)] = s;
+          scores[static_cast<size_t>(g * row + lead + j)] = s;
         }
       }
       // Softmax per head (max, exp, sum in double, one scale), as ggml's soft_max.
       for (int64_t g = 0; g < group; ++g) {
-        float* sg = scores.data() + g * n_keys;
-        const double sum = exponentiate_from_max(sg, n_keys);
+        const double sum = exponentiate_from_max(scores.data() + g * row, row, scores.data() + g * row);
+        float* sg = scores.data() + g * row + lead;
         const float inv = n_keys > 0 ? static_cast<float>(1.0 / sum) : 0.0f;
         if (kv.v_type == GgmlType::F16) {
           // llama.cpp multiplies F16 V by the probabilities converted to F16.
@@ -591,18 +632,26 @@ class CpuBackend final : public Backend {
       }
       const float* v_first = values.data() + (first - keys_begin) * dv;
       for (int64_t g = 0; g < group; ++g) {
-        weighted_sum(scores.data() + g * n_keys, v_first, n_keys, dv, out + t * p.n_head * dv + (kvh * group + g) * dv,
+        float* out_head = out + t * p.n_head * dv + (kvh * group + g) * dv;
+        if (v_in_order) {
+          weighted_sum_in_order(scores.data() + g * row + lead, v_first, n_keys, dv, first, order, out_head);
+          continue;
+        }
+        weighted_sum(scores.data() + g * row + lead, v_first, n_keys, dv, out_head,
                      avx512);
       }
     }
   }
 
+  BatchNumerics numerics_;
   cpu::ThreadPool pool_;
   std::vector<uint8_t> scratch_;
 };
 
 }  // namespace
 
-std::unique_ptr<Backend> make_cpu_backend(int threads) { return std::make_unique<CpuBackend>(threads); }
+std::unique_ptr<Backend> make_cpu_backend(int threads, BatchNumerics numerics) {
+  return std::make_unique<CpuBackend>(threads, numerics);
+}
 
 }  // namespace pico::backend

@@ -182,7 +182,7 @@ void Model::gated_ffn(ForwardContext& ctx, const LayerWeights& lw, const float* 
   if (gelu) {
     ctx.be.gelu(gate, n * ff, gate);
   } else {
-    ctx.be.silu(gate, n * ff, gate);
+    ctx.be.silu(gate, ff, n, gate);
   }
   ctx.be.mul(gate, up, ff, n, n, gate);
   ctx.be.matmul(lw.ffn_down, gate, n, out);

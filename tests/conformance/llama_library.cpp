@@ -174,6 +174,8 @@ class Loaded {
     p.type_v = kGgmlTypeF16;
     p.swa_full = true;
     p.no_perf = true;
+    p.cb_eval = reinterpret_cast<void*>(o.eval_callback);
+    p.cb_eval_user_data = o.eval_user_data;
     ctx_ = api.init_from_model(model_, p);
     if (!ctx_) {
       api.model_free(model_);

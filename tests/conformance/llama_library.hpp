@@ -43,11 +43,16 @@ enum class LlamaFileType : int32_t {
 // cache, `threads` threads. `repack`: llama.cpp's weight repacking for its CPU
 // (use_extra_bufts, on by default as node-llama-cpp leaves it); off, every matrix
 // multiplies through ggml's plain per-row dot products (or llamafile's sgemm).
+// `eval_callback`: llama.cpp's cb_eval (ggml_backend_sched_eval_callback), called with
+// each graph node (a ggml_tensor*) first to ask whether to show it, then once computed.
+using LlamaEvalCallback = bool (*)(void* tensor, bool ask, void* user_data);
 struct LlamaEvalOptions {
   uint32_t n_ctx = 256;
   uint32_t batch = 64;
   int32_t threads = 2;
   bool repack = true;
+  LlamaEvalCallback eval_callback = nullptr;
+  void* eval_user_data = nullptr;
 };
 
 // The logits after every token of a prompt: rows of n_vocab floats.

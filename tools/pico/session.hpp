@@ -27,6 +27,7 @@ struct EngineOptions {
   int batch = 64;
   std::string ctk = "f16";
   std::string ctv = "f16";
+  bool llama_numerics = false;  // backend::BatchNumerics::as_llama_cpp
 };
 
 inline void add_engine_options(CLI::App* cmd, EngineOptions& o) {
@@ -35,6 +36,9 @@ inline void add_engine_options(CLI::App* cmd, EngineOptions& o) {
   cmd->add_option("-b,--batch-size", o.batch, "tokens per forward batch")->check(CLI::PositiveNumber);
   cmd->add_option("--ctk,--cache-type-k", o.ctk, "KV cache type of K: f16 (default), f32, q8_0, q4_0");
   cmd->add_option("--ctv,--cache-type-v", o.ctv, "KV cache type of V: f16 (default), f32, q8_0, q4_0");
+  cmd->add_flag("--llama-numerics", o.llama_numerics,
+                "attention sums of a one-token batch in llama.cpp's one-token order, to reproduce its "
+                "token-by-token numbers bit for bit (results then depend on the batch, as llama.cpp's)");
 }
 
 inline GgmlType kv_type(const std::string& name) {
@@ -55,7 +59,9 @@ struct Session {
   explicit Session(const EngineOptions& o) {
     file = gguf::Model::open(o.model_path);
     model = model::Model::load(*file);
-    be = backend::make_cpu_backend(o.threads > 0 ? o.threads : cpu::default_thread_count());
+    be = backend::make_cpu_backend(o.threads > 0 ? o.threads : cpu::default_thread_count(),
+                                   o.llama_numerics ? backend::BatchNumerics::as_llama_cpp
+                                                    : backend::BatchNumerics::invariant);
     cache = std::make_unique<state::KvCache>(
         model->kv_config(model->all_layers(), kv_type(o.ctk), kv_type(o.ctv)));
     batch = o.batch;
