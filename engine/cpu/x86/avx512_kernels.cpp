@@ -3,12 +3,7 @@
 // whose speed matters most (Q8_0: 16 rows per vector in the GEMM, two rows per
 // vector and up to 8 rows per pass in the GEMV, in llama.cpp's float order; Q4_K, Q6_K: 512-bit products;
 // F16, BF16, F32: 32 elements per step).
-#if defined(__GNUC__) && !defined(__clang__)
-// GCC 12's AVX-512 intrinsics pass an "undefined" vector as the unused merge operand
-// and then warn about it (GCC bug 105593).
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
+#include "cpu/x86/avx512_intrinsics.hpp"
 
 #include "cpu/x86/k_quant_repack_order_kernels.hpp"
 #include "cpu/x86/ymm_kernels.hpp"

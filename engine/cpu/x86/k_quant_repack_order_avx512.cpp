@@ -8,14 +8,7 @@
 // such accumulators into one vector per part with one output per lane, and the float
 // chains run 16 outputs wide. GEMM tiles are 4 weight rows x 4 tokens (lane 4 r + t);
 // GEMV takes 16 rows per vector, streamed one row at a time.
-#if defined(__GNUC__) && !defined(__clang__)
-// GCC 12's AVX-512 intrinsics pass an "undefined" vector as the unused merge operand
-// and then warn about it (GCC bug 105593).
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
-
-#include <immintrin.h>
+#include "cpu/x86/avx512_intrinsics.hpp"
 
 #include <algorithm>
 #include <cstdint>

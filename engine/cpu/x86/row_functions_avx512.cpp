@@ -3,14 +3,7 @@
 // that pico's activations round as llama.cpp's: SiLU and the softmax exponentials with
 // its AVX-512 e^x (row_functions_avx2.cpp's polynomial with 2^n applied by vscalefps,
 // and 0 / infinity past |n| > 192), and LayerNorm's sum of squares.
-#if defined(__GNUC__) && !defined(__clang__)
-// GCC 12's AVX-512 intrinsics pass an "undefined" vector as the unused merge operand
-// and then warn about it (GCC bug 105593).
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
-
-#include <immintrin.h>
+#include "cpu/x86/avx512_intrinsics.hpp"
 
 #include <math.h>
 #include <cstdint>
