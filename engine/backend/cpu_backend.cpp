@@ -100,6 +100,68 @@ float yarn_ramp(float low, float high, int64_t i0) {
   rotate_heads(x, heads, head_dim, n_dims, neox, cache);
 }
 
+// attention_sums.hpp's batched order with vectors: one fused multiply-add chain per
+// lane (the products are exact, so fma is the scalar add of the product), then the
+// same lane tree. 16 lanes (AVX-512) and 8 (AVX2).
+[[gnu::target("avx512f,avx512dq,avx512vl,fma")]] float dot_batched_avx512(const float* a, const float* b, int64_t n) {
+  __m512 acc = _mm512_setzero_ps();
+  for (int64_t i = 0; i < n; i += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), acc);
+  const __m256 halves = _mm256_add_ps(_mm512_castps512_ps256(acc), _mm512_extractf32x8_ps(acc, 1));
+  const __m128 quarters = _mm_add_ps(_mm256_castps256_ps128(halves), _mm256_extractf128_ps(halves, 1));
+  const __m128 pairs = _mm_add_ps(quarters, _mm_movehl_ps(quarters, quarters));
+  return _mm_cvtss_f32(_mm_add_ss(pairs, _mm_movehdup_ps(pairs)));
+}
+
+[[gnu::target("avx2,fma")]] float dot_batched_avx2(const float* a, const float* b, int64_t n) {
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t i = 0; i < n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
+  const __m128 quarters = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+  const __m128 pairs = _mm_add_ps(quarters, _mm_movehl_ps(quarters, quarters));
+  return _mm_cvtss_f32(_mm_add_ss(pairs, _mm_movehdup_ps(pairs)));
+}
+
+// weighted_sum_in_order's batched order: slot l (KV cells c with c % lanes == l) holds
+// one vector chain per output value; then the slots are added in the lane tree,
+// output values side by side. n a multiple of the vector width.
+template <int kLanes>
+[[gnu::always_inline]] inline void add_slots(float* sums, int64_t n, float* out) {
+  for (int64_t half = kLanes / 2; half >= 4; half /= 2) {
+    for (int64_t l = 0; l < half; ++l) {
+      for (int64_t i = 0; i < n; ++i) sums[l * n + i] = sums[l * n + i] + sums[(l + half) * n + i];
+    }
+  }
+  for (int64_t i = 0; i < n; ++i) out[i] = (sums[i] + sums[2 * n + i]) + (sums[n + i] + sums[3 * n + i]);
+}
+
+[[gnu::target("avx512f,avx512dq,avx512vl,fma")]] void weighted_sum_batched_avx512(const float* weights, const float* values,
+                                                                               int64_t count, int64_t n, int64_t first,
+                                                                               float* sums, float* out) {
+  std::memset(sums, 0, static_cast<size_t>(16 * n) * sizeof(float));
+  for (int64_t j = 0; j < count; ++j) {
+    float* slot = sums + ((first + j) % 16) * n;
+    const float* v = values + j * n;
+    const __m512 w = _mm512_set1_ps(weights[j]);
+    for (int64_t i = 0; i < n; i += 16) {
+      _mm512_storeu_ps(slot + i, _mm512_fmadd_ps(w, _mm512_loadu_ps(v + i), _mm512_loadu_ps(slot + i)));
+    }
+  }
+  add_slots<16>(sums, n, out);
+}
+
+[[gnu::target("avx2,fma")]] void weighted_sum_batched_avx2(const float* weights, const float* values, int64_t count,
+                                                           int64_t n, int64_t first, float* sums, float* out) {
+  std::memset(sums, 0, static_cast<size_t>(8 * n) * sizeof(float));
+  for (int64_t j = 0; j < count; ++j) {
+    float* slot = sums + ((first + j) % 8) * n;
+    const float* v = values + j * n;
+    const __m256 w = _mm256_set1_ps(weights[j]);
+    for (int64_t i = 0; i < n; i += 8) {
+      _mm256_storeu_ps(slot + i, _mm256_fmadd_ps(w, _mm256_loadu_ps(v + i), _mm256_loadu_ps(slot + i)));
+    }
+  }
+  add_slots<8>(sums, n, out);
+}
+
 // AVX-512 versions of CpuBackend's dot_in_double and weighted_sum (used at the avx512
 // kernel level): the same partial sums and operations per output, eight or sixteen
 // lanes at a time, so the results equal theirs.
@@ -548,6 +610,40 @@ class CpuBackend final : public Backend {
     }
   }
 
+  // attention_sums.hpp's orders, the batched one with vectors where the level has them.
+  static float dot_ordered(const float* a, const float* b, int64_t n, const SumOrder& order, cpu::CpuLevel level) {
+#if defined(PICO_ATTENTION_AVX512)
+    if (order.accumulators == 1 && n % order.lanes == 0) {
+      if (level == cpu::CpuLevel::avx512 && order.lanes == 16) return dot_batched_avx512(a, b, n);
+      if (level == cpu::CpuLevel::avx2 && order.lanes == 8) return dot_batched_avx2(a, b, n);
+    }
+#else
+    (void)level;
+#endif
+    return dot_in_order(a, b, n, order);
+  }
+
+  static void weighted_sum_ordered(const float* weights, const float* values, int64_t count, int64_t n, int64_t first,
+                                   const SumOrder& order, cpu::CpuLevel level, float* out) {
+#if defined(PICO_ATTENTION_AVX512)
+    const bool avx512 = level == cpu::CpuLevel::avx512 && order.lanes == 16;
+    const bool avx2 = level == cpu::CpuLevel::avx2 && order.lanes == 8;
+    if (order.accumulators == 1 && n % order.lanes == 0 && (avx512 || avx2)) {
+      thread_local std::vector<float> sums;
+      sums.resize(static_cast<size_t>(order.lanes * n));
+      if (avx512) {
+        weighted_sum_batched_avx512(weights, values, count, n, first, sums.data(), out);
+      } else {
+        weighted_sum_batched_avx2(weights, values, count, n, first, sums.data(), out);
+      }
+      return;
+    }
+#else
+    (void)level;
+#endif
+    weighted_sum_in_order(weights, values, count, n, first, order, out);
+  }
+
   // One KV head for queries [first_query, first_query + block.size()), all reading the
   // same cache.
   static void attend_block(const float* q, int64_t q_row_stride, std::span<const AttentionQuery> block,
@@ -560,7 +656,8 @@ class CpuBackend final : public Backend {
     // one for every batch, or, as llama.cpp, its one-token order when the batch is one
     // token (BatchNumerics::as_llama_cpp). Its AVX2 build sums in 8 lanes, the others
     // (AVX-512) in 16.
-    const int64_t lanes = cpu::cpu_level() == cpu::CpuLevel::avx2 ? 8 : 16;
+    const cpu::CpuLevel level = cpu::cpu_level();
+    const int64_t lanes = level == cpu::CpuLevel::avx2 ? 8 : 16;
     const SumOrder batched{lanes, 1, false}, one_token{lanes, 4, lanes == 8};
     const SumOrder& order = one_token_order ? one_token : batched;
     // llama.cpp's batched path needs whole vectors of K; it takes the one-token path else.
@@ -611,7 +708,7 @@ class CpuBackend final : public Backend {
       for (int64_t j = 0; j < n_keys; ++j) {
         const float* key = keys.data() + (first + j - keys_begin) * dk;
         for (int64_t g = 0; g < group; ++g) {
-          float s = (k_in_order ? dot_in_order(qbuf.data() + g * dk, key, dk, k_order)
+          float s = (k_in_order ? dot_ordered(qbuf.data() + g * dk, key, dk, k_order, level)
                                 : dot_in_double(qbuf.data() + g * dk, key, dk, avx512)) *
                     p.scale;
           if (p.softcap > 0.0f) s = p.softcap * std::tanh(s / p.softcap);
@@ -634,7 +731,7 @@ class CpuBackend final : public Backend {
       for (int64_t g = 0; g < group; ++g) {
         float* out_head = out + t * p.n_head * dv + (kvh * group + g) * dv;
         if (v_in_order) {
-          weighted_sum_in_order(scores.data() + g * row + lead, v_first, n_keys, dv, first, order, out_head);
+          weighted_sum_ordered(scores.data() + g * row + lead, v_first, n_keys, dv, first, order, level, out_head);
           continue;
         }
         weighted_sum(scores.data() + g * row + lead, v_first, n_keys, dv, out_head,
