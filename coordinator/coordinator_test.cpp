@@ -5,8 +5,12 @@
 #include <functional>
 #include <filesystem>
 #include <fstream>
+#include <memory>
+#include <cmath>
+#include <algorithm>
 #include <mutex>
 
+#include "sample/argmax.hpp"
 #include "cluster_config.hpp"
 #include "engine.hpp"
 #include "pipeline.hpp"
@@ -133,8 +137,10 @@ class FakeStage final : public Stage {
   }
   const StageInfo& info() const override { return info_; }
   void plan(Stage*, size_t, size_t) override { ++plans; }
-  void submit(uint64_t step, std::span<const model::BatchToken> batch) override {
+  void submit(uint64_t step, std::span<const model::BatchToken> batch,
+              std::span<const protocol::LogitsOutput> outputs) override {
     submitted.push_back(step);
+    submitted_outputs.emplace_back(outputs.begin(), outputs.end());
     if (on_submit) on_submit(step, batch);
   }
   void close(int32_t) override {}
@@ -158,6 +164,7 @@ class FakeStage final : public Stage {
 
   std::deque<std::function<StepOutput()>> answers;  // run when polled
   std::vector<uint64_t> submitted;
+  std::vector<std::vector<protocol::LogitsOutput>> submitted_outputs;
   std::function<void(uint64_t, std::span<const model::BatchToken>)> on_submit;
   int plans = 0, rejoins = 0;
   bool is_up = true, comes_back = true;
@@ -351,6 +358,180 @@ TEST(EngineSteps, SubmitsTheNextStepBeforeATokensText) {
   // third and last token submits nothing).
   EXPECT_EQ(events, (std::vector<std::string>{"submit", "submit", "token", "submit", "token", "token", "done"}));
   EXPECT_EQ(text, "aaa");
+}
+
+// argmax_suffices says yes only where the sampler's pick is the arg max of the raw
+// logits (the first of equal maxima): checked against the sampler on rows with ties.
+TEST(ArgmaxOutput, SufficesExactlyWhereTheSamplerPicksTheArgmax) {
+  std::vector<float> logits(64);
+  uint32_t state = 12345;
+  for (float& v : logits) {
+    state = state * 1664525u + 1013904223u;
+    v = static_cast<float>(state >> 24) / 16.0f;  // few distinct values: ties
+  }
+  const int32_t argmax = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+  sample::SamplingParams greedy = sample::SamplingParams::greedy();
+  greedy.seed = 1;
+  EXPECT_TRUE(argmax_suffices(greedy));
+  std::vector<int32_t> history;  // accepted tokens: the penalties see them
+  for (int32_t t = 0; t < 64; t += 3) history.push_back(t);
+  auto picks = [&](const sample::SamplingParams& p) {
+    sample::Sampler s(p);
+    for (int32_t t : history) s.accept(t);
+    return s.sample(logits);
+  };
+  EXPECT_EQ(picks(greedy), argmax);
+  auto top_k = greedy;  // filters that keep the best candidate change nothing
+  top_k.top_k = 5;
+  top_k.top_p = 0.5f;
+  top_k.min_p = 0.2f;
+  EXPECT_TRUE(argmax_suffices(top_k));
+  EXPECT_EQ(picks(top_k), argmax);
+  auto warm = greedy;
+  warm.temperature = 0.8f;
+  EXPECT_FALSE(argmax_suffices(warm));
+  auto biased = greedy;
+  biased.logit_bias = {{argmax, -INFINITY}};
+  EXPECT_FALSE(argmax_suffices(biased));
+  EXPECT_NE(picks(biased), argmax);
+  auto penalised = greedy;
+  penalised.repeat_penalty = 1.5f;
+  penalised.penalty_last_n = 64;
+  EXPECT_FALSE(argmax_suffices(penalised));
+  penalised.penalty_last_n = 0;  // a window of nothing: no penalty
+  EXPECT_TRUE(argmax_suffices(penalised));
+  auto typical = greedy;
+  typical.typical_p = 0.5f;
+  EXPECT_FALSE(argmax_suffices(typical));
+}
+
+// The last stage's arg max is std::max_element's pick (which the greedy sampler makes):
+// on rows with ties, NaNs, signed zeros and infinities, of every length around the
+// lane and chunk sizes.
+TEST(ArgmaxOutput, FirstArgmaxIsMaxElement) {
+  uint32_t state = 7;
+  auto next = [&] { return state = state * 1664525u + 1013904223u; };
+  const float specials[] = {NAN, 0.0f, -0.0f, INFINITY, -INFINITY};
+  for (int trial = 0; trial < 20000; ++trial) {
+    std::vector<float> row(1 + next() % 300);
+    for (float& v : row) {
+      const uint32_t r = next();
+      v = (r >> 28) < 5 ? specials[r >> 28] : static_cast<float>((r >> 16) % 7) - 3.0f;
+    }
+    const auto expected = static_cast<size_t>(std::max_element(row.begin(), row.end()) - row.begin());
+    ASSERT_EQ(sample::first_argmax(row.data(), row.size()), expected) << "trial " << trial;
+  }
+  std::vector<float> logits(32000);
+  for (float& v : logits) v = static_cast<float>(next() >> 8) * 1e-5f;
+  EXPECT_EQ(sample::first_argmax(logits.data(), logits.size()),
+            static_cast<size_t>(std::max_element(logits.begin(), logits.end()) - logits.begin()));
+}
+
+// Runs one request through an engine on the fake pipeline, whose last stage answers
+// every step with arg max rows where they were asked for (token 3, "a") and full rows
+// otherwise; returns the outputs asked for at each step.
+std::vector<std::vector<protocol::LogitsOutput>> outputs_asked(const OnlineRequest& request, std::string* text,
+                                                               std::vector<size_t>* sampled_rows = nullptr) {
+  auto f = fake_pipeline(0, 0);
+  const auto tok = tiny_tokenizer();
+  f.first->on_submit = [&](uint64_t step, std::span<const model::BatchToken> batch) {
+    const auto asked = f.first->submitted_outputs.back();
+    StepOutput o;
+    o.step = step;
+    o.n_vocab = 4;
+    std::vector<float> full;
+    for (size_t i = 0; i < batch.size(); ++i) {
+      if (!batch[i].logits) continue;
+      o.seq_ids.push_back(batch[i].seq_id);
+      o.positions.push_back(batch[i].pos);
+      const bool argmax = !asked.empty() && asked[i] == protocol::LogitsOutput::ARGMAX;
+      o.argmax.push_back(argmax ? 3 : -1);
+      o.argmax_logits.push_back(argmax ? 5.0f : 0.0f);
+      if (!argmax) full.insert(full.end(), {0.0f, 0.0f, 0.0f, 5.0f});
+    }
+    o.logits = std::move(full);
+    auto answer = std::make_shared<StepOutput>(std::move(o));  // std::function needs a copyable target
+    f.last->answers.push_back([answer] { return std::move(*answer); });
+  };
+  std::mutex mutex;
+  std::condition_variable cv;
+  bool done = false;
+  {
+    Engine engine(*f.pipeline, *tok, SchedulerOptions{});
+    Callbacks cb;
+    cb.on_sampled = [&](int32_t, std::span<const float> logits) {
+      if (sampled_rows) sampled_rows->push_back(logits.size());
+    };
+    cb.on_token = [&](const TokenEvent& ev) { *text += ev.text; };
+    cb.on_done = [&](const std::string&, const Usage&) {
+      std::lock_guard lock(mutex);
+      done = true;
+      cv.notify_all();
+    };
+    cb.on_error = [&](const std::string& message) {
+      std::lock_guard lock(mutex);
+      *text += "error: " + message;
+      done = true;
+      cv.notify_all();
+    };
+    engine.submit(request, std::move(cb));
+    std::unique_lock lock(mutex);
+    EXPECT_TRUE(cv.wait_for(lock, std::chrono::seconds(10), [&] { return done; }));
+  }
+  return f.first->submitted_outputs;
+}
+
+// Greedy requests without logprobs ask the last stage for the arg max of each row
+// they sample from; sampling at a temperature, logprobs and full_logits get full rows.
+TEST(ArgmaxOutput, AskedOnlyByRequestsThatNeedNoMore) {
+  using protocol::LogitsOutput;
+  OnlineRequest r;
+  r.prompt = {1, 3, 3};
+  r.max_tokens = 3;
+  r.sampling = sample::SamplingParams::greedy();
+  r.sampling.seed = 1;
+  std::string text;
+  std::vector<size_t> rows;
+  const auto greedy = outputs_asked(r, &text, &rows);
+  ASSERT_EQ(greedy.size(), 3u);  // the prompt, then the first two tokens
+  // The prompt's last token only wants logits: the others' output does not matter.
+  EXPECT_EQ(greedy[0].size(), 3u);
+  EXPECT_EQ(greedy[0].back(), LogitsOutput::ARGMAX);
+  EXPECT_EQ(greedy[1], std::vector<LogitsOutput>{LogitsOutput::ARGMAX});
+  EXPECT_EQ(text, "aaa");
+  EXPECT_EQ(rows, (std::vector<size_t>{0, 0, 0}));  // on_sampled: no full row
+
+  for (int variant = 0; variant < 3; ++variant) {
+    OnlineRequest full = r;
+    if (variant == 0) full.sampling.temperature = 0.8f;
+    if (variant == 1) full.logprobs = 2;
+    if (variant == 2) full.full_logits = true;
+    text.clear();
+    rows.clear();
+    const auto asked = outputs_asked(full, &text, &rows);
+    ASSERT_EQ(asked.size(), 3u) << "variant " << variant;
+    for (const auto& step : asked) EXPECT_TRUE(step.empty()) << "variant " << variant;  // full rows
+    EXPECT_EQ(text, "aaa") << "variant " << variant;
+    EXPECT_EQ(rows, (std::vector<size_t>{4, 4, 4})) << "variant " << variant;
+  }
+}
+
+// A step whose rows are partly arg max only: each full row is found in order.
+TEST(ArgmaxOutput, FullRowsOfAMixedStep) {
+  StepOutput o;
+  o.n_vocab = 2;
+  o.argmax = {-1, 7, -1};
+  o.argmax_logits = {0.0f, 1.5f, 0.0f};
+  o.logits = std::vector<float>{1.0f, 2.0f, 3.0f, 4.0f};
+  EXPECT_EQ(std::vector<float>(o.row_logits(0).begin(), o.row_logits(0).end()), (std::vector<float>{1.0f, 2.0f}));
+  EXPECT_TRUE(o.is_argmax(1));
+  EXPECT_TRUE(o.row_logits(1).empty());
+  EXPECT_EQ(std::vector<float>(o.row_logits(2).begin(), o.row_logits(2).end()), (std::vector<float>{3.0f, 4.0f}));
+  StepOutput plain;
+  plain.n_vocab = 2;
+  plain.logits = std::vector<float>{1.0f, 2.0f, 3.0f, 4.0f};
+  EXPECT_FALSE(plain.is_argmax(1));
+  EXPECT_EQ(plain.row_logits(1)[0], 3.0f);
 }
 
 }  // namespace

@@ -9,6 +9,8 @@
 #include <optional>
 #include <stdexcept>
 
+#include "sample/argmax.hpp"
+
 namespace pico::coordinator {
 
 using Clock = std::chrono::steady_clock;
@@ -18,11 +20,14 @@ double seconds_between(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
 }
 
-std::span<const float> row_logits(const StepOutput& out, size_t row) {
-  const auto n_vocab = static_cast<size_t>(out.n_vocab);
-  return {out.logits.data() + row * n_vocab, n_vocab};
-}
 }  // namespace
+
+bool argmax_suffices(const sample::SamplingParams& params) {
+  const bool penalties = params.penalty_last_n != 0 &&
+                         (params.repeat_penalty != 1.0f || params.frequency_penalty != 0.0f ||
+                          params.presence_penalty != 0.0f);
+  return params.temperature <= 0.0f && params.logit_bias.empty() && !penalties && params.typical_p >= 1.0f;
+}
 
 std::string StopMatcher::push(const std::string& text) {
   if (matched_) return {};
@@ -66,6 +71,7 @@ struct Engine::Seq {
   int n_cached = 0;                  // prompt tokens reused from a kept sequence
   std::vector<int32_t> kv_tokens;    // the token of each position sent (n_past of them)
   int steps_inflight = 0;            // steps in flight holding tokens of this sequence
+  bool argmax_only = false;          // the last stage returns its rows' arg max only
   int n_decoded = 0;
   std::optional<int32_t> pending;
   bool awaiting = false;
@@ -348,6 +354,7 @@ void Engine::admit() {
       metrics_.prompt_tokens_cached += static_cast<uint64_t>(s->n_cached);
     }
     s->sampler = std::make_unique<sample::Sampler>(s->request.sampling);
+    s->argmax_only = argmax_suffices(s->request.sampling) && s->request.logprobs < 0 && !s->request.full_logits;
     for (int32_t t : s->request.prompt) s->sampler->accept(t);
     s->decoder = std::make_unique<tokenizer::StreamDecoder>(tok_);
     s->matcher = std::make_unique<StopMatcher>(s->request.stop);
@@ -397,6 +404,13 @@ void Engine::loop() {
     // Fill the pipeline.
     while (static_cast<int>(inflight.size()) < options_.max_inflight && !active_.empty()) {
       std::vector<model::BatchToken> batch;
+      std::vector<protocol::LogitsOutput> outputs;  // per batch row
+      bool any_argmax = false;
+      auto output = [&](const Seq& s, bool logits) {
+        const bool argmax = logits && s.argmax_only;
+        any_argmax = any_argmax || argmax;
+        outputs.push_back(argmax ? protocol::LogitsOutput::ARGMAX : protocol::LogitsOutput::FULL);
+      };
       std::vector<Seq*> seqs;
       int budget = options_.max_batch_tokens, prefill = 0, decode = 0;
       for (size_t k = 0; k < active_.size() && budget > 0; ++k) {
@@ -410,6 +424,7 @@ void Engine::loop() {
             const bool last = s.prefill_sent + 1 == prompt.size();
             s.kv_tokens.push_back(prompt[s.prefill_sent]);
             batch.push_back({s.kv_id, s.n_past++, prompt[s.prefill_sent++], last});
+            output(s, last);
           }
           seqs.push_back(&s);
           budget -= static_cast<int>(n);
@@ -418,6 +433,7 @@ void Engine::loop() {
         } else if (s.pending && decode < decode_group) {
           s.kv_tokens.push_back(*s.pending);
           batch.push_back({s.kv_id, s.n_past++, *s.pending, true});
+          output(s, true);
           seqs.push_back(&s);
           s.pending.reset();
           s.awaiting = true;
@@ -428,7 +444,8 @@ void Engine::loop() {
       rr = (rr + 1) % active_.size();
       if (batch.empty()) break;
       try {
-        pipeline_.submit(batch);
+        pipeline_.submit(batch, any_argmax ? std::span<const protocol::LogitsOutput>(outputs)
+                                           : std::span<const protocol::LogitsOutput>());
       } catch (const std::exception& e) {
         spdlog::error("pipeline: {}", e.what());
         fail_all(e.what());
@@ -522,9 +539,19 @@ void Engine::loop() {
       if (!sp || sp->done) continue;
       Seq& s = *sp;
       s.awaiting = false;
-      const int32_t id = s.sampler->sample(row_logits(out, r));
+      const auto logits = out.row_logits(r);
+      // Greedy without more (argmax_only): the arg max the last stage sent, or that of
+      // the full row (an in-process stage's), which is the sampler's pick, found faster.
+      int32_t id = 0;
+      if (out.is_argmax(r)) {
+        id = out.argmax[r];
+      } else if (s.argmax_only) {
+        id = static_cast<int32_t>(sample::first_argmax(logits.data(), logits.size()));
+      } else {
+        id = s.sampler->sample(logits);
+      }
       s.sampler->accept(id);
-      if (s.callbacks.on_sampled) s.callbacks.on_sampled(id, row_logits(out, r));
+      if (s.callbacks.on_sampled) s.callbacks.on_sampled(id, logits);
       if (s.n_decoded == 0) s.t_first = now;
       ++s.n_decoded;
       ++generated;
@@ -537,7 +564,7 @@ void Engine::loop() {
         deferred.push_back({&s, r, id});
         continue;
       }
-      emit_token(s, id, row_logits(out, r));
+      emit_token(s, id, logits);
       if (s.matcher->matched()) {
         finish(s, "stop");
       } else if (at_limit(s)) {
@@ -548,7 +575,7 @@ void Engine::loop() {
     }
     if (!deferred.empty() && !fill()) deferred.clear();  // failed: those requests got on_error
     for (const Deferred& d : deferred) {
-      if (!d.seq->done) emit_token(*d.seq, d.id, row_logits(out, d.row));
+      if (!d.seq->done) emit_token(*d.seq, d.id, out.row_logits(d.row));
     }
     {
       std::lock_guard lock(mutex_);

@@ -62,11 +62,21 @@ struct OnlineRequest {
   bool ignore_eos = false;
   int logprobs = -1;              // < 0: none; >= 0: the token's logprob and this many top ones
   bool cache_prompt = true;       // reuse the KV of a kept sequence with a common prompt prefix
+  // on_sampled wants every full logits row. Otherwise a request sampled greedily
+  // without logprobs asks the last stage for each row's arg max only (a token id
+  // instead of n_vocab floats per token), and on_sampled gets an empty row.
+  bool full_logits = false;
 };
+
+// Sampling with these parameters picks the arg max of the raw logits (the first of
+// equal maxima), as sample::Sampler's greedy path does: temperature 0, no logit bias,
+// no penalties, no typical-p (the other filters all keep the best candidate).
+bool argmax_suffices(const sample::SamplingParams& params);
 
 struct Callbacks {
   // Every sampled token, end-of-generation ones included, with the logits row it was
-  // sampled from (valid during the call); before on_token. Optional.
+  // sampled from (valid during the call; empty unless OnlineRequest::full_logits or the
+  // sampling needs the full row); before on_token. Optional.
   std::function<void(int32_t id, std::span<const float> logits)> on_sampled;
   std::function<void(const TokenEvent&)> on_token;
   std::function<void(const std::string& finish_reason, const Usage&)> on_done;  // "stop" (end of generation), "stop_string", "length", "cancelled"

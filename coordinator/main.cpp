@@ -1,5 +1,5 @@
 // pico-coord -m MODEL [--worker tcp://h:p ...] [--config cluster.toml] -p PROMPT [-p ...]
-//            [--prompts FILE] [-n N] [--temp T] [--seed S]
+//            [--prompts FILE] [-n N] [--temp T] [--seed S] [--ignore-eos]
 // pico-coord -m MODEL [--worker ...] --port N [--host ADDR] [--api-key KEY]
 //
 // With --port it serves the HTTP API (coordinator/http/server.hpp) until SIGINT/SIGTERM.
@@ -33,7 +33,7 @@ int main(int argc, char** argv) {
   int n_predict = 128, threads = 0, ctx = 0, timeout_ms = 30000;
   SchedulerOptions sched;
   sample::SamplingParams sp;
-  bool print_tokens = false;
+  bool print_tokens = false, ignore_eos = false;
   app.add_option("-m,--model", model_path, "GGUF model file (tokenizer, identity check, local stage)")->required();
   app.add_option("--worker", worker_addresses, "a pico-worker address, in pipeline order (repeatable)");
   app.add_option("--config", config_path, "cluster.toml (workers and scheduler settings)");
@@ -52,6 +52,7 @@ int main(int argc, char** argv) {
   app.add_option("--activations", activations, "hidden states between workers: f32, f16, q8_0");
   app.add_option("--timeout", timeout_ms, "ms to wait for a step's logits");
   app.add_flag("--print-tokens", print_tokens, "print the generated token ids (JSON, one line per prompt)");
+  app.add_flag("--ignore-eos", ignore_eos, "go on past end-of-generation tokens: exactly -n tokens per prompt");
   app.add_option("--dump-logits", dump_logits, "write the F32 logits rows each token was sampled from");
   ServerOptions http;
   std::string chat_template;
@@ -141,6 +142,7 @@ int main(int argc, char** argv) {
       r.prompt = tok->encode(prompts[i], true, true);
       r.n_predict = n_predict;
       r.sampling = sp;
+      r.ignore_eos = ignore_eos;
       if (sp.seed != sample::SamplingParams::kRandomSeed) r.sampling.seed = sp.seed + static_cast<uint32_t>(i);
       requests.push_back(std::move(r));
     }

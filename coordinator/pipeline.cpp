@@ -64,7 +64,7 @@ void Pipeline::plan_all() {
   }
 }
 
-uint64_t Pipeline::submit(std::span<const model::BatchToken> batch) {
+uint64_t Pipeline::submit(std::span<const model::BatchToken> batch, std::span<const protocol::LogitsOutput> outputs) {
   // A stage lost since the last step (even while idle) gets its chance to rejoin first:
   // a worker restarted while nothing ran serves the next request.
   bool rejoined = false;
@@ -85,7 +85,7 @@ uint64_t Pipeline::submit(std::span<const model::BatchToken> batch) {
   }
   const uint64_t step = next_step_++;
   try {
-    stages_.front()->submit(step, batch);
+    stages_.front()->submit(step, batch, outputs);
   } catch (const StageError&) {
     inflight_.clear();
     throw;

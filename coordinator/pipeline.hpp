@@ -37,9 +37,10 @@ class Pipeline {
   size_t size() const { return stages_.size(); }
   Stage& stage(size_t i) { return *stages_.at(i); }
 
-  // Starts a step; returns its id. Throws StageError when a stage is lost (and did
-  // not rejoin just now).
-  uint64_t submit(std::span<const model::BatchToken> batch);
+  // Starts a step; returns its id. outputs: per batch row, what the last stage returns
+  // for it when it wants logits (empty: full rows; see Stage::submit). Throws
+  // StageError when a stage is lost (and did not rejoin just now).
+  uint64_t submit(std::span<const model::BatchToken> batch, std::span<const protocol::LogitsOutput> outputs = {});
   // The next finished step (steps finish in the order submitted). Throws StageError
   // on an error from any stage, a lost stage, or no answer within timeout_ms; the
   // steps in flight are then abandoned (their late answers are dropped).

@@ -29,6 +29,8 @@ std::vector<Result> Scheduler::run(const std::vector<Request>& requests,
       r.prompt = requests[i].prompt;
       r.max_tokens = requests[i].n_predict;
       r.sampling = requests[i].sampling;
+      r.full_logits = options_.keep_logits;
+      r.ignore_eos = requests[i].ignore_eos;
       Callbacks cb;
       cb.on_sampled = [&, i](int32_t id, std::span<const float> logits) {
         results[i].tokens.push_back(id);

@@ -20,6 +20,7 @@ struct Request {
   std::vector<int32_t> prompt;  // token ids (already with BOS when the model wants one)
   int n_predict = 128;
   sample::SamplingParams sampling;
+  bool ignore_eos = false;  // generate n_predict tokens whatever they are (benchmarks)
 };
 
 struct Result {

@@ -14,8 +14,6 @@ namespace pico::coordinator {
 
 using protocol::Envelope;
 
-// ---- LocalStage -------------------------------------------------------------
-
 LocalStage::LocalStage(const std::string& model_path, std::optional<model::LayerRange> range, int threads)
     : engine_(model_path, range, threads) {
   info_.name = "local";
@@ -36,7 +34,20 @@ void LocalStage::plan(Stage* next, size_t index, size_t) {
   while (last_->next_) last_ = last_->next_;
 }
 
-void LocalStage::submit(uint64_t step, std::span<const model::BatchToken> batch) { run(step, batch, nullptr, {}); }
+std::span<const float> StepOutput::row_logits(size_t row) const {
+  if (is_argmax(row)) return {};
+  size_t full = row;  // full rows before this one
+  if (!argmax.empty()) full = static_cast<size_t>(std::count(argmax.begin(), argmax.begin() + row, -1));
+  const auto n = static_cast<size_t>(n_vocab);
+  return {logits.data() + full * n, n};
+}
+
+// ---- LocalStage -------------------------------------------------------------
+
+void LocalStage::submit(uint64_t step, std::span<const model::BatchToken> batch,
+                        std::span<const protocol::LogitsOutput>) {
+  run(step, batch, nullptr, {});
+}
 
 void LocalStage::run(uint64_t step, std::span<const model::BatchToken> batch, const float* hidden,
                      std::vector<StageStamp> stamps) {
@@ -304,7 +315,8 @@ void RemoteStage::plan(Stage* next, size_t index, size_t count) {
   expect(Envelope::Body::PLAN_ACK, "the plan");
 }
 
-void RemoteStage::submit(uint64_t step, std::span<const model::BatchToken> batch) {
+void RemoteStage::submit(uint64_t step, std::span<const model::BatchToken> batch,
+                         std::span<const protocol::LogitsOutput> outputs) {
   protocol::Builder b;
   auto f = b.envelope().getBody().initForward();
   const auto n = static_cast<unsigned>(batch.size());
@@ -323,6 +335,11 @@ void RemoteStage::submit(uint64_t step, std::span<const model::BatchToken> batch
   f.setWidth(0);
   f.setDtype(protocol::DType::F32);
   f.setOutputDtype(options_.activations);
+  if (!outputs.empty()) {
+    if (outputs.size() != n) fail("submit: one logits output per batch row needed", step);
+    auto out = f.initLogitsOutput(n);
+    for (unsigned i = 0; i < n; ++i) out.set(i, outputs[i]);
+  }
   f.setSentNanos(protocol::steady_nanos());
   send(b.encode());
 }
@@ -362,11 +379,23 @@ std::optional<StepOutput> RemoteStage::poll(int timeout_ms) {
                         t.getComputeEndNanos(), t.getSentNanos()});
   }
   if (msg->payloads.size() != 1 || o.seq_ids.size() != l.getRows()) fail("logits without their payload", o.step);
+  const auto ids = l.getArgmaxIds();
+  const auto values = l.getArgmaxLogits();
+  size_t full_rows = l.getRows();
+  if (ids.size() != 0) {
+    if (ids.size() != l.getRows() || values.size() != l.getRows()) fail("logits with partial arg max lists", o.step);
+    for (unsigned i = 0; i < ids.size(); ++i) {
+      if (ids[i] >= static_cast<int64_t>(l.getNVocab())) fail("an arg max outside the vocabulary", o.step);
+      o.argmax.push_back(ids[i] < 0 ? -1 : ids[i]);
+      o.argmax_logits.push_back(values[i]);
+    }
+    full_rows = static_cast<size_t>(std::count(o.argmax.begin(), o.argmax.end(), -1));
+  }
   try {
     std::vector<float> scratch;
     const float* rows =
-        protocol::payload_floats(protocol::DType::F32, msg->payload_bytes(0), l.getRows(), l.getNVocab(), scratch);
-    const size_t n = static_cast<size_t>(l.getRows()) * l.getNVocab();
+        protocol::payload_floats(protocol::DType::F32, msg->payload_bytes(0), full_rows, l.getNVocab(), scratch);
+    const size_t n = full_rows * l.getNVocab();
     if (scratch.empty() && msg->payloads[0].size() >= 64) {
       // Read in place: a frame this large keeps its buffer when moved.
       o.logits = LogitsBuffer(std::move(msg->payloads[0]), rows, n, {});

@@ -68,13 +68,22 @@ struct StageStamp {
   uint64_t received = 0, idle_since = 0, compute_start = 0, compute_end = 0, sent = 0;
 };
 
-// The logits of one finished step: one row of n_vocab per token that asked for them.
+// The logits of one finished step: one row per token that asked for them. A row asked
+// as arg max only (LogitsOutput::ARGMAX) may come back as just that (argmax[row] >= 0)
+// or in full; full rows are n_vocab values each, in row order, in `logits`.
 struct StepOutput {
   uint64_t step = 0;
   std::vector<int32_t> seq_ids;
   std::vector<int32_t> positions;
   LogitsBuffer logits;
   int64_t n_vocab = 0;
+  // One per row, or empty when every row is full: -1 for a full row, else the row's
+  // arg max (the first of equal maxima) with its logit in argmax_logits.
+  std::vector<int32_t> argmax;
+  std::vector<float> argmax_logits;
+  bool is_argmax(size_t row) const { return !argmax.empty() && argmax[row] >= 0; }
+  // A full row's logits (empty for an arg max row).
+  std::span<const float> row_logits(size_t row) const;
   // Timings: when the coordinator sent the step and received its logits (its clock),
   // and each stage's stamps, in pipeline order.
   uint64_t sent_nanos = 0, received_nanos = 0;
@@ -93,8 +102,10 @@ class Stage {
   // Where this stage's output goes: `next` (of the same kind), or, when null, back
   // to the coordinator as logits.
   virtual void plan(Stage* next, size_t index, size_t count) = 0;
-  // The first stage: starts a step through the whole chain.
-  virtual void submit(uint64_t step, std::span<const model::BatchToken> batch) = 0;
+  // The first stage: starts a step through the whole chain. outputs: what the last
+  // stage returns for each batch row that wants logits (empty: full rows for all).
+  virtual void submit(uint64_t step, std::span<const model::BatchToken> batch,
+                      std::span<const protocol::LogitsOutput> outputs) = 0;
   virtual void close(int32_t seq_id) = 0;
   // No truncate: a stage cuts a sequence when its next token comes below the positions
   // it holds (StageEngine::forward), since a separate message could reach a later
@@ -122,7 +133,9 @@ class LocalStage final : public Stage {
   LocalStage(const std::string& model_path, std::optional<model::LayerRange> range, int threads);
   const StageInfo& info() const override { return info_; }
   void plan(Stage* next, size_t index, size_t count) override;
-  void submit(uint64_t step, std::span<const model::BatchToken> batch) override;
+  // Always full rows: in-process, the arg max costs the same here as at the sampler.
+  void submit(uint64_t step, std::span<const model::BatchToken> batch,
+              std::span<const protocol::LogitsOutput> outputs) override;
   void close(int32_t seq_id) override { engine_.close(seq_id); }
   std::optional<StepOutput> poll(int timeout_ms) override;
   StageStats stats() override;
@@ -162,7 +175,8 @@ class RemoteStage final : public Stage {
   RemoteStage(const std::string& address, const RemoteOptions& options);
   const StageInfo& info() const override { return info_; }
   void plan(Stage* next, size_t index, size_t count) override;
-  void submit(uint64_t step, std::span<const model::BatchToken> batch) override;
+  void submit(uint64_t step, std::span<const model::BatchToken> batch,
+              std::span<const protocol::LogitsOutput> outputs) override;
   // Closing a sequence on a lost worker is remembered and sent when it rejoins.
   void close(int32_t seq_id) override;
   std::optional<StepOutput> poll(int timeout_ms) override;

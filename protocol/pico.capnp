@@ -10,12 +10,19 @@ using Cxx = import "/capnp/c++.capnp";
 $Cxx.namespace("pico::protocol::schema");
 
 # 2: timings in forward/logits, heartbeat echo, snapshot/restore of a sequence.
-const protocolVersion :UInt32 = 2;
+# 3: per-row logits output (full row or arg max only) in forward/logits.
+const protocolVersion :UInt32 = 3;
 
 enum DType {
   f32 @0;
   f16 @1;
   q80 @2;
+}
+
+# What the last stage returns for a row that wants logits.
+enum LogitsOutput {
+  full @0;             # the row of nVocab F32 logits
+  argmax @1;           # its arg max only (token id and logit): all that greedy sampling needs
 }
 
 enum ErrorCode {
@@ -91,10 +98,13 @@ struct Forward {
   outputDtype @8 :DType;     # for hidden states a stage sends on
   sentNanos @9 :UInt64;      # the coordinator's clock when it sent the batch to stage 0
   timings @10 :List(StageTiming);  # one per stage already passed, appended by each
+  logitsOutput @11 :List(LogitsOutput);  # one per row (only those with wantLogits matter),
+                                         # passed on by each stage; empty: full for every row
 }
 
-# The last stage's answer: one payload frame of rows x nVocab F32 values, one row per
-# token whose wantLogits was set, in batch order.
+# The last stage's answer: one row per token whose wantLogits was set, in batch order,
+# and one payload frame holding the full rows (those asked as `full`), fullRows x nVocab
+# F32 values in row order (an empty frame when every row is an arg max).
 struct Logits {
   stepId @0 :UInt64;
   seqIds @1 :List(Int32);
@@ -103,6 +113,11 @@ struct Logits {
   nVocab @4 :UInt32;
   sentNanos @5 :UInt64;      # copied from the forward
   timings @6 :List(StageTiming);  # every stage's, the last one's included
+  # One per row, or empty when every row is full. -1: a full row (in the payload);
+  # else the row was asked as `argmax`: the index of its largest logit (the first of
+  # equal maxima), whose value is in argmaxLogits.
+  argmaxIds @7 :List(Int32);
+  argmaxLogits @8 :List(Float32);
 }
 
 # The state of one sequence on one stage (the KV rows of each of its layers, as

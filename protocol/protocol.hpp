@@ -23,6 +23,7 @@ namespace pico::protocol {
 using schema::DType;
 using schema::Envelope;
 using schema::ErrorCode;
+using schema::LogitsOutput;
 
 constexpr uint32_t kVersion = schema::PROTOCOL_VERSION;
 // The most words a received envelope may make the reader traverse (8 MiB): headers

@@ -3,9 +3,11 @@
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <fstream>
 #include <thread>
 
+#include "sample/argmax.hpp"
 #include "cpu/cpu_features.hpp"
 
 namespace pico::worker {
@@ -13,6 +15,7 @@ namespace pico::worker {
 using protocol::DType;
 using protocol::Envelope;
 using protocol::ErrorCode;
+using protocol::LogitsOutput;
 
 uint64_t resident_bytes() {
   std::ifstream in("/proc/self/statm");
@@ -163,8 +166,9 @@ void Server::handle_forward(const std::string& peer, Envelope::Reader env, net::
   const auto pos = f.getPositions();
   const auto tokens = f.getTokens();
   const auto want = f.getWantLogits();
+  const auto outputs = f.getLogitsOutput();
   if (rows == 0 || seqs.size() != rows || pos.size() != rows || want.size() != rows ||
-      (engine_.is_first() && tokens.size() != rows)) {
+      (engine_.is_first() && tokens.size() != rows) || (outputs.size() != 0 && outputs.size() != rows)) {
     report(peer, ErrorCode::BAD_REQUEST, "forward: list lengths do not match rows", step);
     return;
   }
@@ -233,8 +237,9 @@ void Server::handle_forward(const std::string& peer, Envelope::Reader env, net::
       return;
     }
     auto timing = stamp(l.initTimings(earlier.size() + 1));
-    // The logits rows are F32 already: handed to ZeroMQ as they are (zero-copy).
-    payload.push_back(net::owned_frame(std::move(out)));
+    // The logits rows are F32 already: handed to ZeroMQ as they are (zero-copy), but
+    // for rows asked as arg max only, which go in the header instead.
+    payload.push_back(net::owned_frame(reduce_to_argmax(batch, outputs, std::move(out), l)));
     const std::string& to = coordinator_.empty() ? peer : coordinator_;
     finished_nanos_ = protocol::steady_nanos();
     timing.setSentNanos(finished_nanos_);
@@ -252,6 +257,7 @@ void Server::handle_forward(const std::string& peer, Envelope::Reader env, net::
   fw.setSeqIds(seqs);
   fw.setPositions(pos);
   fw.setWantLogits(want);
+  fw.setLogitsOutput(outputs);
   fw.setRows(static_cast<uint32_t>(rows));
   fw.setWidth(static_cast<uint32_t>(engine_.n_embd()));
   fw.setDtype(f.getOutputDtype());
@@ -269,6 +275,36 @@ void Server::handle_forward(const std::string& peer, Envelope::Reader env, net::
   if (!net::send(*next_, nullptr, b.encode(), std::move(payload))) {
     report(peer, ErrorCode::UNAVAILABLE, "the next stage (" + next_address_ + ") does not take batches", step);
   }
+}
+
+std::vector<float> Server::reduce_to_argmax(std::span<const model::BatchToken> batch,
+                                            capnp::List<LogitsOutput>::Reader outputs, std::vector<float> logits,
+                                            protocol::schema::Logits::Builder header) const {
+  bool any = false;
+  for (unsigned i = 0; i < outputs.size(); ++i) any = any || (batch[i].logits && outputs[i] == LogitsOutput::ARGMAX);
+  if (!any) return logits;  // every row full: the payload as computed, no argmax lists
+  const auto n_vocab = static_cast<size_t>(engine_.n_vocab());
+  const unsigned rows = header.getRows();
+  auto ids = header.initArgmaxIds(rows);
+  auto values = header.initArgmaxLogits(rows);
+  size_t row = 0, kept = 0;  // kept: full rows moved to the front, in order
+  for (unsigned i = 0; i < outputs.size(); ++i) {
+    if (!batch[i].logits) continue;
+    const float* r = logits.data() + row * n_vocab;
+    if (outputs[i] == LogitsOutput::ARGMAX) {
+      // As the coordinator's greedy sampler picks (std::max_element): the first of equal maxima.
+      const size_t best = sample::first_argmax(r, n_vocab);
+      ids.set(static_cast<unsigned>(row), static_cast<int32_t>(best));
+      values.set(static_cast<unsigned>(row), r[best]);
+    } else {
+      ids.set(static_cast<unsigned>(row), -1);
+      if (kept != row) std::copy(r, r + n_vocab, logits.data() + kept * n_vocab);
+      ++kept;
+    }
+    ++row;
+  }
+  logits.resize(kept * n_vocab);
+  return logits;
 }
 
 void Server::answer_snapshot(const std::string& peer, int32_t seq_id) {

@@ -9,7 +9,9 @@
 
 #include <atomic>
 #include <optional>
+#include <span>
 #include <string>
+#include <vector>
 
 #include "net.hpp"
 #include "stage_engine.hpp"
@@ -27,6 +29,12 @@ class Server {
   void handle_forward(const std::string& peer, protocol::Envelope::Reader env, net::Received& msg);
   void handle_restore(const std::string& peer, protocol::Envelope::Reader env, net::Received& msg);
   void answer_snapshot(const std::string& peer, int32_t seq_id);
+  // The last stage's logits rows (one per batch token with `logits` set): rows asked as
+  // arg max only get their arg max written into the header's argmax lists and leave the
+  // payload, which keeps the full rows in order (the rows untouched when none is).
+  std::vector<float> reduce_to_argmax(std::span<const model::BatchToken> batch,
+                                      capnp::List<protocol::LogitsOutput>::Reader outputs, std::vector<float> logits,
+                                      protocol::schema::Logits::Builder header) const;
   void reply(const std::string& peer, const std::vector<uint8_t>& header);
   // Errors go to the coordinator when known (a forward's sender may be a worker).
   void report(const std::string& peer, protocol::ErrorCode code, const std::string& text, uint64_t step = 0);

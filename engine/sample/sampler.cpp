@@ -1,5 +1,7 @@
 #include "sample/sampler.hpp"
 
+#include "sample/argmax.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <numeric>
@@ -284,7 +286,7 @@ int32_t Sampler::sample(std::span<const float> logits) {
   if (plain_greedy_ && !logits.empty()) {
     random_.uniform();  // the same one draw per token as the full path
     // The first of equal maxima, as the candidates' order (logit, then id) picks.
-    return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    return static_cast<int32_t>(first_argmax(logits.data(), logits.size()));
   }
   Candidates c = filter(logits);
   const double u = random_.uniform();  // one draw per token, whatever is left

@@ -67,6 +67,9 @@ case $case in
     row=$(( $(stat -c %s "$tmp/base.bin") / 24 ))  # bytes of one logits row
     cmp -s <(tail -c "$row" "$tmp/eval.bin") <(head -c "$row" "$tmp/base.bin") \
       || fail "the prompt's last logits differ from pico eval's"
+    "$coord" -m "$model" -p "$prompt" -n 24 --temp 1.5 --top-k 0 --top-p 1 --min-p 0 --seed 7 --print-tokens \
+      >"$tmp/warm-base.txt" 2>"$tmp/base.log" || fail "single node run, temperature 1.5"
+    cmp -s "$tmp/base.txt" "$tmp/warm-base.txt" && fail "sampling at temperature 1.5 gives the greedy tokens"
     for split in 0-3 0-1,2-3 0-0,1-2,3-3; do
       start_workers "$model" "$split"
       # Small micro-batches: prefill chunks are pipelined through the stages.
@@ -74,8 +77,18 @@ case $case in
         --dump-logits "$tmp/split.bin" >"$tmp/split.txt" 2>"$tmp/coord.log" || fail "cluster $split"
       cmp -s "$tmp/base.bin" "$tmp/split.bin" || fail "logits of split $split differ from the single node"
       cmp -s "$tmp/base.txt" "$tmp/split.txt" || fail "tokens of split $split differ: $(cat "$tmp/split.txt")"
+      # Without --dump-logits a greedy request asks the last stage for the arg max only:
+      # the same tokens. Sampling at a temperature needs (and gets) the full rows: the
+      # same tokens as the single node with the same seed.
+      "$coord" -m "$model" "${workers[@]}" -p "$prompt" -n 24 --temp 0 --micro-batch 5 --print-tokens \
+        >"$tmp/argmax.txt" 2>"$tmp/coord.log" || fail "cluster $split, arg max only"
+      cmp -s "$tmp/base.txt" "$tmp/argmax.txt" || fail "arg max tokens of split $split differ: $(cat "$tmp/argmax.txt")"
+      "$coord" -m "$model" "${workers[@]}" -p "$prompt" -n 24 --temp 1.5 --top-k 0 --top-p 1 --min-p 0 --seed 7 \
+        --print-tokens >"$tmp/warm.txt" 2>"$tmp/coord.log" || fail "cluster $split, temperature 1.5"
+      cmp -s "$tmp/warm-base.txt" "$tmp/warm.txt" \
+        || fail "sampled tokens of split $split differ: $(cat "$tmp/warm.txt"), single node $(cat "$tmp/warm-base.txt")"
       stop_workers
-      echo "split $split: bit-identical ($(cat "$tmp/base.txt"))"
+      echo "split $split: bit-identical ($(cat "$tmp/base.txt")); arg max only and sampled at temperature 1.5 too"
     done
     # Half-precision activations between workers run (not bit-identical by design).
     start_workers "$model" 0-1,2-3
@@ -103,6 +116,10 @@ case $case in
     diff "$tmp/alone.txt" "$tmp/together.txt" || fail "concurrent sequences differ from alone"
     cmp -s "$tmp/alone.bin" "$tmp/together.bin" || fail "concurrent logits differ from alone"
     [ "$(wc -l <"$tmp/together.txt")" -eq 8 ] || fail "expected 8 completions"
+    # Greedy without --dump-logits: the last stage sends each token's arg max only.
+    "$coord" -m "$model" "${workers[@]}" --prompts "$tmp/prompts.txt" -n 20 --temp 0 --micro-batch 7 \
+      --print-tokens >"$tmp/together-argmax.txt" 2>"$tmp/coord.log" || fail "together, arg max only"
+    diff "$tmp/alone.txt" "$tmp/together-argmax.txt" || fail "concurrent arg max tokens differ from alone"
     # And the same as the single node.
     "$coord" -m "$model" --prompts "$tmp/prompts.txt" -n 20 --temp 0 --print-tokens >"$tmp/local.txt" \
       2>"$tmp/local.log" || fail "local"
@@ -117,7 +134,14 @@ case $case in
     if [ "$case" = kill ]; then victim=${pids[0]}; else victim=${pids[1]}; fi
     "$coord" -m "$model" "${workers[@]}" -p "$prompt" -n 3000 -c 4000 --temp 0 >/dev/null 2>"$tmp/coord.log" &
     coord_pid=$!
-    sleep 1.5
+    # Once both stages are planned, tokens are flowing: the request (seconds of decoding)
+    # is in flight, whatever the time loading and connecting took.
+    for ((i = 0; i < 400; ++i)); do
+      grep -q "stage 1:" "$tmp/coord.log" && break
+      kill -0 "$coord_pid" 2>/dev/null || break
+      sleep 0.05
+    done
+    sleep 0.3
     kill -0 "$coord_pid" 2>/dev/null || fail "the request ended before the worker went away"
     t0=$(ms)
     disown "$victim"  # no "Killed" notice from the shell

@@ -8,7 +8,9 @@
 
 #include <capnp/serialize.h>
 
+#include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <string>
 
@@ -217,6 +219,98 @@ std::vector<uint8_t> forward_message(int32_t seq, int32_t first_pos, const std::
     w.set(i, i + 1 == n);
   }
   return b.encode();
+}
+
+// Rows asked as arg max only come back as the index and value of the full row's
+// largest logit; the full rows of the same step stay in the payload, in order,
+// bit-identical to a step that asked for every row in full.
+TEST_F(WorkerProtocol, ArgmaxRowsAreTheArgmaxOfTheFullRows) {
+  using protocol::LogitsOutput;
+  const std::vector<std::vector<int32_t>> prompts{{1, 450}, {1, 306, 4966}, {1, 920}};
+  // One forward of the three prompts as sequences first_seq, first_seq + 1, ...
+  auto forward = [&](int32_t first_seq, const std::vector<LogitsOutput>& per_prompt) {
+    protocol::Builder b;
+    auto f = b.envelope().getBody().initForward();
+    unsigned n = 0;
+    for (const auto& p : prompts) n += static_cast<unsigned>(p.size());
+    f.setStepId(200 + static_cast<uint64_t>(first_seq));
+    f.setRows(n);
+    auto s = f.initSeqIds(n);
+    auto pos = f.initPositions(n);
+    auto t = f.initTokens(n);
+    auto w = f.initWantLogits(n);
+    auto out = f.initLogitsOutput(per_prompt.empty() ? 0 : n);
+    unsigned i = 0;
+    for (size_t k = 0; k < prompts.size(); ++k) {
+      for (size_t j = 0; j < prompts[k].size(); ++j, ++i) {
+        s.set(i, first_seq + static_cast<int32_t>(k));
+        pos.set(i, static_cast<int32_t>(j));
+        t.set(i, prompts[k][j]);
+        w.set(i, j + 1 == prompts[k].size());
+        // Rows that want no logits say "argmax" too: it must not matter.
+        if (!per_prompt.empty()) out.set(i, j + 1 == prompts[k].size() ? per_prompt[k] : LogitsOutput::ARGMAX);
+      }
+    }
+    return b.encode();
+  };
+  auto r = ask(forward(51, {}));
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->which(), Envelope::Body::LOGITS);
+  EXPECT_EQ(r->envelope().getBody().getLogits().getArgmaxIds().size(), 0u);
+  ASSERT_EQ(last_->payloads.size(), 1u);
+  const size_t n_vocab = 32000;
+  ASSERT_EQ(last_->payloads[0].size(), 3 * n_vocab * 4);
+  std::vector<float> full(3 * n_vocab);
+  std::memcpy(full.data(), last_->payloads[0].data(), full.size() * 4);
+  auto row = [&](size_t k) { return std::vector<float>(full.begin() + k * n_vocab, full.begin() + (k + 1) * n_vocab); };
+  auto argmax = [&](size_t k) {
+    const auto v = row(k);
+    return static_cast<int32_t>(std::max_element(v.begin(), v.end()) - v.begin());
+  };
+
+  r = ask(forward(61, {LogitsOutput::ARGMAX, LogitsOutput::FULL, LogitsOutput::ARGMAX}));
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->which(), Envelope::Body::LOGITS);
+  auto l = r->envelope().getBody().getLogits();
+  EXPECT_EQ(l.getRows(), 3u);
+  ASSERT_EQ(l.getArgmaxIds().size(), 3u);
+  ASSERT_EQ(l.getArgmaxLogits().size(), 3u);
+  EXPECT_EQ(l.getArgmaxIds()[0], argmax(0));
+  EXPECT_EQ(l.getArgmaxIds()[1], -1);
+  EXPECT_EQ(l.getArgmaxIds()[2], argmax(2));
+  EXPECT_EQ(l.getArgmaxLogits()[0], row(0)[static_cast<size_t>(argmax(0))]);
+  EXPECT_EQ(l.getArgmaxLogits()[2], row(2)[static_cast<size_t>(argmax(2))]);
+  ASSERT_EQ(last_->payloads.size(), 1u);
+  ASSERT_EQ(last_->payloads[0].size(), n_vocab * 4);
+  std::vector<float> middle(n_vocab);
+  std::memcpy(middle.data(), last_->payloads[0].data(), n_vocab * 4);
+  EXPECT_TRUE(middle == row(1)) << "the full row differs from the all-full step's";
+
+  r = ask(forward(71, {LogitsOutput::ARGMAX, LogitsOutput::ARGMAX, LogitsOutput::ARGMAX}));
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->which(), Envelope::Body::LOGITS);
+  l = r->envelope().getBody().getLogits();
+  ASSERT_EQ(l.getArgmaxIds().size(), 3u);
+  for (unsigned k = 0; k < 3; ++k) EXPECT_EQ(l.getArgmaxIds()[k], argmax(k));
+  ASSERT_EQ(last_->payloads.size(), 1u);
+  EXPECT_EQ(last_->payloads[0].size(), 0u);  // no full row
+
+  // An outputs list that is neither empty nor one per row is refused.
+  protocol::Builder bad;
+  auto f = bad.envelope().getBody().initForward();
+  f.setRows(1);
+  f.initSeqIds(1).set(0, 81);
+  f.initPositions(1).set(0, 0);
+  f.initTokens(1).set(0, 1);
+  f.initWantLogits(1).set(0, true);
+  f.initLogitsOutput(2);
+  EXPECT_EQ(refused_with(bad.encode()), ErrorCode::BAD_REQUEST);
+  for (int32_t seq : {51, 52, 53, 61, 62, 63, 71, 72, 73}) {
+    protocol::Builder close;
+    close.envelope().getBody().initClose().setSeqId(seq);
+    EXPECT_TRUE(net::send(socket_, nullptr, close.encode()));
+  }
+  expect_still_serving();
 }
 
 TEST_F(WorkerProtocol, HeartbeatAnswersEchoTheSendersClock) {
