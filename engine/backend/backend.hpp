@@ -2,11 +2,13 @@
 // later GPU backend can own a range of layers (their weights and KV) while the model
 // files stay the same. Plain virtual functions over float buffers; row-major rows.
 //
-// Numerics follow llama.cpp's CPU backend (ggml-cpu) at its points of rounding:
-// matmul quantizes activations to the weight type's dot partner, RMSNorm sums x^2 in
-// double, RoPE computes its angles with powf/cosf/sinf in float, GELU goes through
-// ggml's F16 table. Every op treats each row on its own, so a row's result does not
-// depend on the batch it came in (batch invariance).
+// Numerics follow llama.cpp's CPU backend (ggml-cpu) float operation for float
+// operation: matmul quantizes activations to the weight type's dot partner, SiLU and
+// softmax use its vector e^x, RoPE its angles (powf/cosf/sinf) and fused rotation,
+// GELU its F16 table, attention its summation order (ggml_op_trace_test checks the
+// elementwise ops node for node). Every op treats each row on its own, so a row's
+// result does not depend on the batch it came in (batch invariance; see
+// BatchNumerics for the one exception llama.cpp itself makes).
 #pragma once
 
 #include <cstdint>
