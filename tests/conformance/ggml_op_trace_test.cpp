@@ -25,6 +25,7 @@
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -293,6 +294,9 @@ struct TraceCase {
 std::string case_name(const TraceCase& c) {
   return std::string(synthetic::architecture_name(c.arch)) + (c.yarn ? "_yarn" : "");
 }
+
+// For gtest's messages (it would print the struct's bytes, padding included).
+void PrintTo(const TraceCase& c, std::ostream* os) { *os << case_name(c); }
 
 class GgmlOpTrace : public ::testing::TestWithParam<TraceCase> {};
 
