@@ -63,6 +63,30 @@ inline float dot_in_order(const float* a, const float* b, int64_t n, const SumOr
   return order.accumulators == 1 ? dot_in_order<8, 1>(a, b, n, order) : dot_in_order<8, 4>(a, b, n, order);
 }
 
+// out[i] = the slots sums[e * n + i] (e < order.group(); destroyed) added as
+// add_accumulators then add_lanes add one column, all n columns side by side (so the
+// additions vectorize over i).
+inline void add_slot_rows(float* sums, int64_t n, const SumOrder& order, float* out) {
+  const auto add_row = [&](int64_t to, int64_t from) {
+    for (int64_t i = 0; i < n; ++i) sums[to * n + i] = sums[to * n + i] + sums[from * n + i];
+  };
+  const int64_t w = order.lanes;
+  if (order.accumulators == 4) {
+    for (int64_t l = 0; l < w; ++l) {
+      add_row(l, 2 * w + l);
+      add_row(w + l, 3 * w + l);
+      add_row(l, w + l);
+    }
+  }
+  for (int64_t half = w / 2; half >= 4; half /= 2) {
+    for (int64_t l = 0; l < half; ++l) add_row(l, l + half);
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    out[i] = order.pairs_last ? (sums[i] + sums[n + i]) + (sums[2 * n + i] + sums[3 * n + i])
+                              : (sums[i] + sums[2 * n + i]) + (sums[n + i] + sums[3 * n + i]);
+  }
+}
+
 // out[i] = sum over keys j of weights[j] * values[j * n + i]; key j is KV cell
 // first + j of a row that llama.cpp pads to whole groups (masked cells weigh 0 and
 // add nothing), so cell c is in accumulator (c / lanes) % accumulators, lane c % lanes.
@@ -77,12 +101,7 @@ inline void weighted_sum_in_order(const float* weights, const float* values, int
     const float w = weights[j];
     for (int64_t i = 0; i < n; ++i) slot[i] = slot[i] + w * v[i];
   }
-  float column[64];
-  for (int64_t i = 0; i < n; ++i) {
-    for (int64_t e = 0; e < group; ++e) column[e] = sums[static_cast<size_t>(e * n + i)];
-    add_accumulators(column, order);
-    out[i] = add_lanes(column, order);
-  }
+  add_slot_rows(sums.data(), n, order, out);
 }
 
 }  // namespace pico::backend

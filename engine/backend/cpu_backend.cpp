@@ -121,18 +121,7 @@ float yarn_ramp(float low, float high, int64_t i0) {
 }
 
 // weighted_sum_in_order's batched order: slot l (KV cells c with c % lanes == l) holds
-// one vector chain per output value; then the slots are added in the lane tree,
-// output values side by side. n a multiple of the vector width.
-template <int kLanes>
-[[gnu::always_inline]] inline void add_slots(float* sums, int64_t n, float* out) {
-  for (int64_t half = kLanes / 2; half >= 4; half /= 2) {
-    for (int64_t l = 0; l < half; ++l) {
-      for (int64_t i = 0; i < n; ++i) sums[l * n + i] = sums[l * n + i] + sums[(l + half) * n + i];
-    }
-  }
-  for (int64_t i = 0; i < n; ++i) out[i] = (sums[i] + sums[2 * n + i]) + (sums[n + i] + sums[3 * n + i]);
-}
-
+// one vector chain per output value, then add_slot_rows. n a multiple of the width.
 [[gnu::target("avx512f,avx512dq,avx512vl,fma")]] void weighted_sum_batched_avx512(const float* weights, const float* values,
                                                                                int64_t count, int64_t n, int64_t first,
                                                                                float* sums, float* out) {
@@ -145,7 +134,7 @@ template <int kLanes>
       _mm512_storeu_ps(slot + i, _mm512_fmadd_ps(w, _mm512_loadu_ps(v + i), _mm512_loadu_ps(slot + i)));
     }
   }
-  add_slots<16>(sums, n, out);
+  add_slot_rows(sums, n, SumOrder{16, 1, false}, out);
 }
 
 [[gnu::target("avx2,fma")]] void weighted_sum_batched_avx2(const float* weights, const float* values, int64_t count,
@@ -159,7 +148,7 @@ template <int kLanes>
       _mm256_storeu_ps(slot + i, _mm256_fmadd_ps(w, _mm256_loadu_ps(v + i), _mm256_loadu_ps(slot + i)));
     }
   }
-  add_slots<8>(sums, n, out);
+  add_slot_rows(sums, n, SumOrder{8, 1, false}, out);
 }
 
 // AVX-512 versions of CpuBackend's dot_in_double and weighted_sum (used at the avx512
