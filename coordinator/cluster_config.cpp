@@ -35,6 +35,10 @@ ClusterConfig load_cluster_config(const std::string& path) {
     if (auto v = (*s)["micro_batch"].value<int>()) c.micro_batch = *v;
     if (auto v = (*s)["max_batch_tokens"].value<int>()) c.max_batch_tokens = *v;
     if (auto v = (*s)["activations"].value<std::string>()) c.activations = *v;
+    if (auto v = (*s)["chain_steps"].value<int>()) {
+      if (*v < 0) throw std::runtime_error(path + ": [scheduler] chain_steps must not be negative");
+      c.chain_steps = *v;
+    }
   }
   return c;
 }

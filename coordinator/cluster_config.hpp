@@ -4,6 +4,7 @@
 //   micro_batch = 32
 //   max_batch_tokens = 512
 //   activations = "f32"        # f32, f16, q8_0: hidden states between workers
+//   chain_steps = 8            # greedy chains (SchedulerOptions::chain_steps; 0: never)
 //
 //   [[worker]]
 //   address = "tcp://10.0.0.2:7701"
@@ -28,6 +29,7 @@ struct ClusterConfig {
   std::optional<int> micro_batch;
   std::optional<int> max_batch_tokens;
   std::optional<std::string> activations;
+  std::optional<int> chain_steps;
 };
 
 // Throws std::runtime_error with the file, line and reason.

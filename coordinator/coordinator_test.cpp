@@ -60,7 +60,7 @@ TEST(ClusterConfig, ReadsWorkersAndScheduler) {
   const auto path = std::filesystem::temp_directory_path() / "pico-cluster-config-test.toml";
   {
     std::ofstream out(path);
-    out << "[scheduler]\nmicro_batch = 8\nactivations = \"f16\"\n\n"
+    out << "[scheduler]\nmicro_batch = 8\nactivations = \"f16\"\nchain_steps = 3\n\n"
            "[[worker]]\naddress = \"tcp://10.0.0.2:7701\"\nlayers = \"0-15\"\n\n"
            "[[worker]]\naddress = \"ipc:///tmp/w1\"\n";
   }
@@ -73,6 +73,7 @@ TEST(ClusterConfig, ReadsWorkersAndScheduler) {
   EXPECT_FALSE(c.workers[1].layers.has_value());
   EXPECT_EQ(c.micro_batch.value_or(0), 8);
   EXPECT_EQ(c.activations.value_or(""), "f16");
+  EXPECT_EQ(c.chain_steps.value_or(-1), 3);
   {
     std::ofstream out(path);
     out << "[[worker]]\nlayers = \"0-1\"\n";
@@ -81,6 +82,11 @@ TEST(ClusterConfig, ReadsWorkersAndScheduler) {
   {
     std::ofstream out(path);
     out << "[[worker]\n";
+  }
+  EXPECT_THROW(load_cluster_config(path.string()), std::runtime_error);
+  {
+    std::ofstream out(path);
+    out << "[scheduler]\nchain_steps = -1\n";
   }
   EXPECT_THROW(load_cluster_config(path.string()), std::runtime_error);
   std::filesystem::remove(path);
@@ -136,14 +142,21 @@ class FakeStage final : public Stage {
     info_.identity = id;
   }
   const StageInfo& info() const override { return info_; }
-  void plan(Stage*, size_t, size_t) override { ++plans; }
+  void plan(Stage*, Stage* chain, size_t, size_t) override {
+    ++plans;
+    chain_to = chain;
+  }
   void submit(uint64_t step, std::span<const model::BatchToken> batch,
-              std::span<const protocol::LogitsOutput> outputs) override {
+              std::span<const protocol::LogitsOutput> outputs, const ChainGrant& chain) override {
+    grants.push_back(chain);
     submitted.push_back(step);
     submitted_outputs.emplace_back(outputs.begin(), outputs.end());
     if (on_submit) on_submit(step, batch);
   }
-  void close(int32_t) override {}
+  void close(int32_t seq) override {
+    closes.push_back(seq);
+    if (on_close) on_close(seq);
+  }
   std::optional<StepOutput> poll(int) override {
     if (answers.empty()) return std::nullopt;
     auto answer = std::move(answers.front());
@@ -165,7 +178,11 @@ class FakeStage final : public Stage {
   std::deque<std::function<StepOutput()>> answers;  // run when polled
   std::vector<uint64_t> submitted;
   std::vector<std::vector<protocol::LogitsOutput>> submitted_outputs;
+  std::vector<ChainGrant> grants;
+  Stage* chain_to = nullptr;
   std::function<void(uint64_t, std::span<const model::BatchToken>)> on_submit;
+  std::vector<int32_t> closes;
+  std::function<void(int32_t)> on_close;
   int plans = 0, rejoins = 0;
   bool is_up = true, comes_back = true;
 
@@ -532,6 +549,278 @@ TEST(ArgmaxOutput, FullRowsOfAMixedStep) {
   plain.logits = std::vector<float>{1.0f, 2.0f, 3.0f, 4.0f};
   EXPECT_FALSE(plain.is_argmax(1));
   EXPECT_EQ(plain.row_logits(1)[0], 3.0f);
+}
+
+// ---- Greedy chains ------------------------------------------------------------
+
+// A pipeline whose last stage chains as a pico-worker does: after a step whose rows
+// all want their arg max only, none of them a stop token, it "sends" the next step
+// itself (the answers of the whole chain are queued at once). `model(pos)` is the
+// token the model picks after position pos, whatever the sequence.
+struct ChainingPipeline {
+  FakePipeline f = fake_pipeline(0, 0);
+  std::function<int32_t(int32_t pos)> model = [](int32_t) { return 3; };
+  int steps_computed = 0;
+  ChainingPipeline() {
+    f.first->on_submit = [this](uint64_t step, std::span<const model::BatchToken> batch) {
+      const ChainGrant grant = f.first->grants.back();
+      const auto& outputs = f.first->submitted_outputs.back();
+      std::vector<int32_t> seqs, positions;
+      bool all_argmax = !outputs.empty();
+      for (size_t i = 0; i < batch.size(); ++i) {
+        all_argmax = all_argmax && batch[i].logits && outputs[i] == protocol::LogitsOutput::ARGMAX;
+        if (!batch[i].logits) continue;
+        seqs.push_back(batch[i].seq_id);
+        positions.push_back(batch[i].pos);
+      }
+      for (uint32_t left = grant.steps;; --left) {
+        ++steps_computed;
+        StepOutput o;
+        o.step = step++;
+        o.seq_ids = seqs;
+        o.positions = positions;
+        o.n_vocab = 4;
+        o.sent_by_last = left != grant.steps;
+        std::vector<float> full;
+        for (int32_t pos : positions) {
+          const int32_t id = model(pos);
+          if (all_argmax) {
+            o.argmax.push_back(id);
+            o.argmax_logits.push_back(5.0f);
+          } else {
+            for (int32_t v = 0; v < 4; ++v) full.push_back(v == id ? 5.0f : 0.0f);
+          }
+        }
+        o.logits = std::move(full);
+        const bool stop = std::any_of(o.argmax.begin(), o.argmax.end(), [&](int32_t id) {
+          return std::find(grant.stop_tokens.begin(), grant.stop_tokens.end(), id) != grant.stop_tokens.end();
+        });
+        o.chained = all_argmax && left > 0 && !stop;
+        const bool more = o.chained;
+        auto shared = std::make_shared<StepOutput>(std::move(o));  // std::function wants a copyable callable
+        f.last->answers.push_back([shared] { return std::move(*shared); });
+        if (!more) break;
+        for (auto& p : positions) ++p;  // the chained step: each row's next position
+      }
+    };
+  }
+};
+
+struct Outcome {
+  std::string text, reason, error;
+  int tokens = 0;
+};
+// Runs one request to its end; on_second_token (optional) gets the request's handle at
+// its second token.
+Outcome run_request(Pipeline& pipeline, const tokenizer::Tokenizer& tok, OnlineRequest r,
+                    std::function<void(Engine::Handle&)> on_second_token = {}) {
+  Outcome out;
+  std::mutex mutex;
+  std::condition_variable cv;
+  bool done = false;
+  Engine engine(pipeline, tok, SchedulerOptions{});
+  Engine::Handle handle;
+  bool submitted = false;
+  Callbacks cb;
+  cb.on_token = [&](const TokenEvent& ev) {
+    out.text += ev.text;
+    if (ev.id < 0 || out.tokens++ != 1 || !on_second_token) return;
+    std::unique_lock lock(mutex);
+    cv.wait(lock, [&] { return submitted; });  // the handle is assigned
+    on_second_token(handle);
+  };
+  cb.on_done = [&](const std::string& reason, const Usage&) {
+    std::lock_guard lock(mutex);
+    out.reason = reason;
+    done = true;
+    cv.notify_all();
+  };
+  cb.on_error = [&](const std::string& message) {
+    std::lock_guard lock(mutex);
+    out.error = message;
+    done = true;
+    cv.notify_all();
+  };
+  {
+    Engine::Handle h = engine.submit(std::move(r), std::move(cb));
+    std::lock_guard lock(mutex);
+    handle = h;
+    submitted = true;
+    cv.notify_all();
+  }
+  std::unique_lock lock(mutex);
+  EXPECT_TRUE(cv.wait_for(lock, std::chrono::seconds(10), [&] { return done; }));
+  return out;
+}
+
+// A greedy request runs in chains of up to chain_steps steps the coordinator does not
+// submit; the chain stops at an end-of-generation token, and the request with it.
+TEST(GreedyChain, RunsStepsWithoutTheCoordinatorUntilEndOfGeneration) {
+  ChainingPipeline c;
+  c.model = [](int32_t pos) { return pos == 13 ? 2 : 3; };  // </s> after position 13
+  const auto tok = tiny_tokenizer();
+  OnlineRequest r;
+  r.prompt = {1, 3};
+  r.max_tokens = 100;
+  r.sampling = sample::SamplingParams::greedy();
+  const Outcome out = run_request(*c.f.pipeline, *tok, r);
+  EXPECT_EQ(out.error, "");
+  EXPECT_EQ(out.reason, "stop");
+  EXPECT_EQ(out.text, std::string(12, 'a'));  // after positions 1..12
+  // The prompt; position 2 with a chain through 10 (8 steps); 11, chained to 13 (</s>).
+  const std::vector<uint64_t> expected_steps{1, 2, 11};
+  EXPECT_EQ(c.f.first->submitted, expected_steps);
+  ASSERT_EQ(c.f.first->grants.size(), 3u);
+  EXPECT_EQ(c.f.first->grants[0].steps, 0u);  // a prompt step does not chain
+  EXPECT_EQ(c.f.first->grants[1].steps, 8u);
+  EXPECT_EQ(c.f.first->grants[2].steps, 8u);
+  EXPECT_EQ(c.f.first->grants[1].stop_tokens, tok->vocab().eog_tokens());
+  EXPECT_EQ(c.steps_computed, 13);  // positions 1 (the prompt's) to 13: no step past the end
+  EXPECT_EQ(c.f.pipeline->timings().chained_steps, 10u);
+  EXPECT_TRUE(c.f.last->answers.empty());
+}
+
+// A chain never runs past max_tokens (nor the context): exactly the tokens asked for
+// are computed.
+TEST(GreedyChain, StopsAtMaxTokensWithoutAStepTooMany) {
+  for (int max_tokens : {1, 2, 5, 9, 10, 11, 30}) {
+    ChainingPipeline c;
+    const auto tok = tiny_tokenizer();
+    OnlineRequest r;
+    r.prompt = {1, 3};
+    r.max_tokens = max_tokens;
+    r.sampling = sample::SamplingParams::greedy();
+    r.ignore_eos = true;
+    const Outcome out = run_request(*c.f.pipeline, *tok, r);
+    EXPECT_EQ(out.reason, "length") << max_tokens;
+    EXPECT_EQ(out.text, std::string(static_cast<size_t>(max_tokens), 'a')) << max_tokens;
+    EXPECT_EQ(c.steps_computed, max_tokens) << max_tokens;  // the prompt's step gives the first token
+    for (const auto& g : c.f.first->grants) EXPECT_TRUE(g.stop_tokens.empty()) << "ignore_eos: no stop tokens";
+    EXPECT_TRUE(c.f.last->answers.empty()) << max_tokens;
+  }
+}
+
+// No chain where another sequence would wait, or where the coordinator must see each
+// row: sampling at a temperature, stop strings.
+TEST(GreedyChain, OnlyForASingleBatchOfPlainGreedyRequests) {
+  const auto tok = tiny_tokenizer();
+  for (int variant = 0; variant < 2; ++variant) {
+    ChainingPipeline c;
+    OnlineRequest r;
+    r.prompt = {1, 3};
+    r.max_tokens = 6;
+    r.sampling = sample::SamplingParams::greedy();
+    if (variant == 0) r.sampling.temperature = 0.7f;
+    if (variant == 1) r.stop = {"zz"};
+    const Outcome out = run_request(*c.f.pipeline, *tok, r);
+    EXPECT_EQ(out.text, "aaaaaa") << variant;
+    for (const auto& g : c.f.first->grants) EXPECT_EQ(g.steps, 0u) << variant;
+  }
+  // Two sequences on two stages decode in two groups: neither chains.
+  ChainingPipeline c;
+  std::mutex mutex;
+  std::condition_variable cv;
+  int done = 0;
+  {
+    Engine engine(*c.f.pipeline, *tok, SchedulerOptions{});
+    for (int i = 0; i < 2; ++i) {
+      OnlineRequest r;
+      r.prompt = {1, 3};
+      r.max_tokens = 6;
+      r.sampling = sample::SamplingParams::greedy();
+      Callbacks cb;
+      cb.on_done = [&](const std::string&, const Usage&) {
+        std::lock_guard lock(mutex);
+        ++done;
+        cv.notify_all();
+      };
+      cb.on_error = [&](const std::string& message) {
+        ADD_FAILURE() << message;
+        std::lock_guard lock(mutex);
+        ++done;
+        cv.notify_all();
+      };
+      engine.submit(std::move(r), std::move(cb));
+    }
+    std::unique_lock lock(mutex);
+    ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(10), [&] { return done == 2; }));
+  }
+  // The prompts (one step or two, as they arrive), then 5 decode steps per sequence,
+  // every one submitted by the coordinator.
+  EXPECT_GE(c.f.first->submitted.size(), 11u);
+  EXPECT_EQ(static_cast<size_t>(c.steps_computed), c.f.first->submitted.size());
+  for (size_t i = 0; i < c.f.first->grants.size(); ++i) {
+    EXPECT_EQ(c.f.first->grants[i].steps, 0u) << "step " << c.f.first->submitted[i];
+  }
+}
+
+// A request cancelled during a chain ends when the chain's last step is back: its
+// sequence is closed only then, never while a step holding its tokens is in flight.
+TEST(GreedyChain, ACancelledSequenceIsClosedAfterTheChainsLastStep) {
+  ChainingPipeline c;
+  const auto tok = tiny_tokenizer();
+  bool closed_early = false;
+  int closes = 0;
+  c.f.last->on_close = [&](int32_t) {
+    ++closes;
+    if (!c.f.last->answers.empty()) closed_early = true;
+  };
+  OnlineRequest r;
+  r.prompt = {1, 3};
+  r.max_tokens = 100;
+  r.sampling = sample::SamplingParams::greedy();
+  r.ignore_eos = true;
+  const Outcome out = run_request(*c.f.pipeline, *tok, r, [](Engine::Handle& h) { h.cancel(); });
+  EXPECT_EQ(out.reason, "cancelled");
+  EXPECT_EQ(closes, 1);
+  EXPECT_FALSE(closed_early) << "closed while a chained step was in flight";
+  EXPECT_LE(out.tokens, 10);  // the first token, then at most the rest of one chain
+  EXPECT_EQ(c.f.first->submitted.size(), 2u);  // the prompt and the chain: nothing after the cancel
+}
+
+// The pipeline's side: chained steps finish right after the step that started them;
+// nothing else may be submitted meanwhile; a chained answer without a grant is an error.
+TEST(GreedyChain, PipelineKeepsTheChainedStepsInOrder) {
+  auto f = fake_pipeline(0, 0);
+  EXPECT_TRUE(f.pipeline->chains_possible());
+  EXPECT_EQ(f.last->chain_to, f.first);  // planned: the last stage chains to the first
+  EXPECT_EQ(f.first->chain_to, nullptr);
+  ChainGrant grant;
+  grant.steps = 2;
+  const uint64_t step = f.pipeline->submit(kBatch, {}, grant);
+  EXPECT_TRUE(f.pipeline->chain_running());
+  EXPECT_THROW(f.pipeline->submit(kBatch), std::logic_error);
+  auto answer = [](uint64_t id, bool chained) {
+    return [id, chained] {
+      StepOutput o;
+      o.step = id;
+      o.chained = chained;
+      o.sent_by_last = id > 1;
+      return o;
+    };
+  };
+  f.last->answers.push_back(answer(step, true));
+  f.last->answers.push_back(answer(step + 1, false));  // the chain ends early
+  EXPECT_EQ(f.pipeline->wait(1000).step, step);
+  EXPECT_TRUE(f.pipeline->chain_running());
+  EXPECT_EQ(f.pipeline->wait(1000).step, step + 1);
+  EXPECT_FALSE(f.pipeline->chain_running());
+  // The ids the chain could have used are skipped.
+  const uint64_t next = f.pipeline->submit(kBatch);
+  EXPECT_EQ(next, step + 3);
+  f.last->answers.push_back(answer(next, true));
+  EXPECT_THROW(f.pipeline->wait(1000), StageError);  // chained without a grant
+}
+
+TEST(MedianTokenInterval, IsTheMiddleGap) {
+  Result r;
+  EXPECT_EQ(median_token_interval(r), 0.0);
+  r.token_seconds = {1.0};
+  EXPECT_EQ(median_token_interval(r), 0.0);
+  r.token_seconds = {1.0, 1.5, 1.75, 5.0};  // gaps 0.5, 0.25, 3.25
+  EXPECT_EQ(median_token_interval(r), 0.5);
+  r.token_seconds = {0.0, 1.0, 3.0, 3.5, 7.5};  // gaps 1, 2, 0.5, 4
+  EXPECT_EQ(median_token_interval(r), 1.5);
 }
 
 }  // namespace

@@ -77,6 +77,7 @@ struct Engine::Seq {
   bool awaiting = false;
   bool cancelled = false;
   bool done = false;
+  bool kv_released = false;
   Clock::time_point t_start, t_first;
 };
 
@@ -183,13 +184,9 @@ void Engine::finish(Seq& s, const std::string& reason) {
     if (!s.matcher->matched()) tail += s.matcher->flush();
     release(s, tail);
   }
-  if (!s.cancelled && options_.cache_sequences > 0) {
-    // Keep its KV for a later request with a common prefix (every step of it is done).
-    kept_.push_back({s.kv_id, std::move(s.kv_tokens), ++use_tick_});
-    evict_kept();
-  } else {
-    close_sequence(s.kv_id);
-  }
+  // A step of a greedy chain may still hold its tokens: then its KV goes once that
+  // step finished.
+  if (s.steps_inflight == 0) release_kv(s);
   const auto now = Clock::now();
   Usage u;
   u.prompt_tokens = static_cast<int>(s.request.prompt.size());
@@ -205,6 +202,20 @@ void Engine::finish(Seq& s, const std::string& reason) {
     ++metrics_.requests_cancelled;
   }
   if (s.callbacks.on_done) s.callbacks.on_done(s.matcher->matched() ? "stop_string" : reason, u);
+}
+
+void Engine::release_kv(Seq& s) {
+  if (s.kv_released) return;
+  s.kv_released = true;
+  if (!s.cancelled && options_.cache_sequences > 0) {
+    // Keep its KV for a later request with a common prefix (every step of it is done).
+    // The stages may hold one position more (a chained step past the end): a reuse cuts
+    // it, as it cuts any position after the common prefix.
+    kept_.push_back({s.kv_id, std::move(s.kv_tokens), ++use_tick_});
+    evict_kept();
+  } else {
+    close_sequence(s.kv_id);
+  }
 }
 
 void Engine::close_sequence(int32_t kv_id) {
@@ -275,9 +286,10 @@ void Engine::fail_all(const std::string& message) {
   for (const auto& k : kept_) close_sequence(k.kv_id);
   kept_.clear();
   for (auto& s : active_) {
+    if (!s->kv_released) close_sequence(s->kv_id);
+    s->kv_released = true;
     if (s->done) continue;
     s->done = true;
-    close_sequence(s->kv_id);
     if (s->callbacks.on_error) s->callbacks.on_error(message);
   }
   std::lock_guard lock(mutex_);
@@ -378,6 +390,34 @@ void Engine::admit() {
   }
 }
 
+// A step of decode rows only, with nothing else in flight, may start a greedy chain
+// when it holds every active sequence (no other would wait for the chain to end), no
+// request is queued, and each of its sequences decodes greedily without stop strings.
+// The chain never runs past a sequence's max_tokens or the context: chained step j
+// yields token n_decoded + 1 + j at position n_past - 1 + j.
+ChainGrant Engine::chain_grant(const std::vector<Seq*>& seqs) {
+  if (options_.chain_steps <= 0 || !pipeline_.chains_possible() || seqs.empty()) return {};
+  {
+    std::lock_guard lock(mutex_);
+    if (!incoming_.empty()) return {};
+  }
+  const auto waiting = std::count_if(active_.begin(), active_.end(), [](const auto& s) { return !s->done; });
+  if (static_cast<size_t>(waiting) != seqs.size()) return {};
+  int64_t steps = options_.chain_steps;
+  bool stop_at_eog = false;
+  for (const Seq* s : seqs) {
+    if (!s->argmax_only || !s->request.stop.empty() || s->cancelled) return {};
+    if (s->request.max_tokens > 0) steps = std::min<int64_t>(steps, s->request.max_tokens - s->n_decoded - 1);
+    steps = std::min<int64_t>(steps, options_.ctx - s->n_past);
+    stop_at_eog = stop_at_eog || !s->request.ignore_eos;
+  }
+  if (steps <= 0) return {};
+  ChainGrant grant;
+  grant.steps = static_cast<uint32_t>(steps);
+  if (stop_at_eog) grant.stop_tokens = tok_.vocab().eog_tokens();
+  return grant;
+}
+
 void Engine::loop() {
   struct Inflight {
     Clock::time_point submitted;
@@ -385,12 +425,17 @@ void Engine::loop() {
     std::vector<Seq*> seqs;  // with tokens in this step
   };
   std::deque<Inflight> inflight;
+  // A sequence leaves active_ once done and no step in flight holds its tokens (steps
+  // keep pointers to their sequences).
+  auto finished_and_released = [](const std::unique_ptr<Seq>& s) { return s->done && s->steps_inflight == 0; };
   size_t rr = 0;
   auto last_done = Clock::now();
   bool stats_stale = options_.stage_stats;
   // Fills the pipeline with the next tokens of the active sequences; false when the
   // pipeline failed (every request then failed and active_ is empty).
   auto fill = [&]() -> bool {
+    // The last stage starts the next steps of a greedy chain itself.
+    if (pipeline_.chain_running()) return true;
     // Decoding sequences are split into one group per stage (up to max_inflight), so
     // that with several stages each works on its own group at once instead of all
     // stages taking turns on one batch; with one stage a single group is best.
@@ -443,9 +488,12 @@ void Engine::loop() {
       }
       rr = (rr + 1) % active_.size();
       if (batch.empty()) break;
+      const ChainGrant chain = inflight.empty() && prefill == 0 ? chain_grant(seqs) : ChainGrant{};
       try {
-        pipeline_.submit(batch, any_argmax ? std::span<const protocol::LogitsOutput>(outputs)
-                                           : std::span<const protocol::LogitsOutput>());
+        pipeline_.submit(batch,
+                         any_argmax ? std::span<const protocol::LogitsOutput>(outputs)
+                                    : std::span<const protocol::LogitsOutput>(),
+                         chain);
       } catch (const std::exception& e) {
         spdlog::error("pipeline: {}", e.what());
         fail_all(e.what());
@@ -480,7 +528,7 @@ void Engine::loop() {
     }
     admit();
     stats_stale = options_.stage_stats;  // a cancel may have closed a sequence without a step
-    std::erase_if(active_, [](const auto& s) { return s->done; });
+    std::erase_if(active_, finished_and_released);
 
     fill();
     update_slots();
@@ -499,8 +547,13 @@ void Engine::loop() {
     const auto now = Clock::now();
     const Inflight step = std::move(inflight.front());
     inflight.pop_front();
-    // Seqs leave active_ only when done, and a done one has no step in flight.
     for (Seq* sp : step.seqs) --sp->steps_inflight;
+    // A greedy chain: the last stage already sent the next step, with these rows' arg
+    // maxes, and it is in flight now.
+    if (out.chained) {
+      for (Seq* sp : step.seqs) ++sp->steps_inflight;
+      inflight.push_back({now, 0, step.decode, step.seqs});
+    }
     {
       // Wall time of this step not already counted for the step before it, split by tokens.
       const double dt = seconds_between(std::max(step.submitted, last_done), now);
@@ -515,6 +568,7 @@ void Engine::loop() {
 
     for (Seq* sp : step.seqs) {
       if (sp->cancelled && !sp->done && sp->steps_inflight == 0) finish(*sp, "cancelled");
+      if (sp->done && sp->steps_inflight == 0) release_kv(*sp);
     }
     // Sampling first, and with remote stages the next step is submitted as soon as
     // every sequence has its token: the text and callbacks of a sequence that goes on
@@ -536,7 +590,7 @@ void Engine::loop() {
       for (auto& s : active_) {
         if (s->kv_id == out.seq_ids[r]) sp = s.get();
       }
-      if (!sp || sp->done) continue;
+      if (!sp || sp->done || sp->cancelled) continue;  // a cancelled one ends with its last step
       Seq& s = *sp;
       s.awaiting = false;
       const auto logits = out.row_logits(r);
@@ -557,6 +611,20 @@ void Engine::loop() {
       ++generated;
       if (tok_.is_eog(id) && !s.request.ignore_eos) {
         finish(s, "stop");
+        continue;
+      }
+      if (out.chained) {
+        // The last stage sent this token on already: it is in the step now in flight.
+        emit_token(s, id, logits);
+        if (s.matcher->matched()) {
+          finish(s, "stop");
+        } else if (at_limit(s)) {
+          finish(s, "length");  // not with a grant (chain_grant), but its KV would wait for that step
+        } else {
+          s.kv_tokens.push_back(id);
+          ++s.n_past;
+          s.awaiting = true;
+        }
         continue;
       }
       if (overlap && s.request.stop.empty() && !at_limit(s)) {
@@ -581,7 +649,7 @@ void Engine::loop() {
       std::lock_guard lock(mutex_);
       metrics_.generated_tokens += static_cast<uint64_t>(generated);
     }
-    std::erase_if(active_, [](const auto& s) { return s->done; });
+    std::erase_if(active_, finished_and_released);
     update_slots();
   }
   // Stopping: whatever is left fails.

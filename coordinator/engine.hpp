@@ -149,6 +149,10 @@ class Engine {
   void evict_kept();
   void close_sequence(int32_t kv_id);
   void finish(Seq& s, const std::string& reason);
+  // A finished sequence's KV: kept for prefix reuse or closed on the stages, once no
+  // step holding its tokens is in flight.
+  void release_kv(Seq& s);
+  ChainGrant chain_grant(const std::vector<Seq*>& seqs);
   // The text a sampled token releases (and its logprobs when asked), to on_token.
   void emit_token(Seq& s, int32_t id, std::span<const float> logits);
   void fail_all(const std::string& message);

@@ -49,6 +49,9 @@ int main(int argc, char** argv) {
   app.add_option("-t,--threads", threads, "threads of the local stage");
   app.add_option("--micro-batch", sched.micro_batch, "prompt tokens per sequence per step")->check(CLI::PositiveNumber);
   app.add_option("--max-batch-tokens", sched.max_batch_tokens, "tokens per step")->check(CLI::PositiveNumber);
+  app.add_option("--chain-steps", sched.chain_steps,
+                 "greedy chains: steps the last worker may run without the coordinator (0: never)")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--activations", activations, "hidden states between workers: f32, f16, q8_0");
   app.add_option("--timeout", timeout_ms, "ms to wait for a step's logits");
   app.add_flag("--print-tokens", print_tokens, "print the generated token ids (JSON, one line per prompt)");
@@ -81,6 +84,7 @@ int main(int argc, char** argv) {
       workers = config.workers;
       if (config.micro_batch) sched.micro_batch = *config.micro_batch;
       if (config.max_batch_tokens) sched.max_batch_tokens = *config.max_batch_tokens;
+      if (config.chain_steps && app.count("--chain-steps") == 0) sched.chain_steps = *config.chain_steps;
       if (config.activations && app.count("--activations") == 0) activations = *config.activations;
     }
     for (const auto& a : worker_addresses) workers.push_back({a, std::nullopt});
@@ -151,6 +155,10 @@ int main(int argc, char** argv) {
     const auto results = scheduler.run(requests, [&](size_t, const std::string& piece) {
       if (stream) std::cout << piece << std::flush;
     });
+    for (size_t i = 0; i < results.size(); ++i) {
+      spdlog::info("prompt {}: {} tokens, median interval {:.1f} us", i, results[i].tokens.size(),
+                   median_token_interval(results[i]) * 1e6);
+    }
     for (const auto& r : results) {
       if (print_tokens) {
         std::string json = "[";
@@ -179,6 +187,7 @@ int main(int argc, char** argv) {
                    t.compute_seconds * 1e3, t.queue_seconds * 1e3, t.transfer_seconds * 1e3, t.batches);
     }
     spdlog::info("logits transfer {:.1f} ms", timings.logits_transfer_seconds * 1e3);
+    spdlog::info("chained steps {} (started by the last stage)", timings.chained_steps);
     return 0;
   } catch (const std::exception& e) {
     std::cout << std::flush;

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <optional>
+#include <stdexcept>
 
 namespace pico::coordinator {
 
@@ -59,12 +60,22 @@ Pipeline::Pipeline(std::vector<std::unique_ptr<Stage>> stages, const protocol::M
 }
 
 void Pipeline::plan_all() {
+  chains_possible_ = std::all_of(stages_.begin(), stages_.end(), [](const auto& s) { return s->remote(); });
   for (size_t i = 0; i < stages_.size(); ++i) {
-    stages_[i]->plan(i + 1 < stages_.size() ? stages_[i + 1].get() : nullptr, i, stages_.size());
+    const bool last = i + 1 == stages_.size();
+    stages_[i]->plan(last ? nullptr : stages_[i + 1].get(), last && chains_possible_ ? stages_.front().get() : nullptr,
+                     i, stages_.size());
   }
 }
 
-uint64_t Pipeline::submit(std::span<const model::BatchToken> batch, std::span<const protocol::LogitsOutput> outputs) {
+bool Pipeline::chain_running() const {
+  return std::any_of(inflight_.begin(), inflight_.end(),
+                     [](const Inflight& f) { return f.chain_steps > 0 || f.chained; });
+}
+
+uint64_t Pipeline::submit(std::span<const model::BatchToken> batch, std::span<const protocol::LogitsOutput> outputs,
+                          const ChainGrant& chain) {
+  if (chain_running()) throw std::logic_error("a step submitted while a greedy chain runs");
   // A stage lost since the last step (even while idle) gets its chance to rejoin first:
   // a worker restarted while nothing ran serves the next request.
   bool rejoined = false;
@@ -84,13 +95,15 @@ uint64_t Pipeline::submit(std::span<const model::BatchToken> batch, std::span<co
     plan_all();
   }
   const uint64_t step = next_step_++;
+  const ChainGrant grant = chains_possible_ ? chain : ChainGrant{};
+  next_step_ += grant.steps;  // the ids of the steps the last stage may start
   try {
-    stages_.front()->submit(step, batch, outputs);
+    stages_.front()->submit(step, batch, outputs, grant);
   } catch (const StageError&) {
     inflight_.clear();
     throw;
   }
-  inflight_.push_back({step, batch.size()});
+  inflight_.push_back({step, batch.size(), grant.steps, false});
   return step;
 }
 
@@ -116,8 +129,14 @@ StepOutput Pipeline::wait(int timeout_ms) {
             if (current(out->step)) throw StageError("step " + std::to_string(out->step) + " finished out of order");
             continue;  // late logits of an abandoned step
           }
-          account(*out, inflight_.front().tokens, wait_start);
+          const Inflight done = inflight_.front();
+          if (out->chained && done.chain_steps == 0) {
+            throw StageError("the last stage chained step " + std::to_string(out->step) + " without a grant");
+          }
+          account(*out, done.tokens, wait_start);
           inflight_.pop_front();
+          // The step the last stage started is the next to finish.
+          if (out->chained) inflight_.push_front({done.step + 1, done.tokens, done.chain_steps - 1, true});
           return std::move(*out);
         }
       } catch (const StageError& e) {
@@ -137,8 +156,10 @@ StepOutput Pipeline::wait(int timeout_ms) {
 void Pipeline::account(const StepOutput& out, size_t tokens, uint64_t wait_start) {
   auto seconds = [](int64_t nanos) { return nanos > 0 ? static_cast<double>(nanos) * 1e-9 : 0.0; };
   std::lock_guard lock(timings_mutex_);
-  // Everything in the coordinator's clock: a stage's stamp minus its clock offset.
-  int64_t prev_sent = static_cast<int64_t>(out.sent_nanos);
+  // Everything in the coordinator's clock: a stage's stamp minus its clock offset. A
+  // chained step was sent by the last stage.
+  int64_t prev_sent = static_cast<int64_t>(out.sent_nanos) - (out.sent_by_last ? stages_.back()->clock_offset_nanos() : 0);
+  if (out.sent_by_last) ++timings_.chained_steps;
   bool prev_remote = true;  // the coordinator is not the stage's process
   for (const StageStamp& st : out.stamps) {
     if (st.stage >= stages_.size()) continue;

@@ -26,6 +26,7 @@ struct StageTimingTotals {
 struct PipelineTimings {
   std::vector<StageTimingTotals> stages;
   double logits_transfer_seconds = 0;  // last stage back to the coordinator
+  uint64_t chained_steps = 0;          // finished steps the last stage had started itself
 };
 
 class Pipeline {
@@ -38,13 +39,22 @@ class Pipeline {
   Stage& stage(size_t i) { return *stages_.at(i); }
 
   // Starts a step; returns its id. outputs: per batch row, what the last stage returns
-  // for it when it wants logits (empty: full rows; see Stage::submit). Throws
-  // StageError when a stage is lost (and did not rejoin just now).
-  uint64_t submit(std::span<const model::BatchToken> batch, std::span<const protocol::LogitsOutput> outputs = {});
-  // The next finished step (steps finish in the order submitted). Throws StageError
+  // for it when it wants logits (empty: full rows; see Stage::submit). chain: the last
+  // stage may start up to chain.steps steps after it itself (ChainGrant; ignored unless
+  // chains_possible()); their ids follow this one's. Throws StageError when a stage is
+  // lost (and did not rejoin just now), std::logic_error while a chain runs.
+  uint64_t submit(std::span<const model::BatchToken> batch, std::span<const protocol::LogitsOutput> outputs = {},
+                  const ChainGrant& chain = {});
+  // The next finished step (steps finish in the order submitted; a chained one right
+  // after the step it follows, which says so: StepOutput::chained). Throws StageError
   // on an error from any stage, a lost stage, or no answer within timeout_ms; the
   // steps in flight are then abandoned (their late answers are dropped).
   StepOutput wait(int timeout_ms);
+  // Every stage is remote, so the last can send chained steps to the first.
+  bool chains_possible() const { return chains_possible_; }
+  // A chained step is in flight or may still be started: no other step may be
+  // submitted (it could reach the first stage before or after the chained one).
+  bool chain_running() const;
   // On every stage that is up; a lost one closes it when it rejoins.
   void close(int32_t seq_id);
   // Thread-safe.
@@ -59,7 +69,10 @@ class Pipeline {
   struct Inflight {
     uint64_t step = 0;
     size_t tokens = 0;
+    uint32_t chain_steps = 0;  // the last stage may start this many steps after it
+    bool chained = false;      // started by the last stage
   };
+  bool chains_possible_ = false;
   std::deque<Inflight> inflight_;
   mutable std::mutex timings_mutex_;
   PipelineTimings timings_;

@@ -1,5 +1,7 @@
 #include "scheduler.hpp"
 
+#include <algorithm>
+#include <chrono>
 #include <condition_variable>
 #include <mutex>
 #include <optional>
@@ -8,6 +10,17 @@
 #include "engine.hpp"
 
 namespace pico::coordinator {
+
+double median_token_interval(const Result& result) {
+  const auto& t = result.token_seconds;
+  if (t.size() < 2) return 0.0;
+  std::vector<double> gaps(t.size() - 1);
+  for (size_t i = 1; i < t.size(); ++i) gaps[i - 1] = t[i] - t[i - 1];
+  const auto middle = gaps.begin() + static_cast<std::ptrdiff_t>(gaps.size() / 2);
+  std::nth_element(gaps.begin(), middle, gaps.end());
+  if (gaps.size() % 2 == 1) return *middle;
+  return (*middle + *std::max_element(gaps.begin(), middle)) / 2.0;
+}
 
 // A fixed set of requests run to completion on an Engine (the online scheduler); the
 // calling thread waits for the last one.
@@ -21,6 +34,7 @@ std::vector<Result> Scheduler::run(const std::vector<Request>& requests,
   std::condition_variable cv;
   size_t remaining = 0;
   std::optional<std::string> error;
+  const auto start = std::chrono::steady_clock::now();
   {
     Engine engine(pipeline_, tok_, options_);
     for (size_t i = 0; i < requests.size(); ++i) {
@@ -34,6 +48,8 @@ std::vector<Result> Scheduler::run(const std::vector<Request>& requests,
       Callbacks cb;
       cb.on_sampled = [&, i](int32_t id, std::span<const float> logits) {
         results[i].tokens.push_back(id);
+        results[i].token_seconds.push_back(
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
         if (options_.keep_logits) results[i].logits.insert(results[i].logits.end(), logits.begin(), logits.end());
       };
       cb.on_token = [&, i](const TokenEvent& ev) {

@@ -27,13 +27,24 @@ struct Result {
   std::vector<int32_t> tokens;  // generated
   std::string text;
   std::vector<float> logits;    // with keep_logits: the row each generated token was sampled from
+  // When each token was sampled, in seconds since the request was submitted.
+  std::vector<double> token_seconds;
 };
+
+// The median time between consecutive sampled tokens of one request (seconds; 0 with
+// fewer than two): unlike a mean, unmoved by a few steps that another process slowed.
+double median_token_interval(const Result& result);
 
 struct SchedulerOptions {
   int micro_batch = 32;        // prompt tokens of one sequence per step
   int max_batch_tokens = 512;  // tokens per step over all sequences
   int max_inflight = 4;        // steps in flight
   int step_timeout_ms = 30000;
+  // Greedy chains (ChainGrant): with remote stages only, when one step holds every
+  // active sequence and each decodes greedily (arg max only, no stop strings), the last
+  // stage may run up to this many steps after it without the coordinator (0: never).
+  // A request that arrives meanwhile, or a cancel, waits for the chain to end.
+  int chain_steps = 8;
   int64_t ctx = 4096;          // a sequence stops at this many positions
   bool stage_stats = false;    // online engine: ask the stages for their stats when idle (for /metrics)
   int max_sequences = 0;       // online engine: sequences in the batch at once (0: no limit); others queue

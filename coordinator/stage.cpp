@@ -23,7 +23,7 @@ LocalStage::LocalStage(const std::string& model_path, std::optional<model::Layer
   info_.threads = static_cast<uint32_t>(engine_.threads());
 }
 
-void LocalStage::plan(Stage* next, size_t index, size_t) {
+void LocalStage::plan(Stage* next, Stage*, size_t index, size_t) {
   index_ = index;
   next_ = nullptr;
   if (next) {
@@ -45,7 +45,7 @@ std::span<const float> StepOutput::row_logits(size_t row) const {
 // ---- LocalStage -------------------------------------------------------------
 
 void LocalStage::submit(uint64_t step, std::span<const model::BatchToken> batch,
-                        std::span<const protocol::LogitsOutput>) {
+                        std::span<const protocol::LogitsOutput>, const ChainGrant&) {
   run(step, batch, nullptr, {});
 }
 
@@ -299,16 +299,22 @@ net::Received RemoteStage::expect(Envelope::Body::Which which, const char* what)
   }
 }
 
-void RemoteStage::plan(Stage* next, size_t index, size_t count) {
-  std::string next_address;
+void RemoteStage::plan(Stage* next, Stage* chain_to, size_t index, size_t count) {
+  std::string next_address, chain_address;
   if (next) {
     auto* remote = dynamic_cast<RemoteStage*>(next);
     if (!remote) fail("a remote stage can only be followed by another remote stage");
     next_address = remote->address();
   }
+  if (chain_to) {
+    auto* remote = dynamic_cast<RemoteStage*>(chain_to);
+    if (!remote) fail("chained steps go to a remote first stage only");
+    chain_address = remote->address();
+  }
   protocol::Builder b;
   auto p = b.envelope().getBody().initPlan();
   p.setNext(next_address);
+  p.setChainTo(chain_address);
   p.setStageIndex(static_cast<uint32_t>(index));
   p.setStageCount(static_cast<uint32_t>(count));
   send(b.encode());
@@ -316,7 +322,7 @@ void RemoteStage::plan(Stage* next, size_t index, size_t count) {
 }
 
 void RemoteStage::submit(uint64_t step, std::span<const model::BatchToken> batch,
-                         std::span<const protocol::LogitsOutput> outputs) {
+                         std::span<const protocol::LogitsOutput> outputs, const ChainGrant& chain) {
   protocol::Builder b;
   auto f = b.envelope().getBody().initForward();
   const auto n = static_cast<unsigned>(batch.size());
@@ -339,6 +345,11 @@ void RemoteStage::submit(uint64_t step, std::span<const model::BatchToken> batch
     if (outputs.size() != n) fail("submit: one logits output per batch row needed", step);
     auto out = f.initLogitsOutput(n);
     for (unsigned i = 0; i < n; ++i) out.set(i, outputs[i]);
+  }
+  if (chain.steps > 0) {
+    f.setChainSteps(chain.steps);
+    auto stop = f.initStopTokens(static_cast<unsigned>(chain.stop_tokens.size()));
+    for (unsigned i = 0; i < chain.stop_tokens.size(); ++i) stop.set(i, chain.stop_tokens[i]);
   }
   f.setSentNanos(protocol::steady_nanos());
   send(b.encode());
@@ -372,6 +383,8 @@ std::optional<StepOutput> RemoteStage::poll(int timeout_ms) {
   o.n_vocab = l.getNVocab();
   o.sent_nanos = l.getSentNanos();
   o.received_nanos = received;
+  o.chained = l.getChained();
+  o.sent_by_last = l.getSentByLast();
   for (auto s : l.getSeqIds()) o.seq_ids.push_back(s);
   for (auto p : l.getPositions()) o.positions.push_back(p);
   for (auto t : l.getTimings()) {
@@ -415,7 +428,7 @@ StageStats RemoteStage::stats() {
   const auto msg = expect(Envelope::Body::STATS, "a stats request");
   protocol::Decoded d(msg.header_bytes());
   const auto s = d.envelope().getBody().getStats();
-  return {s.getMemoryBytes(), s.getKvBytes(), s.getBatches(), s.getTokens(), s.getSequences()};
+  return {s.getMemoryBytes(), s.getKvBytes(), s.getBatches(), s.getTokens(), s.getSequences(), s.getChainedSteps()};
 }
 
 std::optional<std::vector<uint8_t>> RemoteStage::snapshot(int32_t seq_id) {

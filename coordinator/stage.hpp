@@ -81,6 +81,10 @@ struct StepOutput {
   // arg max (the first of equal maxima) with its logit in argmax_logits.
   std::vector<int32_t> argmax;
   std::vector<float> argmax_logits;
+  // The last stage started step + 1 itself, a greedy chain (ChainGrant): the same
+  // sequences, each row's arg max as its token, positions + 1.
+  bool chained = false;
+  bool sent_by_last = false;  // this step was such a chained one: sent_nanos is in the last stage's clock
   bool is_argmax(size_t row) const { return !argmax.empty() && argmax[row] >= 0; }
   // A full row's logits (empty for an arg max row).
   std::span<const float> row_logits(size_t row) const;
@@ -93,6 +97,17 @@ struct StepOutput {
 struct StageStats {
   uint64_t memory_bytes = 0, kv_bytes = 0, batches = 0, tokens = 0;
   uint32_t sequences = 0;
+  uint64_t chained_steps = 0;  // steps the (last) stage started itself
+};
+
+// A grant to the last stage to start up to `steps` further steps itself (protocol
+// Forward.chainSteps): after a step whose rows all want their arg max only, and none
+// of whose arg maxes is a stop token, it sends the next step (those tokens, positions
+// + 1) straight to the first stage, so that a greedy token costs no hop through the
+// coordinator.
+struct ChainGrant {
+  uint32_t steps = 0;
+  std::vector<int32_t> stop_tokens;
 };
 
 class Stage {
@@ -100,12 +115,14 @@ class Stage {
   virtual ~Stage() = default;
   virtual const StageInfo& info() const = 0;
   // Where this stage's output goes: `next` (of the same kind), or, when null, back
-  // to the coordinator as logits.
-  virtual void plan(Stage* next, size_t index, size_t count) = 0;
-  // The first stage: starts a step through the whole chain. outputs: what the last
-  // stage returns for each batch row that wants logits (empty: full rows for all).
+  // to the coordinator as logits. chain_to (the last stage only, may be null): the
+  // first stage, where it may start chained steps (ChainGrant).
+  virtual void plan(Stage* next, Stage* chain_to, size_t index, size_t count) = 0;
+  // The first stage: starts a step through the whole pipeline. outputs: what the last
+  // stage returns for each batch row that wants logits (empty: full rows for all);
+  // chain: how many steps after it the last stage may start itself.
   virtual void submit(uint64_t step, std::span<const model::BatchToken> batch,
-                      std::span<const protocol::LogitsOutput> outputs) = 0;
+                      std::span<const protocol::LogitsOutput> outputs, const ChainGrant& chain) = 0;
   virtual void close(int32_t seq_id) = 0;
   // No truncate: a stage cuts a sequence when its next token comes below the positions
   // it holds (StageEngine::forward), since a separate message could reach a later
@@ -132,10 +149,11 @@ class LocalStage final : public Stage {
  public:
   LocalStage(const std::string& model_path, std::optional<model::LayerRange> range, int threads);
   const StageInfo& info() const override { return info_; }
-  void plan(Stage* next, size_t index, size_t count) override;
-  // Always full rows: in-process, the arg max costs the same here as at the sampler.
+  void plan(Stage* next, Stage* chain_to, size_t index, size_t count) override;
+  // Always full rows and never a chain: in-process, the arg max costs the same here
+  // as at the sampler, and there is no hop to save.
   void submit(uint64_t step, std::span<const model::BatchToken> batch,
-              std::span<const protocol::LogitsOutput> outputs) override;
+              std::span<const protocol::LogitsOutput> outputs, const ChainGrant& chain) override;
   void close(int32_t seq_id) override { engine_.close(seq_id); }
   std::optional<StepOutput> poll(int timeout_ms) override;
   StageStats stats() override;
@@ -174,9 +192,9 @@ class RemoteStage final : public Stage {
   // Connects and exchanges hello/capabilities; throws StageError naming the worker.
   RemoteStage(const std::string& address, const RemoteOptions& options);
   const StageInfo& info() const override { return info_; }
-  void plan(Stage* next, size_t index, size_t count) override;
+  void plan(Stage* next, Stage* chain_to, size_t index, size_t count) override;
   void submit(uint64_t step, std::span<const model::BatchToken> batch,
-              std::span<const protocol::LogitsOutput> outputs) override;
+              std::span<const protocol::LogitsOutput> outputs, const ChainGrant& chain) override;
   // Closing a sequence on a lost worker is remembered and sent when it rejoins.
   void close(int32_t seq_id) override;
   std::optional<StepOutput> poll(int timeout_ms) override;

@@ -11,7 +11,8 @@ $Cxx.namespace("pico::protocol::schema");
 
 # 2: timings in forward/logits, heartbeat echo, snapshot/restore of a sequence.
 # 3: per-row logits output (full row or arg max only) in forward/logits.
-const protocolVersion :UInt32 = 3;
+# 4: greedy chains (plan.chainTo, forward.chainSteps / stopTokens / chained, logits.chained).
+const protocolVersion :UInt32 = 4;
 
 enum DType {
   f32 @0;
@@ -61,6 +62,9 @@ struct Plan {
   next @0 :Text;             # address of the next stage; empty: this is the last stage
   stageIndex @1 :UInt32;
   stageCount @2 :UInt32;
+  # The last stage only: the first stage's address, where it may start chained steps
+  # itself (see Forward.chainSteps). Empty: it never does.
+  chainTo @3 :Text;
 }
 
 struct SequenceRef {
@@ -96,10 +100,19 @@ struct Forward {
   width @6 :UInt32;
   dtype @7 :DType;
   outputDtype @8 :DType;     # for hidden states a stage sends on
-  sentNanos @9 :UInt64;      # the coordinator's clock when it sent the batch to stage 0
+  sentNanos @9 :UInt64;      # when the batch was sent to stage 0, in the sender's clock (the
+                             # coordinator's; the last stage's for a chained step)
   timings @10 :List(StageTiming);  # one per stage already passed, appended by each
   logitsOutput @11 :List(LogitsOutput);  # one per row (only those with wantLogits matter),
                                          # passed on by each stage; empty: full for every row
+  # A greedy chain: when every row wants its arg max only and none of those is in
+  # stopTokens, the last stage itself sends step stepId + 1 to the first stage (the
+  # same sequences, each row's arg max as its token, positions + 1, chainSteps - 1) before
+  # it answers the coordinator, which saves the hops through the coordinator for each
+  # token. Passed on by each stage; 0: the last stage answers only.
+  chainSteps @12 :UInt32;
+  stopTokens @13 :List(Int32);
+  chained @14 :Bool;         # sent by the last stage: sentNanos is in its clock
 }
 
 # The last stage's answer: one row per token whose wantLogits was set, in batch order,
@@ -118,6 +131,8 @@ struct Logits {
   # equal maxima), whose value is in argmaxLogits.
   argmaxIds @7 :List(Int32);
   argmaxLogits @8 :List(Float32);
+  chained @9 :Bool;          # the last stage started step stepId + 1 itself (Forward.chainSteps)
+  sentByLast @10 :Bool;      # the forward's `chained`: sentNanos is in the last stage's clock
 }
 
 # The state of one sequence on one stage (the KV rows of each of its layers, as
@@ -138,6 +153,7 @@ struct Stats {
   sequences @2 :UInt32;
   batches @3 :UInt64;
   tokens @4 :UInt64;
+  chainedSteps @5 :UInt64;   # steps this (last) stage started itself (Forward.chainSteps)
 }
 
 struct Error {

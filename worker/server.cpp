@@ -102,6 +102,11 @@ void Server::handle(net::Received& msg) {
         // next stage are dropped rather than delivered to its successor.
         next_.reset();
         next_address_.clear();
+        chain_to_.reset();
+        const std::string chain_to = plan.getChainTo().cStr();
+        if (!chain_to.empty() && engine_.is_last()) {
+          chain_to_.emplace(net::make_dealer(chain_to, "chain-" + std::to_string(::getpid()), timing_));
+        }
         if (!next.empty()) {
           next_.emplace(net::make_dealer(next, "stage-" + std::to_string(engine_.layers().first) + "-" +
                                                    std::to_string(::getpid()),
@@ -134,6 +139,7 @@ void Server::handle(net::Received& msg) {
         s.setSequences(static_cast<uint32_t>(engine_.sequences()));
         s.setBatches(engine_.batches());
         s.setTokens(engine_.tokens());
+        s.setChainedSteps(chained_steps_);
         reply(msg.peer, b.encode());
         break;
       }
@@ -240,6 +246,9 @@ void Server::handle_forward(const std::string& peer, Envelope::Reader env, net::
     // The logits rows are F32 already: handed to ZeroMQ as they are (zero-copy), but
     // for rows asked as arg max only, which go in the header instead.
     payload.push_back(net::owned_frame(reduce_to_argmax(batch, outputs, std::move(out), l)));
+    l.setSentByLast(f.getChained());
+    // The next step of a greedy chain goes out first: it is what the pipeline waits for.
+    l.setChained(start_chained_step(f, batch, l.asReader()));
     const std::string& to = coordinator_.empty() ? peer : coordinator_;
     finished_nanos_ = protocol::steady_nanos();
     timing.setSentNanos(finished_nanos_);
@@ -263,6 +272,9 @@ void Server::handle_forward(const std::string& peer, Envelope::Reader env, net::
   fw.setDtype(f.getOutputDtype());
   fw.setOutputDtype(f.getOutputDtype());
   fw.setSentNanos(f.getSentNanos());
+  fw.setChainSteps(f.getChainSteps());
+  fw.setStopTokens(f.getStopTokens());
+  fw.setChained(f.getChained());
   auto timing = stamp(fw.initTimings(earlier.size() + 1));
   if (f.getOutputDtype() == DType::F32) {
     payload.push_back(net::owned_frame(std::move(out)));  // zero-copy
@@ -305,6 +317,50 @@ std::vector<float> Server::reduce_to_argmax(std::span<const model::BatchToken> b
   }
   logits.resize(kept * n_vocab);
   return logits;
+}
+
+bool Server::start_chained_step(protocol::schema::Forward::Reader f, std::span<const model::BatchToken> batch,
+                                protocol::schema::Logits::Reader answer) {
+  const auto outputs = f.getLogitsOutput();
+  const auto ids = answer.getArgmaxIds();
+  if (!chain_to_ || f.getChainSteps() == 0 || ids.size() != batch.size() || outputs.size() != batch.size()) {
+    return false;
+  }
+  const auto stop = f.getStopTokens();
+  for (unsigned i = 0; i < batch.size(); ++i) {
+    if (!batch[i].logits || outputs[i] != LogitsOutput::ARGMAX || ids[i] < 0) return false;
+    for (const int32_t token : stop) {
+      if (ids[i] == token) return false;
+    }
+  }
+  const auto rows = static_cast<unsigned>(batch.size());
+  protocol::Builder b;
+  auto fw = b.envelope().getBody().initForward();
+  fw.setStepId(f.getStepId() + 1);
+  fw.setSeqIds(f.getSeqIds());
+  auto positions = fw.initPositions(rows);
+  auto tokens = fw.initTokens(rows);
+  auto want = fw.initWantLogits(rows);
+  for (unsigned i = 0; i < rows; ++i) {
+    positions.set(i, static_cast<int32_t>(batch[i].pos + 1));
+    tokens.set(i, ids[i]);
+    want.set(i, true);
+  }
+  fw.setLogitsOutput(outputs);
+  fw.setRows(rows);
+  fw.setWidth(0);
+  fw.setDtype(DType::F32);
+  fw.setOutputDtype(f.getOutputDtype());
+  fw.setChainSteps(f.getChainSteps() - 1);
+  fw.setStopTokens(stop);
+  fw.setChained(true);
+  fw.setSentNanos(protocol::steady_nanos());
+  if (!net::send(*chain_to_, nullptr, b.encode())) {
+    spdlog::warn("could not start chained step {}", f.getStepId() + 1);
+    return false;
+  }
+  ++chained_steps_;
+  return true;
 }
 
 void Server::answer_snapshot(const std::string& peer, int32_t seq_id) {

@@ -35,6 +35,10 @@ class Server {
   std::vector<float> reduce_to_argmax(std::span<const model::BatchToken> batch,
                                       capnp::List<protocol::LogitsOutput>::Reader outputs, std::vector<float> logits,
                                       protocol::schema::Logits::Builder header) const;
+  // The last stage of a greedy chain (protocol Forward.chainSteps): sends the next step
+  // to the first stage when the grant and the rows allow it; true when it did.
+  bool start_chained_step(protocol::schema::Forward::Reader f, std::span<const model::BatchToken> batch,
+                          protocol::schema::Logits::Reader answer);
   void reply(const std::string& peer, const std::vector<uint8_t>& header);
   // Errors go to the coordinator when known (a forward's sender may be a worker).
   void report(const std::string& peer, protocol::ErrorCode code, const std::string& text, uint64_t step = 0);
@@ -44,6 +48,8 @@ class Server {
   zmq::socket_t router_;
   std::optional<zmq::socket_t> next_;
   std::string next_address_;
+  std::optional<zmq::socket_t> chain_to_;  // the last stage: toward the first (Plan.chainTo)
+  uint64_t chained_steps_ = 0;
   std::string coordinator_;
   uint32_t stage_index_ = 0;
   // Timestamps of the message being handled (protocol::steady_nanos): when it was

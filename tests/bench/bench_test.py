@@ -273,10 +273,12 @@ def test_configs():
             config = tomllib.load(f)
         check(set(config) <= {"scheduler", "worker"}, "%s: only [scheduler] and [[worker]]" % name)
         scheduler = config.get("scheduler", {})
-        check(set(scheduler) <= {"micro_batch", "max_batch_tokens", "activations"} and
+        check(set(scheduler) <= {"micro_batch", "max_batch_tokens", "activations", "chain_steps"} and
               scheduler.get("activations", "f32") in ("f32", "f16", "q8_0") and
               all(isinstance(scheduler.get(k, 1), int) and scheduler.get(k, 1) > 0
-                  for k in ("micro_batch", "max_batch_tokens")), "%s: [scheduler] keys and values" % name)
+                  for k in ("micro_batch", "max_batch_tokens")) and
+              isinstance(scheduler.get("chain_steps", 0), int) and scheduler.get("chain_steps", 0) >= 0,
+              "%s: [scheduler] keys and values" % name)
         workers = config.get("worker", [])
         ranges = [tuple(map(int, w["layers"].split("-"))) for w in workers if "layers" in w]
         check(workers and all(re.match(r"^tcp://[^:]+:\d+$", w.get("address", "")) for w in workers),

@@ -83,12 +83,19 @@ case $case in
       "$coord" -m "$model" "${workers[@]}" -p "$prompt" -n 24 --temp 0 --micro-batch 5 --print-tokens \
         >"$tmp/argmax.txt" 2>"$tmp/coord.log" || fail "cluster $split, arg max only"
       cmp -s "$tmp/base.txt" "$tmp/argmax.txt" || fail "arg max tokens of split $split differ: $(cat "$tmp/argmax.txt")"
+      # That single greedy stream ran in chains the last stage started itself; without
+      # chains (--chain-steps 0), the same tokens.
+      grep -q "chained steps [1-9]" "$tmp/coord.log" || fail "split $split: no greedy chain"
+      "$coord" -m "$model" "${workers[@]}" -p "$prompt" -n 24 --temp 0 --micro-batch 5 --print-tokens --chain-steps 0 \
+        >"$tmp/unchained.txt" 2>"$tmp/coord.log" || fail "cluster $split, no chains"
+      grep -q "chained steps 0" "$tmp/coord.log" || fail "split $split: chained with --chain-steps 0"
+      cmp -s "$tmp/base.txt" "$tmp/unchained.txt" || fail "unchained tokens of split $split differ"
       "$coord" -m "$model" "${workers[@]}" -p "$prompt" -n 24 --temp 1.5 --top-k 0 --top-p 1 --min-p 0 --seed 7 \
         --print-tokens >"$tmp/warm.txt" 2>"$tmp/coord.log" || fail "cluster $split, temperature 1.5"
       cmp -s "$tmp/warm-base.txt" "$tmp/warm.txt" \
         || fail "sampled tokens of split $split differ: $(cat "$tmp/warm.txt"), single node $(cat "$tmp/warm-base.txt")"
       stop_workers
-      echo "split $split: bit-identical ($(cat "$tmp/base.txt")); arg max only and sampled at temperature 1.5 too"
+      echo "split $split: bit-identical ($(cat "$tmp/base.txt")); arg max only (chained and not) and sampled at temperature 1.5 too"
     done
     # Half-precision activations between workers run (not bit-identical by design).
     start_workers "$model" 0-1,2-3

@@ -108,14 +108,14 @@ TEST_F(LocalPipeline, TimingsGrowPerStage) {
 // bit-identical logits.
 TEST_F(LocalPipeline, SnapshotRestoreContinuesBitIdentical) {
   LocalStage stage(model_, std::nullopt, 1);
-  stage.plan(nullptr, 0, 1);
+  stage.plan(nullptr, nullptr, 0, 1);
   const std::vector<int32_t> prompt{5, 17, 230, 99};
   auto run = [&](int32_t seq, int32_t pos, const std::vector<int32_t>& tokens) {
     std::vector<model::BatchToken> batch;
     for (size_t i = 0; i < tokens.size(); ++i) {
       batch.push_back({seq, pos + static_cast<int32_t>(i), tokens[i], i + 1 == tokens.size()});
     }
-    stage.submit(1, batch, {});
+    stage.submit(1, batch, {}, {});
     auto out = stage.poll(0);
     EXPECT_TRUE(out.has_value());
     return out ? std::vector<float>(out->logits.begin(), out->logits.end()) : std::vector<float>();
@@ -127,7 +127,7 @@ TEST_F(LocalPipeline, SnapshotRestoreContinuesBitIdentical) {
   ASSERT_TRUE(state.has_value());
   stage.close(2);
   EXPECT_FALSE(stage.snapshot(2).has_value());
-  EXPECT_THROW(stage.submit(1, std::vector<model::BatchToken>{{2, 4, 42, true}}, {}), StageError);  // a gap now
+  EXPECT_THROW(stage.submit(1, std::vector<model::BatchToken>{{2, 4, 42, true}}, {}, {}), StageError);  // a gap now
   auto damaged = *state;
   damaged.pop_back();
   EXPECT_THROW(stage.restore(2, damaged), StageError);

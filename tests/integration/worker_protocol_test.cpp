@@ -313,6 +313,122 @@ TEST_F(WorkerProtocol, ArgmaxRowsAreTheArgmaxOfTheFullRows) {
   expect_still_serving();
 }
 
+// A greedy chain (Forward.chainSteps): the last stage, here also the first, sends
+// the next steps to itself and answers each with its arg max, the tokens a
+// coordinator would have sent one by one; a stop token, a full row or the end of the
+// grant ends the chain.
+TEST_F(WorkerProtocol, AGreedyChainRunsOnWithoutTheCoordinator) {
+  using protocol::LogitsOutput;
+  protocol::Builder plan;
+  auto p = plan.envelope().getBody().initPlan();
+  p.setStageCount(1);
+  p.setChainTo(address_);  // this worker is first and last
+  auto ack = ask(plan.encode());
+  ASSERT_TRUE(ack);
+  ASSERT_EQ(ack->which(), Envelope::Body::PLAN_ACK);
+
+  const std::vector<int32_t> prompt{1, 450, 306};
+  // One decode step of seq at pos with token; chain_steps > 0 asks for a chain.
+  auto decode = [&](uint64_t step, int32_t seq, int32_t pos, int32_t token, uint32_t chain_steps,
+                    const std::vector<int32_t>& stop, LogitsOutput output) {
+    protocol::Builder b;
+    auto f = b.envelope().getBody().initForward();
+    f.setStepId(step);
+    f.setRows(1);
+    f.initSeqIds(1).set(0, seq);
+    f.initPositions(1).set(0, pos);
+    f.initTokens(1).set(0, token);
+    f.initWantLogits(1).set(0, true);
+    f.initLogitsOutput(1).set(0, output);
+    f.setChainSteps(chain_steps);
+    auto s = f.initStopTokens(static_cast<unsigned>(stop.size()));
+    for (unsigned i = 0; i < stop.size(); ++i) s.set(i, stop[i]);
+    return b.encode();
+  };
+  struct Answer {
+    uint64_t step;
+    int32_t position, argmax;
+    bool chained, sent_by_last;
+  };
+  auto next_answer = [&]() -> std::optional<Answer> {
+    auto m = net::receive(socket_, false, 5000);
+    if (!m) return std::nullopt;
+    protocol::Decoded d(m->header_bytes());
+    EXPECT_EQ(d.which(), Envelope::Body::LOGITS);
+    if (d.which() != Envelope::Body::LOGITS) return std::nullopt;
+    const auto l = d.envelope().getBody().getLogits();
+    EXPECT_EQ(l.getRows(), 1u);
+    const int32_t id = l.getArgmaxIds().size() == 1 ? l.getArgmaxIds()[0] : -1;
+    return Answer{l.getStepId(), l.getPositions()[0], id, l.getChained(), l.getSentByLast()};
+  };
+  auto prefill = [&](int32_t seq) {
+    auto r = ask(forward_message(seq, 0, prompt));
+    EXPECT_TRUE(r && r->which() == Envelope::Body::LOGITS);
+    std::vector<float> row(last_->payloads.at(0).size() / 4);
+    std::memcpy(row.data(), last_->payloads[0].data(), row.size() * 4);
+    return static_cast<int32_t>(std::max_element(row.begin(), row.end()) - row.begin());
+  };
+
+  // The greedy tokens one step at a time (seq 90).
+  std::vector<int32_t> greedy{prefill(90)};
+  for (int32_t k = 0; k < 6; ++k) {
+    auto r = ask(decode(500 + static_cast<uint64_t>(k), 90, 3 + k, greedy.back(), 0, {}, LogitsOutput::ARGMAX));
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->which(), Envelope::Body::LOGITS);
+    EXPECT_FALSE(r->envelope().getBody().getLogits().getChained());
+    greedy.push_back(r->envelope().getBody().getLogits().getArgmaxIds()[0]);
+  }
+
+  // A chain of 4 more steps after the first (seq 91): answers for steps 600..604.
+  ASSERT_EQ(prefill(91), greedy[0]);
+  ASSERT_TRUE(net::send(socket_, nullptr, decode(600, 91, 3, greedy[0], 4, {}, LogitsOutput::ARGMAX)));
+  for (int32_t k = 0; k < 5; ++k) {
+    const auto a = next_answer();
+    ASSERT_TRUE(a) << "no answer for chained step " << k;
+    EXPECT_EQ(a->step, 600u + static_cast<uint64_t>(k));
+    EXPECT_EQ(a->position, 3 + k);
+    EXPECT_EQ(a->argmax, greedy[static_cast<size_t>(k) + 1]) << "chained step " << k;
+    EXPECT_EQ(a->chained, k < 4);  // the grant's last step answers only
+    EXPECT_EQ(a->sent_by_last, k > 0);
+  }
+  EXPECT_FALSE(net::receive(socket_, false, 300)) << "a step past the grant";
+
+  // A stop token ends the chain at the step that yields it (seq 92).
+  ASSERT_EQ(prefill(92), greedy[0]);
+  const int32_t stop = greedy[3];
+  ASSERT_TRUE(net::send(socket_, nullptr, decode(700, 92, 3, greedy[0], 8, {stop}, LogitsOutput::ARGMAX)));
+  size_t answers = 0;
+  for (size_t k = 1;; ++k) {
+    const auto a = next_answer();
+    ASSERT_TRUE(a);
+    ++answers;
+    EXPECT_EQ(a->argmax, greedy[k]);
+    if (greedy[k] == stop) {
+      EXPECT_FALSE(a->chained);
+      break;
+    }
+    EXPECT_TRUE(a->chained);
+  }
+  EXPECT_LE(answers, 3u);
+  EXPECT_FALSE(net::receive(socket_, false, 300)) << "a step past the stop token";
+
+  // A full row is not chained, whatever the grant (seq 93).
+  ASSERT_EQ(prefill(93), greedy[0]);
+  auto r = ask(decode(800, 93, 3, greedy[0], 8, {}, LogitsOutput::FULL));
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->which(), Envelope::Body::LOGITS);
+  EXPECT_FALSE(r->envelope().getBody().getLogits().getChained());
+  EXPECT_FALSE(net::receive(socket_, false, 300));
+
+  protocol::Builder stats_request;
+  stats_request.envelope().getBody().setStatsRequest();
+  auto stats = ask(stats_request.encode());
+  ASSERT_TRUE(stats);
+  ASSERT_EQ(stats->which(), Envelope::Body::STATS);
+  EXPECT_EQ(stats->envelope().getBody().getStats().getChainedSteps(), 4u + answers - 1);
+  expect_still_serving();
+}
+
 TEST_F(WorkerProtocol, HeartbeatAnswersEchoTheSendersClock) {
   protocol::Builder b;
   b.envelope().getBody().initHeartbeat().setSentNanos(123456789);
