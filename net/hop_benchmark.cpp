@@ -3,25 +3,20 @@
 // and ipc://. Half the round trip is one hop. The argument is the number of rows
 // (16 rows = 128 KiB, the size of one row of logits of a 32000-token vocabulary).
 // *Owned: the payload is handed over to ZeroMQ (net::owned_frame) instead of copied;
-// as in a stage, each send has a freshly computed buffer. *AfterIdle: the process
-// sleeps 2 ms before each round trip, as a stage waits for its next input, and only
-// the round trip is timed: on a VM, waking a CPU that went idle costs more than the
-// back-to-back hops of the others. Google Benchmark:
+// as in a stage, each send has a freshly computed buffer. Google Benchmark:
 //   build/net/hop_benchmark [--benchmark_filter=Tcp]
 #include <benchmark/benchmark.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "net.hpp"
 
 namespace {
 
-void hop_round_trip(benchmark::State& state, const std::string& address, size_t rows, bool owned = false,
-                    std::chrono::microseconds idle = {}) {
+void hop_round_trip(benchmark::State& state, const std::string& address, size_t rows, bool owned = false) {
   zmq::socket_t router = pico::net::make_router(address);
   zmq::socket_t dealer = pico::net::make_dealer(address, "bench");
   const std::vector<uint8_t> header(64, 1);
@@ -46,20 +41,16 @@ void hop_round_trip(benchmark::State& state, const std::string& address, size_t 
     return;
   }
   const std::string peer = first->peer;
-  double seconds = 0;  // in round trips only
+  const auto start = std::chrono::steady_clock::now();
   for (auto _ : state) {
-    if (idle.count() > 0) std::this_thread::sleep_for(idle);
-    const auto start = std::chrono::steady_clock::now();
     send(dealer, nullptr);
     auto there = pico::net::receive(router, true, 5000);
     send(router, &peer);
     auto back = pico::net::receive(dealer, false, 5000);
     benchmark::DoNotOptimize(back);
-    const double trip = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    seconds += trip;
-    state.SetIterationTime(trip);
     if (!there || !back) state.SkipWithError("message lost");
   }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   state.counters["hop_us"] = seconds * 1e6 / (2.0 * static_cast<double>(state.iterations()));
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * 2 * static_cast<int64_t>(payload[0].size()));
 }
@@ -83,15 +74,10 @@ void BM_HopTcpOwned(benchmark::State& state) {
 void BM_HopIpcOwned(benchmark::State& state) {
   hop_round_trip(state, "ipc:///tmp/pico-hop-" + next_suffix() + ".sock", static_cast<size_t>(state.range(0)), true);
 }
-void BM_HopIpcOwnedAfterIdle(benchmark::State& state) {
-  hop_round_trip(state, "ipc:///tmp/pico-hop-" + next_suffix() + ".sock", static_cast<size_t>(state.range(0)), true,
-                 std::chrono::milliseconds(2));
-}
 BENCHMARK(BM_HopTcp)->Arg(1)->Arg(16)->Arg(64)->UseRealTime();
 BENCHMARK(BM_HopIpc)->Arg(1)->Arg(16)->Arg(64)->UseRealTime();
 BENCHMARK(BM_HopTcpOwned)->Arg(1)->Arg(16)->Arg(64)->UseRealTime();
 BENCHMARK(BM_HopIpcOwned)->Arg(1)->Arg(16)->Arg(64)->UseRealTime();
-BENCHMARK(BM_HopIpcOwnedAfterIdle)->Arg(1)->UseManualTime();
 
 }  // namespace
 
