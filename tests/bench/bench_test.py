@@ -16,6 +16,8 @@ MODE emulated:  scripts/emulated-cluster (2 workers in network namespaces, shape
                 Exits 77 (ctest SKIP) when network namespaces cannot be made.
 MODE configs:   the example cluster files in configs/ hold the keys pico-coord reads and
                 layer ranges without gap or overlap.
+MODE pipeline:  scripts/bench-pipeline on a tiny model, a few tokens, one round: every
+                measure printed, positive, and greedy chains in the chained runs only.
 """
 import csv
 import os
@@ -288,9 +290,37 @@ def test_configs():
               "%s: layer ranges contiguous from 0 (%s)" % (name, ranges))
 
 
+def test_pipeline():
+    model = make_model()
+    env = dict(os.environ, PICO_BUILD=BUILD, TMPDIR=tmp)
+    run = subprocess.run([os.path.join(ROOT, "scripts/bench-pipeline"), "-m", model, "--n1", "4", "--n2", "24",
+                          "--repeat", "1"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         timeout=200)
+    out = run.stdout
+    print(out, flush=True)
+    check(run.returncode == 0, "bench-pipeline exits 0")
+
+    def number(pattern):
+        m = re.search(pattern, out)
+        return float(m.group(1)) if m else None
+
+    for label, pattern in (("single node", r"single node, 1 thread: +([\d.]+) tok/s"),
+                           ("2 stages", r"2 stages x 1 thread, 1 stream: +([\d.]+) tok/s"),
+                           ("without chains", r"the same without greedy chains: +([\d.]+) tok/s"),
+                           ("8 streams", r"2 stages, 8 streams aggregate: +([\d.]+) tok/s"),
+                           ("median interval", r"median time between two tokens: single node +([\d.]+) us")):
+        value = number(pattern)
+        check(value is not None and value > 0, "bench-pipeline prints %s (%s)" % (label, value))
+    chained = re.search(r"^2 stages, per step: logits transfer .*, (\d+) of (\d+) steps chained", out, re.M)
+    unchained = re.search(r"^2 stages without chains, per step: logits transfer .*, (\d+) of", out, re.M)
+    check(chained is not None and int(chained.group(1)) > 0, "the greedy stream ran in chains")
+    check(unchained is not None and int(unchained.group(1)) == 0, "--chain-steps 0 ran no chain")
+    check(re.search(r"one hop, embd 2048 F32, ipc: [\d.]+ us", out) is not None, "one hop measured")
+
+
 def main():
     try:
-        {"local": test_local, "emulated": test_emulated, "configs": test_configs}[MODE]()
+        {"local": test_local, "emulated": test_emulated, "configs": test_configs, "pipeline": test_pipeline}[MODE]()
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     if failures:
