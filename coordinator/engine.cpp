@@ -613,21 +613,7 @@ void Engine::loop() {
         finish(s, "stop");
         continue;
       }
-      if (out.chained) {
-        // The last stage sent this token on already: it is in the step now in flight.
-        emit_token(s, id, logits);
-        if (s.matcher->matched()) {
-          finish(s, "stop");
-        } else if (at_limit(s)) {
-          finish(s, "length");  // not with a grant (chain_grant), but its KV would wait for that step
-        } else {
-          s.kv_tokens.push_back(id);
-          ++s.n_past;
-          s.awaiting = true;
-        }
-        continue;
-      }
-      if (overlap && s.request.stop.empty() && !at_limit(s)) {
+      if (!out.chained && overlap && s.request.stop.empty() && !at_limit(s)) {
         s.pending = id;
         deferred.push_back({&s, r, id});
         continue;
@@ -636,7 +622,12 @@ void Engine::loop() {
       if (s.matcher->matched()) {
         finish(s, "stop");
       } else if (at_limit(s)) {
-        finish(s, "length");
+        finish(s, "length");  // never in a chain (chain_grant); its KV would wait for the chained step
+      } else if (out.chained) {
+        // The last stage sent this token on already: it is in the step now in flight.
+        s.kv_tokens.push_back(id);
+        ++s.n_past;
+        s.awaiting = true;
       } else {
         s.pending = id;
       }

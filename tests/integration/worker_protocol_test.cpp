@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 #include <string>
 
 #include "net.hpp"
@@ -201,12 +202,21 @@ TEST_F(WorkerProtocol, ServesAForwardAndStats) {
   EXPECT_TRUE(net::send(socket_, nullptr, close.encode()));
 }
 
+// What a forward_message asks beyond its tokens.
+struct ForwardAsk {
+  uint64_t step = 0;  // 0: 100 + seq
+  std::optional<protocol::LogitsOutput> output;  // of the last row (unset: full rows, no list)
+  uint32_t chain_steps = 0;
+  std::vector<int32_t> stop_tokens;
+};
+
 // One forward of `tokens` at positions first_pos.. for seq; the logits of the last one.
-std::vector<uint8_t> forward_message(int32_t seq, int32_t first_pos, const std::vector<int32_t>& tokens) {
+std::vector<uint8_t> forward_message(int32_t seq, int32_t first_pos, const std::vector<int32_t>& tokens,
+                                     const ForwardAsk& ask = {}) {
   protocol::Builder b;
   auto f = b.envelope().getBody().initForward();
   const auto n = static_cast<unsigned>(tokens.size());
-  f.setStepId(100 + static_cast<uint64_t>(seq));
+  f.setStepId(ask.step ? ask.step : 100 + static_cast<uint64_t>(seq));
   f.setRows(n);
   auto s = f.initSeqIds(n);
   auto p = f.initPositions(n);
@@ -218,6 +228,13 @@ std::vector<uint8_t> forward_message(int32_t seq, int32_t first_pos, const std::
     t.set(i, tokens[i]);
     w.set(i, i + 1 == n);
   }
+  if (ask.output) {
+    auto out = f.initLogitsOutput(n);
+    for (unsigned i = 0; i < n; ++i) out.set(i, *ask.output);
+  }
+  f.setChainSteps(ask.chain_steps);
+  auto stop = f.initStopTokens(static_cast<unsigned>(ask.stop_tokens.size()));
+  for (unsigned i = 0; i < ask.stop_tokens.size(); ++i) stop.set(i, ask.stop_tokens[i]);
   return b.encode();
 }
 
@@ -317,7 +334,11 @@ TEST_F(WorkerProtocol, ArgmaxRowsAreTheArgmaxOfTheFullRows) {
 // the next steps to itself and answers each with its arg max, the tokens a
 // coordinator would have sent one by one; a stop token, a full row or the end of the
 // grant ends the chain.
-TEST_F(WorkerProtocol, AGreedyChainRunsOnWithoutTheCoordinator) {
+// A planned worker answers its planner only, so the chain test gets a worker of its own
+// (a suite of its own: SetUpTestSuite starts one per suite).
+class WorkerChain : public WorkerProtocol {};
+
+TEST_F(WorkerChain, AGreedyChainRunsOnWithoutTheCoordinator) {
   using protocol::LogitsOutput;
   protocol::Builder plan;
   auto p = plan.envelope().getBody().initPlan();
@@ -331,19 +352,7 @@ TEST_F(WorkerProtocol, AGreedyChainRunsOnWithoutTheCoordinator) {
   // One decode step of seq at pos with token; chain_steps > 0 asks for a chain.
   auto decode = [&](uint64_t step, int32_t seq, int32_t pos, int32_t token, uint32_t chain_steps,
                     const std::vector<int32_t>& stop, LogitsOutput output) {
-    protocol::Builder b;
-    auto f = b.envelope().getBody().initForward();
-    f.setStepId(step);
-    f.setRows(1);
-    f.initSeqIds(1).set(0, seq);
-    f.initPositions(1).set(0, pos);
-    f.initTokens(1).set(0, token);
-    f.initWantLogits(1).set(0, true);
-    f.initLogitsOutput(1).set(0, output);
-    f.setChainSteps(chain_steps);
-    auto s = f.initStopTokens(static_cast<unsigned>(stop.size()));
-    for (unsigned i = 0; i < stop.size(); ++i) s.set(i, stop[i]);
-    return b.encode();
+    return forward_message(seq, pos, {token}, {step, output, chain_steps, stop});
   };
   struct Answer {
     uint64_t step;
