@@ -12,7 +12,9 @@ $Cxx.namespace("pico::protocol::schema");
 # 2: timings in forward/logits, heartbeat echo, snapshot/restore of a sequence.
 # 3: per-row logits output (full row or arg max only) in forward/logits.
 # 4: greedy chains (plan.chainTo, forward.chainSteps / stopTokens / chained, logits.chained).
-const protocolVersion :UInt32 = 4;
+# 5: sessions (Envelope.session, Hello.takeOver, Capabilities.session / ownerConnected),
+#    the worker's limits (Capabilities.limits), CURVE public keys in plans, busy / limit errors.
+const protocolVersion :UInt32 = 5;
 
 enum DType {
   f32 @0;
@@ -33,6 +35,8 @@ enum ErrorCode {
   forwardFailed @3;    # the engine threw
   unavailable @4;      # a worker further down is gone
   internal @5;
+  busy @6;             # the worker serves another coordinator's session (see Envelope.session)
+  limit @7;            # the message exceeds one of the worker's limits (Limits); the text names it
 }
 
 struct ModelIdentity {
@@ -47,6 +51,20 @@ struct Hello {
   role @0 :Text;       # "coordinator" or "worker"
 }
 
+# What a worker can hold, checked before it allocates anything: a forward, a restore or
+# a new sequence beyond one of these is refused with ErrorCode.limit. The coordinator
+# reads them at connect and sizes its context x parallel sequences to fit every stage.
+struct Limits {
+  maxRows @0 :UInt32;               # tokens (rows) per forward
+  maxPositions @1 :UInt32;          # positions per sequence (the context)
+  maxSequences @2 :UInt32;          # sequences holding state at once
+  stateBudgetBytes @3 :UInt64;      # bytes of KV + recurrent state this stage may hold in all
+  kvBytesPerPosition @4 :UInt64;    # KV bytes one position of one sequence takes on this stage's layers
+  stateBytesPerSequence @5 :UInt64; # fixed-size (recurrent) state per sequence; 0 for attention-only layers
+  pagePositions @6 :UInt32;         # KV grows in pages of this many positions (budgets count whole pages)
+  maxMessageBytes @7 :UInt64;       # the largest message (all frames) the worker accepts
+}
+
 struct Capabilities {
   isa @0 :Text;              # cpu level in use: scalar, avx2, avx512, neon ...
   cores @1 :UInt32;
@@ -56,6 +74,10 @@ struct Capabilities {
   firstLayer @5 :UInt32;     # [firstLayer, lastLayer)
   lastLayer @6 :UInt32;
   model @7 :ModelIdentity;
+  session @8 :UInt64;        # the session the worker serves now (0: none)
+  ownerConnected @9 :Bool;   # that session's coordinator is still connected
+  limits @10 :Limits;
+  curve @11 :Bool;           # the worker's socket takes CURVE-authenticated peers only
 }
 
 struct Plan {
@@ -65,6 +87,15 @@ struct Plan {
   # The last stage only: the first stage's address, where it may start chained steps
   # itself (see Forward.chainSteps). Empty: it never does.
   chainTo @3 :Text;
+  # CURVE (Z85 public keys, empty on an open cluster): the server keys of `next` and
+  # `chainTo`, and the peers this stage accepts for the session besides its own
+  # authorized keys (the previous stage; on the first stage, the last one's chain).
+  nextPublicKey @4 :Text;
+  chainToPublicKey @5 :Text;
+  acceptKeys @6 :List(Text);
+  # The sender becomes the worker's owner even while another session's coordinator is
+  # connected (that session's sequences are dropped; its messages then get `busy`).
+  takeOver @7 :Bool;
 }
 
 struct SequenceRef {
@@ -171,6 +202,11 @@ struct Heartbeat {
 
 struct Envelope {
   version @0 :UInt32;
+  # The coordinator's session (a random id per pico-coord process), copied onto every
+  # message of its steps, worker to worker too. A plan makes its session the worker's
+  # owner; sequence messages (forward, close, truncate, snapshot, restore) of any other
+  # session are refused with `busy`. Hello, heartbeat and stats are open to any peer.
+  session @18 :UInt64;
   body :union {
     hello @1 :Hello;
     capabilities @2 :Capabilities;
