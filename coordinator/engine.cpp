@@ -22,6 +22,11 @@ double seconds_between(Clock::time_point a, Clock::time_point b) {
 
 }  // namespace
 
+std::string exceeds_context_message(size_t n_tokens, int64_t ctx) {
+  return "request (" + std::to_string(n_tokens) + " tokens) exceeds the available context size (" +
+         std::to_string(ctx) + " tokens), try increasing it";
+}
+
 bool argmax_suffices(const sample::SamplingParams& params) {
   const bool penalties = params.penalty_last_n != 0 &&
                          (params.repeat_penalty != 1.0f || params.frequency_penalty != 0.0f ||
@@ -77,6 +82,7 @@ struct Engine::Seq {
   bool awaiting = false;
   bool cancelled = false;
   bool done = false;
+  bool failed = false;  // its KV is closed, never kept
   bool kv_released = false;
   Clock::time_point t_start, t_first;
 };
@@ -90,8 +96,8 @@ void Engine::Handle::cancel() {
   engine_->cv_.notify_all();
 }
 
-Engine::Engine(Pipeline& pipeline, const tokenizer::Tokenizer& tok, SchedulerOptions options)
-    : pipeline_(pipeline), tok_(tok), options_(options) {
+Engine::Engine(Pipeline& pipeline, const tokenizer::Tokenizer& tok, SchedulerOptions options, size_t max_queued)
+    : pipeline_(pipeline), tok_(tok), options_(options), max_queued_(max_queued) {
   thread_ = std::thread([this] { loop(); });
 }
 
@@ -109,8 +115,7 @@ void Engine::stop() {
 Engine::Handle Engine::submit(OnlineRequest request, Callbacks callbacks) {
   if (request.prompt.empty()) throw std::invalid_argument("the prompt has no tokens");
   if (static_cast<int64_t>(request.prompt.size()) >= options_.ctx) {
-    throw std::invalid_argument("the prompt has " + std::to_string(request.prompt.size()) +
-                                " tokens; the context holds " + std::to_string(options_.ctx));
+    throw std::invalid_argument(exceeds_context_message(request.prompt.size(), options_.ctx));
   }
   for (int32_t t : request.prompt) {
     if (t < 0 || static_cast<size_t>(t) >= tok_.vocab_size()) {
@@ -122,12 +127,20 @@ Engine::Handle Engine::submit(OnlineRequest request, Callbacks callbacks) {
   s->callbacks = std::move(callbacks);
   std::lock_guard lock(mutex_);
   if (stopping_) throw std::runtime_error("the engine is stopping");
+  if (max_queued_ > 0 && incoming_.size() >= max_queued_) {
+    throw QueueFull("the request queue is full (" + std::to_string(max_queued_) + " requests wait)");
+  }
   s->id = next_id_++;
   const int32_t id = s->id;
   incoming_.push_back(std::move(s));
   ++metrics_.queued;
   cv_.notify_all();
   return Handle(this, id);
+}
+
+std::string Engine::lost_stage() const {
+  std::lock_guard lock(mutex_);
+  return lost_stage_;
 }
 
 std::vector<SlotInfo> Engine::slots() const {
@@ -204,10 +217,58 @@ void Engine::finish(Seq& s, const std::string& reason) {
   if (s.callbacks.on_done) s.callbacks.on_done(s.matcher->matched() ? "stop_string" : reason, u);
 }
 
+void Engine::fail(Seq& s, const std::string& message) {
+  if (s.done) return;
+  s.done = true;
+  s.failed = true;
+  spdlog::warn("request {}: {}", s.id, message);
+  if (s.steps_inflight == 0) release_kv(s);
+  {
+    std::lock_guard lock(mutex_);
+    ++metrics_.requests_failed;
+  }
+  if (s.callbacks.on_error) s.callbacks.on_error(message);
+}
+
+void Engine::check_stages(bool idle) {
+  std::string lost;
+  auto find_lost = [&] {
+    for (size_t i = 0; i < pipeline_.size() && lost.empty(); ++i) {
+      if (!pipeline_.stage(i).up()) lost = "stage " + std::to_string(i) + " (" + pipeline_.stage(i).info().name + ")";
+    }
+  };
+  find_lost();
+  if (!lost.empty() && idle) {
+    // It comes back without the KV of the kept sequences.
+    for (const auto& k : kept_) close_sequence(k.kv_id);
+    kept_.clear();
+    const auto now = Clock::now();
+    if (now - last_rejoin_ >= std::chrono::milliseconds(rejoin_interval_ms)) {
+      last_rejoin_ = now;
+      try {
+        pipeline_.rejoin_lost();
+      } catch (const StageError& e) {
+        spdlog::debug("rejoin: {}", e.what());
+      }
+      lost.clear();
+      find_lost();
+    }
+  }
+  std::lock_guard lock(mutex_);
+  if (lost != lost_stage_) {
+    if (lost.empty()) {
+      spdlog::info("every stage is up");
+    } else {
+      spdlog::warn("{} is lost", lost);
+    }
+  }
+  lost_stage_ = std::move(lost);
+}
+
 void Engine::release_kv(Seq& s) {
   if (s.kv_released) return;
   s.kv_released = true;
-  if (!s.cancelled && options_.cache_sequences > 0) {
+  if (!s.cancelled && !s.failed && options_.cache_sequences > 0) {
     // Keep its KV for a later request with a common prefix (every step of it is done).
     // The stages may hold one position more (a chained step past the end): a reuse cuts
     // it, as it cuts any position after the common prefix.
@@ -347,7 +408,8 @@ void Engine::admit() {
   }
   // A lost stage comes back (Pipeline::submit rejoins it) without the KV of the kept
   // sequences: forget them all before one is reused.
-  const bool admitted = std::any_of(active_.begin(), active_.end(), [](const auto& s) { return !s->sampler; });
+  const bool admitted =
+      std::any_of(active_.begin(), active_.end(), [](const auto& s) { return !s->sampler && !s->done; });
   if (admitted && !kept_.empty()) {
     bool all_up = true;
     for (size_t i = 0; i < pipeline_.size(); ++i) all_up = pipeline_.stage(i).up() && all_up;
@@ -357,7 +419,20 @@ void Engine::admit() {
     }
   }
   for (auto& s : active_) {
-    if (s->sampler) continue;  // admitted before
+    if (s->sampler || s->done) continue;  // admitted before
+    // A request whose sampler cannot be built (invalid parameters) or that runs out of
+    // memory here fails alone, before it holds any KV.
+    try {
+      s->sampler = std::make_unique<sample::Sampler>(s->request.sampling);
+      for (int32_t t : s->request.prompt) s->sampler->accept(t);
+      s->decoder = std::make_unique<tokenizer::StreamDecoder>(tok_);
+      s->matcher = std::make_unique<StopMatcher>(s->request.stop);
+    } catch (const std::exception& e) {
+      s->kv_released = true;  // no sequence yet
+      fail(*s, std::string("the request cannot start: ") + e.what());
+      continue;
+    }
+    s->argmax_only = argmax_suffices(s->request.sampling) && s->request.logprobs < 0 && !s->request.full_logits;
     reuse_prefix(*s);
     evict_kept();  // the new sequence may push the kept ones over the bounds
     {
@@ -365,11 +440,6 @@ void Engine::admit() {
       metrics_.prompt_tokens += s->request.prompt.size() - static_cast<size_t>(s->n_cached);
       metrics_.prompt_tokens_cached += static_cast<uint64_t>(s->n_cached);
     }
-    s->sampler = std::make_unique<sample::Sampler>(s->request.sampling);
-    s->argmax_only = argmax_suffices(s->request.sampling) && s->request.logprobs < 0 && !s->request.full_logits;
-    for (int32_t t : s->request.prompt) s->sampler->accept(t);
-    s->decoder = std::make_unique<tokenizer::StreamDecoder>(tok_);
-    s->matcher = std::make_unique<StopMatcher>(s->request.stop);
     s->t_start = Clock::now();
   }
   for (auto& s : dropped) {
@@ -420,9 +490,11 @@ ChainGrant Engine::chain_grant(const std::vector<Seq*>& seqs) {
 
 void Engine::loop() {
   struct Inflight {
+    uint64_t step = 0;  // the pipeline's id
     Clock::time_point submitted;
     int prefill = 0, decode = 0;
-    std::vector<Seq*> seqs;  // with tokens in this step
+    std::vector<Seq*> seqs;   // with tokens in this step
+    std::vector<Seq*> wants;  // with a logits row in this step (to sample from)
   };
   std::deque<Inflight> inflight;
   // A sequence leaves active_ once done and no step in flight holds its tokens (steps
@@ -456,7 +528,7 @@ void Engine::loop() {
         any_argmax = any_argmax || argmax;
         outputs.push_back(argmax ? protocol::LogitsOutput::ARGMAX : protocol::LogitsOutput::FULL);
       };
-      std::vector<Seq*> seqs;
+      std::vector<Seq*> seqs, wants;
       int budget = options_.max_batch_tokens, prefill = 0, decode = 0;
       for (size_t k = 0; k < active_.size() && budget > 0; ++k) {
         Seq& s = *active_[(rr + k) % active_.size()];
@@ -474,12 +546,16 @@ void Engine::loop() {
           seqs.push_back(&s);
           budget -= static_cast<int>(n);
           prefill += static_cast<int>(n);
-          if (s.prefill_sent == prompt.size()) s.awaiting = true;
+          if (s.prefill_sent == prompt.size()) {
+            s.awaiting = true;
+            wants.push_back(&s);
+          }
         } else if (s.pending && decode < decode_group) {
           s.kv_tokens.push_back(*s.pending);
           batch.push_back({s.kv_id, s.n_past++, *s.pending, true});
           output(s, true);
           seqs.push_back(&s);
+          wants.push_back(&s);
           s.pending.reset();
           s.awaiting = true;
           --budget;
@@ -489,8 +565,9 @@ void Engine::loop() {
       rr = (rr + 1) % active_.size();
       if (batch.empty()) break;
       const ChainGrant chain = inflight.empty() && prefill == 0 ? chain_grant(seqs) : ChainGrant{};
+      uint64_t step_id = 0;
       try {
-        pipeline_.submit(batch,
+        step_id = pipeline_.submit(batch,
                          any_argmax ? std::span<const protocol::LogitsOutput>(outputs)
                                     : std::span<const protocol::LogitsOutput>(),
                          chain);
@@ -499,10 +576,11 @@ void Engine::loop() {
         fail_all(e.what());
         inflight.clear();
         stats_stale = false;
+        check_stages(false);
         return false;
       }
       for (Seq* sp : seqs) ++sp->steps_inflight;
-      inflight.push_back({Clock::now(), prefill, decode, std::move(seqs)});
+      inflight.push_back({step_id, Clock::now(), prefill, decode, std::move(seqs), std::move(wants)});
     }
     return true;
   };
@@ -519,12 +597,17 @@ void Engine::loop() {
       }
       stats_stale = false;
     }
-    {
-      std::unique_lock lock(mutex_);
-      if (active_.empty() && inflight.empty()) {
-        cv_.wait(lock, [&] { return stopping_ || !incoming_.empty() || !cancels_.empty(); });
+    if (active_.empty() && inflight.empty()) {
+      // Idle: wakes now and then to see whether a stage was lost (for /health).
+      bool work = false;
+      {
+        std::unique_lock lock(mutex_);
+        work = cv_.wait_for(lock, std::chrono::milliseconds(idle_check_ms),
+                            [&] { return stopping_ || !incoming_.empty() || !cancels_.empty(); });
+        if (stopping_) break;
       }
-      if (stopping_) break;
+      check_stages(true);
+      if (!work) continue;
     }
     admit();
     stats_stale = options_.stage_stats;  // a cancel may have closed a sequence without a step
@@ -537,11 +620,31 @@ void Engine::loop() {
     StepOutput out;
     try {
       out = pipeline_.wait(options_.step_timeout_ms);
+    } catch (const StepRefused& e) {
+      // Only the requests of that step fail; the other steps go on.
+      auto it = std::find_if(inflight.begin(), inflight.end(), [&](const Inflight& f) { return f.step == e.step(); });
+      if (it == inflight.end()) {
+        spdlog::error("pipeline: {} (a step not in flight)", e.what());
+        fail_all(e.what());
+        inflight.clear();
+        continue;
+      }
+      const Inflight refused = std::move(*it);
+      inflight.erase(it);
+      for (Seq* sp : refused.seqs) {
+        --sp->steps_inflight;
+        fail(*sp, std::string("a stage refused the step: ") + e.what());
+        if (sp->done && sp->steps_inflight == 0) release_kv(*sp);
+      }
+      std::erase_if(active_, finished_and_released);
+      update_slots();
+      continue;
     } catch (const std::exception& e) {
       spdlog::error("pipeline: {}", e.what());
       fail_all(e.what());
       inflight.clear();
       stats_stale = false;
+      check_stages(false);
       continue;
     }
     const auto now = Clock::now();
@@ -552,7 +655,7 @@ void Engine::loop() {
     // maxes, and it is in flight now.
     if (out.chained) {
       for (Seq* sp : step.seqs) ++sp->steps_inflight;
-      inflight.push_back({now, 0, step.decode, step.seqs});
+      inflight.push_back({out.step + 1, now, 0, step.decode, step.seqs, step.wants});
     }
     {
       // Wall time of this step not already counted for the step before it, split by tokens.
@@ -585,56 +688,101 @@ void Engine::loop() {
     };
     std::vector<Deferred> deferred;
     int generated = 0;
+    // The answer's rows must fit it: one arg max entry per row when any, each full row
+    // inside the values received, each token inside the vocabulary. A row that does
+    // not fails its request only.
+    const bool argmax_fits = out.argmax.empty() || out.argmax.size() == out.seq_ids.size();
+    const size_t n_vocab = out.n_vocab > 0 ? static_cast<size_t>(out.n_vocab) : 0;
+    size_t full_rows = 0;  // full rows before row r
+    std::vector<Seq*> answered;
     for (size_t r = 0; r < out.seq_ids.size(); ++r) {
+      const bool full = !argmax_fits || !out.is_argmax(r);
+      const size_t full_index = full_rows;
+      if (full) ++full_rows;
       Seq* sp = nullptr;
-      for (auto& s : active_) {
-        if (s->kv_id == out.seq_ids[r]) sp = s.get();
+      for (Seq* w : step.wants) {
+        if (w->kv_id == out.seq_ids[r]) sp = w;
       }
-      if (!sp || sp->done || sp->cancelled) continue;  // a cancelled one ends with its last step
+      if (!sp) continue;  // a row nobody asked for in this step
+      if (std::find(answered.begin(), answered.end(), sp) != answered.end()) {
+        fail(*sp, "the last stage answered with two logits rows for this request");
+        continue;
+      }
+      answered.push_back(sp);
+      if (sp->done || sp->cancelled) continue;  // a cancelled one ends with its last step
       Seq& s = *sp;
       s.awaiting = false;
-      const auto logits = out.row_logits(r);
-      // Greedy without more (argmax_only): the arg max the last stage sent, or that of
-      // the full row (an in-process stage's), which is the sampler's pick, found faster.
-      int32_t id = 0;
-      if (out.is_argmax(r)) {
-        id = out.argmax[r];
-      } else if (s.argmax_only) {
-        id = static_cast<int32_t>(sample::first_argmax(logits.data(), logits.size()));
-      } else {
-        id = s.sampler->sample(logits);
-      }
-      s.sampler->accept(id);
-      if (s.callbacks.on_sampled) s.callbacks.on_sampled(id, logits);
-      if (s.n_decoded == 0) s.t_first = now;
-      ++s.n_decoded;
-      ++generated;
-      if (tok_.is_eog(id) && !s.request.ignore_eos) {
-        finish(s, "stop");
+      if (s.request.max_tokens == 0) {
+        finish(s, "length");  // the prompt evaluated (its KV kept for reuse), nothing sampled
         continue;
       }
-      if (!out.chained && overlap && s.request.stop.empty() && !at_limit(s)) {
-        s.pending = id;
-        deferred.push_back({&s, r, id});
-        continue;
+      try {
+        if (!argmax_fits) throw std::runtime_error("the answer's arg max list does not match its rows");
+        std::span<const float> logits;
+        int32_t id = 0;
+        if (!full) {
+          // Greedy without more (argmax_only): the arg max the last stage sent.
+          id = out.argmax[r];
+        } else {
+          if (n_vocab == 0 || (full_index + 1) * n_vocab > out.logits.size()) {
+            throw std::runtime_error("a logits row that does not fit the answer (" + std::to_string(out.logits.size()) +
+                                     " values for row " + std::to_string(full_index + 1) + " of " +
+                                     std::to_string(n_vocab) + ")");
+          }
+          logits = out.row_logits(r);
+          // Greedy without more: the arg max of the full row (an in-process stage's) is
+          // the sampler's pick, found faster.
+          id = s.argmax_only ? static_cast<int32_t>(sample::first_argmax(logits.data(), logits.size()))
+                             : s.sampler->sample(logits);
+        }
+        if (id < 0 || static_cast<size_t>(id) >= tok_.vocab_size()) {
+          throw std::runtime_error("sampled token id " + std::to_string(id) + " is outside the vocabulary");
+        }
+        s.sampler->accept(id);
+        if (s.callbacks.on_sampled) s.callbacks.on_sampled(id, logits);
+        if (s.n_decoded == 0) s.t_first = now;
+        ++s.n_decoded;
+        ++generated;
+        if (tok_.is_eog(id) && !s.request.ignore_eos) {
+          finish(s, "stop");
+          continue;
+        }
+        if (!out.chained && overlap && s.request.stop.empty() && !at_limit(s)) {
+          s.pending = id;
+          deferred.push_back({&s, r, id});
+          continue;
+        }
+        emit_token(s, id, logits);
+        if (s.matcher->matched()) {
+          finish(s, "stop");
+        } else if (at_limit(s)) {
+          finish(s, "length");  // never in a chain (chain_grant); its KV would wait for the chained step
+        } else if (out.chained) {
+          // The last stage sent this token on already: it is in the step now in flight.
+          s.kv_tokens.push_back(id);
+          ++s.n_past;
+          s.awaiting = true;
+        } else {
+          s.pending = id;
+        }
+      } catch (const std::exception& e) {
+        s.pending.reset();
+        fail(s, std::string("sampling failed: ") + e.what());
       }
-      emit_token(s, id, logits);
-      if (s.matcher->matched()) {
-        finish(s, "stop");
-      } else if (at_limit(s)) {
-        finish(s, "length");  // never in a chain (chain_grant); its KV would wait for the chained step
-      } else if (out.chained) {
-        // The last stage sent this token on already: it is in the step now in flight.
-        s.kv_tokens.push_back(id);
-        ++s.n_past;
-        s.awaiting = true;
-      } else {
-        s.pending = id;
+    }
+    for (Seq* w : step.wants) {
+      if (!w->done && !w->cancelled && std::find(answered.begin(), answered.end(), w) == answered.end()) {
+        fail(*w, "the last stage's answer has no logits row for this request");
       }
     }
     if (!deferred.empty() && !fill()) deferred.clear();  // failed: those requests got on_error
     for (const Deferred& d : deferred) {
-      if (!d.seq->done) emit_token(*d.seq, d.id, out.row_logits(d.row));
+      if (d.seq->done) continue;
+      try {
+        emit_token(*d.seq, d.id, out.row_logits(d.row));
+      } catch (const std::exception& e) {
+        fail(*d.seq, std::string("emitting a token failed: ") + e.what());
+      }
     }
     {
       std::lock_guard lock(mutex_);

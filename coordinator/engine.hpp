@@ -17,6 +17,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -56,7 +57,7 @@ struct Usage {
 
 struct OnlineRequest {
   std::vector<int32_t> prompt;
-  int max_tokens = 128;
+  int max_tokens = 128;           // < 0: no limit (the context); 0: evaluate the prompt only (KV kept for reuse)
   sample::SamplingParams sampling;
   std::vector<std::string> stop;  // stop strings
   bool ignore_eos = false;
@@ -106,6 +107,15 @@ struct EngineMetrics {
   PipelineTimings timings;         // per stage compute/queue/transfer times (Pipeline::timings)
 };
 
+// Engine::submit refused a request because max_queued requests wait already.
+class QueueFull : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// The message of a prompt that does not fit the context (llama-server's words).
+std::string exceeds_context_message(size_t n_tokens, int64_t ctx);
+
 class Engine {
  public:
   class Handle {
@@ -121,15 +131,25 @@ class Engine {
     int32_t id_ = 0;
   };
 
-  Engine(Pipeline& pipeline, const tokenizer::Tokenizer& tok, SchedulerOptions options);
+  // max_queued: requests that may wait for a place in the batch (0: no limit).
+  Engine(Pipeline& pipeline, const tokenizer::Tokenizer& tok, SchedulerOptions options, size_t max_queued = 0);
   ~Engine();  // stops the loop; pending requests get on_error
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
 
-  // Thread-safe. Throws std::invalid_argument for an empty prompt or one that does not
-  // fit the context.
+  // Thread-safe. Throws std::invalid_argument for an empty prompt, a token id outside
+  // the vocabulary or a prompt that does not fit the context; QueueFull when
+  // max_queued requests wait already. Anything that fails later (building its sampler,
+  // sampling, a logits row that does not fit, an allocation, a step a stage refused)
+  // fails this request alone: on_error, its sequence closed; the others go on.
   Handle submit(OnlineRequest request, Callbacks callbacks);
   void stop();
+  // Thread-safe: "stage I (NAME)" of the first stage found lost, empty while all are up.
+  // The engine looks while idle too (every idle_check_ms), and tries to get a lost
+  // stage back then (every rejoin_interval_ms).
+  std::string lost_stage() const;
+  static constexpr int idle_check_ms = 500;
+  static constexpr int rejoin_interval_ms = 2000;
 
   std::vector<SlotInfo> slots() const;
   EngineMetrics metrics() const;
@@ -149,6 +169,11 @@ class Engine {
   void evict_kept();
   void close_sequence(int32_t kv_id);
   void finish(Seq& s, const std::string& reason);
+  // Fails one request (on_error); its sequence is closed once no step holds its tokens.
+  void fail(Seq& s, const std::string& message);
+  // Publishes which stage is lost; while idle, forgets the kept sequences when one is
+  // (it comes back without their KV) and tries to get it back.
+  void check_stages(bool idle);
   // A finished sequence's KV: kept for prefix reuse or closed on the stages, once no
   // step holding its tokens is in flight.
   void release_kv(Seq& s);
@@ -162,6 +187,7 @@ class Engine {
   Pipeline& pipeline_;
   const tokenizer::Tokenizer& tok_;
   SchedulerOptions options_;
+  size_t max_queued_ = 0;
 
   mutable std::mutex mutex_;
   std::condition_variable cv_;
@@ -171,12 +197,14 @@ class Engine {
   int32_t next_id_ = 1;
   std::vector<SlotInfo> slots_;
   EngineMetrics metrics_;
+  std::string lost_stage_;
 
   // Engine thread only.
   std::vector<std::unique_ptr<Seq>> active_;
   std::vector<Kept> kept_;
   int32_t next_kv_id_ = 1;
   uint64_t use_tick_ = 0;
+  std::chrono::steady_clock::time_point last_rejoin_{};
   std::thread thread_;
 };
 

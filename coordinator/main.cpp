@@ -12,6 +12,7 @@
 
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <iostream>
 
@@ -74,8 +75,43 @@ int main(int argc, char** argv) {
   app.add_option("--cache-tokens", sched.cache_tokens, "HTTP API: KV positions the kept sequences may hold (0: no limit)")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--chat-template", chat_template, "HTTP API: chat format name (default: from the model)");
+  // HTTP API limits and access.
+  std::string api_key_file;
+  size_t max_queue = 256;
+  app.add_option("--api-key-file", api_key_file, "HTTP API: read the API key from this file (its first line)");
+  app.add_option("--cors", http.cors_origin, "HTTP API: allow browser requests from ORIGIN (\"*\": any); default: none");
+  app.add_option("--max-connections", http.max_connections, "HTTP API: open connections; one more gets 503")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--max-queue", max_queue, "HTTP API: requests waiting for a place in the batch; more get 503 (0: no limit)");
+  app.add_option("--body-limit", http.body_limit, "HTTP API: bytes of a request body (413 beyond)")->check(CLI::PositiveNumber);
+  app.add_option("--header-limit", http.header_limit, "HTTP API: bytes of a request header (431 beyond)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--write-timeout", http.write_timeout_s,
+                 "HTTP API: seconds a client may take no reply data before it is dropped (its request cancelled)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--max-stop-strings", http.max_stop_strings, "HTTP API: stop strings per request");
+  app.add_option("--max-stop-length", http.max_stop_length, "HTTP API: bytes of each stop string");
   CLI11_PARSE(app, argc, argv);
   const bool serving = port_opt->count() > 0;
+  // The API key, kept off the command line: --api-key-file, else PICO_API_KEY.
+  if (!api_key_file.empty()) {
+    if (!http.api_key.empty()) {
+      spdlog::error("give --api-key or --api-key-file, not both");
+      return 1;
+    }
+    std::ifstream in(api_key_file);
+    if (!in || !std::getline(in, http.api_key)) {
+      spdlog::error("cannot read the API key from {}", api_key_file);
+      return 1;
+    }
+    while (!http.api_key.empty() && (http.api_key.back() == '\r' || http.api_key.back() == ' ')) http.api_key.pop_back();
+    if (http.api_key.empty()) {
+      spdlog::error("{} holds no API key on its first line", api_key_file);
+      return 1;
+    }
+  } else if (http.api_key.empty()) {
+    if (const char* env = std::getenv("PICO_API_KEY"); env && *env) http.api_key = env;
+  }
 
   try {
     std::vector<WorkerEntry> workers;
@@ -136,7 +172,7 @@ int main(int argc, char** argv) {
       sched.max_sequences = parallel > 0 ? parallel : 32;
       sched.cache_sequences = cache_slots >= 0 ? cache_slots : sched.max_sequences;
       sched.stage_stats = true;
-      Engine engine(pipeline, *tok, sched);
+      Engine engine(pipeline, *tok, sched, max_queue);
       serve_http(engine, *tok, chat, http);
       return 0;
     }

@@ -78,6 +78,21 @@ uint64_t Pipeline::submit(std::span<const model::BatchToken> batch, std::span<co
   if (chain_running()) throw std::logic_error("a step submitted while a greedy chain runs");
   // A stage lost since the last step (even while idle) gets its chance to rejoin first:
   // a worker restarted while nothing ran serves the next request.
+  rejoin_lost();
+  const uint64_t step = next_step_++;
+  const ChainGrant grant = chains_possible_ ? chain : ChainGrant{};
+  next_step_ += grant.steps;  // the ids of the steps the last stage may start
+  try {
+    stages_.front()->submit(step, batch, outputs, grant);
+  } catch (const StageError&) {
+    inflight_.clear();
+    throw;
+  }
+  inflight_.push_back({step, batch.size(), grant.steps, false});
+  return step;
+}
+
+void Pipeline::rejoin_lost() {
   bool rejoined = false;
   for (auto& s : stages_) {
     if (s->up()) continue;
@@ -94,17 +109,13 @@ uint64_t Pipeline::submit(std::span<const model::BatchToken> batch, std::span<co
     inflight_.clear();
     plan_all();
   }
-  const uint64_t step = next_step_++;
-  const ChainGrant grant = chains_possible_ ? chain : ChainGrant{};
-  next_step_ += grant.steps;  // the ids of the steps the last stage may start
-  try {
-    stages_.front()->submit(step, batch, outputs, grant);
-  } catch (const StageError&) {
-    inflight_.clear();
-    throw;
+}
+
+std::string Pipeline::lost_stage() {
+  for (auto& s : stages_) {
+    if (!s->up()) return s->info().name;
   }
-  inflight_.push_back({step, batch.size(), grant.steps, false});
-  return step;
+  return {};
 }
 
 StepOutput Pipeline::wait(int timeout_ms) {
@@ -140,13 +151,20 @@ StepOutput Pipeline::wait(int timeout_ms) {
           return std::move(*out);
         }
       } catch (const StageError& e) {
-        if (e.step() != 0 && !current(e.step())) continue;  // about an abandoned step
-        throw;
+        if (e.step() == 0) throw;
+        if (!current(e.step())) continue;  // about an abandoned step
+        // A stage that answered about one step is alive; a step refused because a stage
+        // further down is gone (unavailable) shows as that stage being lost.
+        if (!lost_stage().empty()) throw;
+        std::erase_if(inflight_, [&](const Inflight& f) { return f.step == e.step(); });
+        throw StepRefused(e);
       }
       if (std::chrono::steady_clock::now() >= deadline) {
         throw StageError("no logits within " + std::to_string(timeout_ms) + " ms");
       }
     }
+  } catch (const StepRefused&) {
+    throw;
   } catch (const StageError&) {
     inflight_.clear();
     throw;

@@ -29,6 +29,16 @@ struct PipelineTimings {
   uint64_t chained_steps = 0;          // finished steps the last stage had started itself
 };
 
+// A step that one stage refused or answered with something that does not fit it (an
+// error reply naming the step, e.g. a worker's limit or badRequest; logits without
+// their rows) while every stage is still up: only that step is gone, the other steps
+// in flight go on. Any other StageError from wait() (a lost stage, a timeout, an error
+// about no step) abandons every step in flight.
+class StepRefused : public StageError {
+ public:
+  explicit StepRefused(const StageError& e) : StageError(e.what(), e.step()) {}
+};
+
 class Pipeline {
  public:
   // Throws StageError when the stages do not form the model `expected` with n_layer
@@ -46,10 +56,18 @@ class Pipeline {
   uint64_t submit(std::span<const model::BatchToken> batch, std::span<const protocol::LogitsOutput> outputs = {},
                   const ChainGrant& chain = {});
   // The next finished step (steps finish in the order submitted; a chained one right
-  // after the step it follows, which says so: StepOutput::chained). Throws StageError
-  // on an error from any stage, a lost stage, or no answer within timeout_ms; the
-  // steps in flight are then abandoned (their late answers are dropped).
+  // after the step it follows, which says so: StepOutput::chained). Throws StepRefused
+  // when a stage that is still up refused one step in flight (only that one is dropped;
+  // StepRefused::step() names it); StageError on any other error, a lost stage, or no
+  // answer within timeout_ms: the steps in flight are then abandoned (their late
+  // answers are dropped).
   StepOutput wait(int timeout_ms);
+  // Tries to get every lost stage back (RemoteStage::rejoin) and, when one came back,
+  // plans every stage again; submit() does this first. Throws StageError naming a stage
+  // that is still lost. Only while no step is in flight.
+  void rejoin_lost();
+  // The first stage that is not up (its name), or empty when all are.
+  std::string lost_stage();
   // Every stage is remote, so the last can send chained steps to the first.
   bool chains_possible() const { return chains_possible_; }
   // A chained step is in flight or may still be started: no other step may be

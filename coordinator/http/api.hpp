@@ -18,8 +18,11 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "engine.hpp"
+#include "http/request_parsing.hpp"
 #include "http/server.hpp"
 #include "tokenizer/chat_template.hpp"
 
@@ -34,24 +37,18 @@ template <class T>
 using awaitable = asio::awaitable<T>;
 using HttpRequest = http::request<http::string_body>;
 
-// A request the API refuses: status and an OpenAI-style error object.
-class ApiError : public std::runtime_error {
- public:
-  ApiError(int status_, std::string message, std::string type_ = "invalid_request_error", std::string code_ = {})
-      : std::runtime_error(std::move(message)), status(status_), type(std::move(type_)), code(std::move(code_)) {}
-  int status;
-  std::string type, code;
-};
-
-json error_body(int status, const std::string& message, const std::string& type, const std::string& code);
+json error_body(int status, const std::string& message, const std::string& type, const std::string& code,
+               const std::string& param = {});
 
 struct ServerState {
   Engine& engine;
   const tokenizer::Tokenizer& tok;
   tokenizer::ChatTemplate chat;
   ServerOptions options;
+  ParseContext parse;
   std::chrono::system_clock::time_point started = std::chrono::system_clock::now();
   std::atomic<uint64_t> http_requests{0};
+  std::atomic<int> connections{0};
 };
 
 // One HTTP exchange on a connection.
@@ -63,6 +60,7 @@ class Session {
   tcp::socket& socket;
   const HttpRequest& request;
   bool keep_alive = true;
+  std::vector<std::pair<http::field, std::string>> extra_headers;  // on the next reply (e.g. Retry-After)
 
   awaitable<void> reply(int status, const json& body);
   awaitable<void> reply_text(int status, const std::string& content_type, std::string body);
@@ -89,8 +87,8 @@ class Generation {
     std::string reason;  // Done: finish reason; Error: message
     Usage usage;
   };
-  // Throws ApiError (400) when the engine refuses the request. executor: the
-  // connection's strand.
+  // Throws ApiError when the engine refuses the request (400; 503 when its queue is
+  // full). executor: the connection's strand.
   Generation(Engine& engine, const asio::any_io_executor& executor, tcp::socket& socket,
              std::vector<OnlineRequest> choices);
   Generation(Engine& engine, const asio::any_io_executor& executor, tcp::socket& socket, OnlineRequest request);
@@ -120,18 +118,8 @@ class Generation {
   std::vector<bool> finished_;
 };
 
-// Request-body helpers: typed optional fields (ApiError 400 on a wrong type).
+// The request's body as a JSON object (ApiError 400 otherwise).
 json parse_body(const HttpRequest& request);
-std::optional<double> opt_number(const json& body, const char* key);
-std::optional<int64_t> opt_int(const json& body, const char* key);
-std::optional<bool> opt_bool(const json& body, const char* key);
-std::optional<std::string> opt_string(const json& body, const char* key);
-// Sampling fields shared by all generation endpoints (temperature, top_p, top_k, min_p,
-// penalties, seed, stop, max_tokens/max_completion_tokens/n_predict).
-void parse_generation(const json& body, OnlineRequest& request);
-// A prompt: text (tokenized with BOS and specials) or a list of token ids.
-std::vector<int32_t> parse_prompt(const ServerState& state, const json& prompt);
-void check_model(const ServerState& state, const json& body);
 std::string random_id(const std::string& prefix);
 int64_t unix_time();
 

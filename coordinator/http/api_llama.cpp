@@ -45,24 +45,35 @@ json settings_json(const ServerState& state, const OnlineRequest* r) {
           {"cache_prompt", r ? r->cache_prompt : true}};
 }
 
+// llama-server's completion_probabilities entry of one token (post_sampling_probs
+// false: log-probabilities of the raw logits).
+json token_probs(const tokenizer::Tokenizer& tok, const TokenEvent& ev) {
+  auto bytes = [](const std::string& text) {
+    json b = json::array();
+    for (unsigned char c : text) b.push_back(static_cast<int>(c));
+    return b;
+  };
+  json top = json::array();
+  for (const auto& t : ev.top) {
+    const std::string piece = tok.piece(t.id);
+    top.push_back({{"id", t.id}, {"token", piece}, {"bytes", bytes(piece)}, {"logprob", t.logprob}});
+  }
+  const std::string piece = tok.piece(ev.id);
+  return {{"id", ev.id}, {"token", piece}, {"bytes", bytes(piece)}, {"logprob", ev.logprob}, {"top_logprobs", top}};
+}
+
 }  // namespace
 
 awaitable<void> llama_completion(Session& s) {
   const json body = parse_body(s.request);
-  auto it = body.find("prompt");
-  if (it == body.end() || it->is_null()) throw ApiError(400, "'prompt' is required");
-  OnlineRequest req;
-  req.max_tokens = -1;  // llama.cpp's n_predict default: until end of generation or the context
-  parse_generation(body, req);
-  req.prompt = parse_prompt(s.state, *it);
-  const bool stream = opt_bool(body, "stream").value_or(false);
-  const json settings = settings_json(s.state, &req);
-  const int n_probs = static_cast<int>(opt_int(body, "n_probs").value_or(0));
-  if (n_probs > 0) req.logprobs = std::min(n_probs, 20);
+  ParsedGeneration parsed = parse_generation_request(s.state.parse, Endpoint::LlamaCompletion, body);
+  const bool stream = parsed.stream;
+  const int n_probs = parsed.n_probs;
+  const json settings = settings_json(s.state, &parsed.choices.front());
 
-  Generation gen(s.state.engine, co_await asio::this_coro::executor, s.socket, std::move(req));
+  Generation gen(s.state.engine, co_await asio::this_coro::executor, s.socket, std::move(parsed.choices));
   std::string text;
-  json tokens = json::array();
+  json tokens = json::array(), probs = json::array();
   if (stream && !co_await s.stream_begin()) {
     gen.cancel();
     co_return;
@@ -94,6 +105,7 @@ awaitable<void> llama_completion(Session& s) {
                   {"stop_type", stop_type},
                   {"truncated", false},
                   {"timings", timings_json(ev.usage)}};
+      if (n_probs > 0 && !stream) out["completion_probabilities"] = probs;
       if (!stream) {
         co_await s.reply(200, out);
       } else {
@@ -105,9 +117,12 @@ awaitable<void> llama_completion(Session& s) {
     }
     text += ev.token.text;
     if (ev.token.id >= 0) tokens.push_back(ev.token.id);
-    if (stream && !ev.token.text.empty()) {
+    const bool with_probs = n_probs > 0 && ev.token.id >= 0;
+    if (with_probs && !stream) probs.push_back(token_probs(s.state.tok, ev.token));
+    if (stream && (!ev.token.text.empty() || with_probs)) {
       json c = {{"content", ev.token.text}, {"tokens", ev.token.id >= 0 ? json::array({ev.token.id}) : json::array()},
                 {"stop", false}, {"id_slot", 0}};
+      if (with_probs) c["completion_probabilities"] = json::array({token_probs(s.state.tok, ev.token)});
       const std::string text_c = c.dump(-1, ' ', false, json::error_handler_t::replace);
       if (!co_await s.stream_data(text_c)) {
         gen.cancel();
@@ -119,16 +134,11 @@ awaitable<void> llama_completion(Session& s) {
 }
 
 awaitable<void> tokenize(Session& s) {
-  const json body = parse_body(s.request);
-  auto content = opt_string(body, "content");
-  if (!content) throw ApiError(400, "'content' (a string) is required");
-  const bool add_special = opt_bool(body, "add_special").value_or(false);
-  const bool parse_special = opt_bool(body, "parse_special").value_or(true);
-  const bool with_pieces = opt_bool(body, "with_pieces").value_or(false);
-  const auto ids = s.state.tok.encode(*content, add_special, parse_special);
+  const TokenizeRequest r = parse_tokenize_request(parse_body(s.request));
+  const auto ids = s.state.tok.encode(r.content, r.add_special, r.parse_special);
   json tokens = json::array();
   for (int32_t id : ids) {
-    if (with_pieces) {
+    if (r.with_pieces) {
       tokens.push_back({{"id", id}, {"piece", s.state.tok.piece(id, true)}});
     } else {
       tokens.push_back(id);
@@ -139,23 +149,16 @@ awaitable<void> tokenize(Session& s) {
 }
 
 awaitable<void> detokenize(Session& s) {
-  const json body = parse_body(s.request);
-  auto it = body.find("tokens");
-  if (it == body.end() || !it->is_array()) throw ApiError(400, "'tokens' (a list of token ids) is required");
-  std::vector<int32_t> ids;
-  for (const auto& t : *it) {
-    if (!t.is_number_integer()) throw ApiError(400, "'tokens' must hold integers");
-    const int64_t id = t.get<int64_t>();
-    if (id < 0 || static_cast<size_t>(id) >= s.state.tok.vocab_size()) {
-      throw ApiError(400, "token id " + std::to_string(id) + " is out of the vocabulary");
-    }
-    ids.push_back(static_cast<int32_t>(id));
-  }
+  const auto ids = parse_detokenize_request(s.state.parse, parse_body(s.request));
   const json out = {{"content", s.state.tok.decode(ids)}};
   co_await s.reply(200, out);
 }
 
 awaitable<void> health(Session& s) {
+  const std::string lost = s.state.engine.lost_stage();
+  if (!lost.empty()) {
+    throw ApiError(503, lost + " is lost; waiting for it to rejoin", "unavailable_error", "stage_lost");
+  }
   const json out = {{"status", "ok"}};
   co_await s.reply(200, out);
 }

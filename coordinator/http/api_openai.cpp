@@ -56,8 +56,6 @@ json usage_json(const std::vector<Usage>& choices) {
 
 std::string finish_reason(const std::string& reason) { return reason == "length" ? "length" : "stop"; }
 
-constexpr int64_t kMaxChoices = 16;
-
 // What one choice has produced so far.
 struct Choice {
   std::string text;
@@ -68,26 +66,10 @@ struct Choice {
   bool done = false;
 };
 
-awaitable<void> generate(Session& s, const json& body, OnlineRequest req, bool chat) {
-  const bool stream = opt_bool(body, "stream").value_or(false);
-  bool include_usage = false;
-  if (auto it = body.find("stream_options"); it != body.end() && !it->is_null()) {
-    if (!it->is_object()) throw ApiError(400, "'stream_options' must be an object");
-    include_usage = opt_bool(*it, "include_usage").value_or(false);
-  }
-  const int64_t n = opt_int(body, "n").value_or(1);
-  if (n < 1 || n > kMaxChoices) throw ApiError(400, "'n' must be between 1 and " + std::to_string(kMaxChoices));
-  bool want_logprobs = false;
-  if (chat) {
-    want_logprobs = opt_bool(body, "logprobs").value_or(false);
-    const auto top = opt_int(body, "top_logprobs");
-    if (top && (*top < 0 || *top > 20)) throw ApiError(400, "'top_logprobs' must be between 0 and 20");
-    if (want_logprobs) req.logprobs = static_cast<int>(top.value_or(0));
-  } else if (auto lp = opt_int(body, "logprobs")) {
-    if (*lp < 0 || *lp > 20) throw ApiError(400, "'logprobs' must be between 0 and 20");
-    want_logprobs = true;
-    req.logprobs = static_cast<int>(*lp);
-  }
+awaitable<void> generate(Session& s, ParsedGeneration parsed, bool chat) {
+  const bool stream = parsed.stream;
+  const bool include_usage = parsed.include_usage;
+  const bool want_logprobs = parsed.logprobs;
 
   const std::string id = random_id(chat ? "chatcmpl-" : "cmpl-");
   const int64_t created = unix_time();
@@ -98,13 +80,7 @@ awaitable<void> generate(Session& s, const json& body, OnlineRequest req, bool c
     return json{{"id", id}, {"object", object}, {"created", created}, {"model", model}, {"choices", json::array({choice})}};
   };
 
-  // One sequence per choice; with a seed, choice i samples with seed + i so that the
-  // choices differ and each is reproducible.
-  std::vector<OnlineRequest> requests(static_cast<size_t>(n), req);
-  if (req.sampling.seed != sample::SamplingParams::kRandomSeed) {
-    for (size_t i = 0; i < requests.size(); ++i) requests[i].sampling.seed = req.sampling.seed + static_cast<uint32_t>(i);
-  }
-  Generation gen(s.state.engine, co_await asio::this_coro::executor, s.socket, std::move(requests));
+  Generation gen(s.state.engine, co_await asio::this_coro::executor, s.socket, std::move(parsed.choices));
   std::vector<Choice> choices(gen.size());
   size_t remaining = choices.size();
 
@@ -219,55 +195,14 @@ awaitable<void> generate(Session& s, const json& body, OnlineRequest req, bool c
   co_await s.stream_end();
 }
 
-std::string message_content(const json& m) {
-  auto it = m.find("content");
-  if (it == m.end() || it->is_null()) return {};
-  if (it->is_string()) return it->get<std::string>();
-  if (it->is_array()) {
-    std::string text;
-    for (const auto& part : *it) {
-      if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") || !part["text"].is_string()) {
-        throw ApiError(400, "only text content parts are supported");
-      }
-      text += part["text"].get<std::string>();
-    }
-    return text;
-  }
-  throw ApiError(400, "'content' must be a string or a list of text parts");
-}
-
 }  // namespace
 
 awaitable<void> chat_completions(Session& s) {
-  const json body = parse_body(s.request);
-  check_model(s.state, body);
-  auto it = body.find("messages");
-  if (it == body.end() || !it->is_array() || it->empty()) throw ApiError(400, "'messages' must be a non-empty list");
-  std::vector<tokenizer::ChatMessage> messages;
-  for (const auto& m : *it) {
-    if (!m.is_object()) throw ApiError(400, "each message must be an object");
-    auto role = opt_string(m, "role");
-    if (!role) throw ApiError(400, "each message needs a 'role'");
-    messages.push_back({*role, message_content(m)});
-  }
-  OnlineRequest req;
-  req.max_tokens = -1;  // OpenAI's default for chat: until the end of generation or the context
-  parse_generation(body, req);
-  req.prompt = s.state.tok.encode(s.state.chat.apply(messages, true), true, true);
-  co_await generate(s, body, std::move(req), true);
+  co_await generate(s, parse_generation_request(s.state.parse, Endpoint::ChatCompletions, parse_body(s.request)), true);
 }
 
 awaitable<void> completions(Session& s) {
-  const json body = parse_body(s.request);
-  check_model(s.state, body);
-  auto it = body.find("prompt");
-  if (it == body.end() || it->is_null()) throw ApiError(400, "'prompt' is required");
-  if (it->is_array() && it->size() > 1 && (*it)[0].is_string()) throw ApiError(400, "only one prompt per request");
-  OnlineRequest req;
-  req.max_tokens = 16;  // OpenAI's default for completions
-  parse_generation(body, req);
-  req.prompt = parse_prompt(s.state, *it);
-  co_await generate(s, body, std::move(req), false);
+  co_await generate(s, parse_generation_request(s.state.parse, Endpoint::Completions, parse_body(s.request)), false);
 }
 
 awaitable<void> models(Session& s) {

@@ -22,10 +22,53 @@ namespace http_api {
 
 using asio::use_awaitable;
 
-json error_body(int status, const std::string& message, const std::string& type, const std::string& code) {
+json error_body(int status, const std::string& message, const std::string& type, const std::string& code,
+               const std::string& param) {
   json err = {{"message", message}, {"type", type}, {"code", code.empty() ? json(status) : json(code)}};
+  if (!param.empty()) err["param"] = param;
   return {{"error", err}};
 }
+
+namespace {
+
+// Closes the socket when a write has not finished within the deadline (a client that
+// stopped reading): the write then fails and the request is cancelled. On the
+// connection's strand, as the socket's other operations.
+class WriteDeadline {
+ public:
+  WriteDeadline(const asio::any_io_executor& strand, tcp::socket& socket, int seconds)
+      : timer_(strand), armed_(std::make_shared<bool>(true)) {
+    timer_.expires_after(std::chrono::seconds(seconds));
+    timer_.async_wait([&socket, armed = armed_](const beast::error_code& ec) {
+      if (ec || !*armed) return;
+      spdlog::warn("dropping a client that takes no reply data");
+      beast::error_code ignored;
+      socket.close(ignored);
+    });
+  }
+  ~WriteDeadline() {
+    *armed_ = false;
+    timer_.cancel();
+  }
+  WriteDeadline(const WriteDeadline&) = delete;
+  WriteDeadline& operator=(const WriteDeadline&) = delete;
+
+ private:
+  asio::steady_timer timer_;
+  std::shared_ptr<bool> armed_;
+};
+
+// The headers every reply carries.
+template <class Response>
+void common_headers(const ServerOptions& options, Response& res) {
+  res.set(http::field::server, "pico");
+  if (!options.cors_origin.empty()) {
+    res.set(http::field::access_control_allow_origin, options.cors_origin);
+    res.set(http::field::vary, "Origin");
+  }
+}
+
+}  // namespace
 
 // ---- Session ----
 
@@ -35,28 +78,33 @@ awaitable<void> Session::reply(int status, const json& body) {
 
 awaitable<void> Session::reply_text(int status, const std::string& content_type, std::string body) {
   http::response<http::string_body> res{static_cast<http::status>(status), request.version()};
-  res.set(http::field::server, "pico");
-  res.set(http::field::content_type, content_type);
-  res.set(http::field::access_control_allow_origin, "*");
+  common_headers(state.options, res);
+  if (!content_type.empty()) res.set(http::field::content_type, content_type);
+  for (const auto& [name, value] : extra_headers) res.set(name, value);
   res.keep_alive(keep_alive);
   res.body() = std::move(body);
   res.prepare_payload();
   beast::error_code ec;
-  co_await http::async_write(socket, res, asio::redirect_error(use_awaitable, ec));
+  {
+    WriteDeadline deadline(co_await asio::this_coro::executor, socket, state.options.write_timeout_s);
+    co_await http::async_write(socket, res, asio::redirect_error(use_awaitable, ec));
+  }
   if (ec) keep_alive = false;
 }
 
 awaitable<bool> Session::stream_begin() {
   http::response<http::empty_body> res{http::status::ok, request.version()};
-  res.set(http::field::server, "pico");
+  common_headers(state.options, res);
   res.set(http::field::content_type, "text/event-stream");
   res.set(http::field::cache_control, "no-cache");
-  res.set(http::field::access_control_allow_origin, "*");
   res.keep_alive(keep_alive);
   res.chunked(true);
   http::response_serializer<http::empty_body> sr{res};
   beast::error_code ec;
-  co_await http::async_write_header(socket, sr, asio::redirect_error(use_awaitable, ec));
+  {
+    WriteDeadline deadline(co_await asio::this_coro::executor, socket, state.options.write_timeout_s);
+    co_await http::async_write_header(socket, sr, asio::redirect_error(use_awaitable, ec));
+  }
   streaming_ = true;
   broken_ = static_cast<bool>(ec);
   co_return !broken_;
@@ -66,7 +114,10 @@ awaitable<bool> Session::stream_data(const std::string& data) {
   if (broken_) co_return false;
   const std::string event = "data: " + data + "\n\n";
   beast::error_code ec;
-  co_await asio::async_write(socket, http::make_chunk(asio::buffer(event)), asio::redirect_error(use_awaitable, ec));
+  {
+    WriteDeadline deadline(co_await asio::this_coro::executor, socket, state.options.write_timeout_s);
+    co_await asio::async_write(socket, http::make_chunk(asio::buffer(event)), asio::redirect_error(use_awaitable, ec));
+  }
   broken_ = static_cast<bool>(ec);
   co_return !broken_;
 }
@@ -77,7 +128,10 @@ awaitable<void> Session::stream_end() {
     co_return;
   }
   beast::error_code ec;
-  co_await asio::async_write(socket, http::make_chunk_last(), asio::redirect_error(use_awaitable, ec));
+  {
+    WriteDeadline deadline(co_await asio::this_coro::executor, socket, state.options.write_timeout_s);
+    co_await asio::async_write(socket, http::make_chunk_last(), asio::redirect_error(use_awaitable, ec));
+  }
   if (ec) keep_alive = false;
 }
 
@@ -106,10 +160,14 @@ Generation::Generation(Engine& engine, const asio::any_io_executor& executor, tc
     try {
       handles_.push_back(engine.submit(std::move(choices[i]), std::move(cb)));
       finished_.push_back(false);
+    } catch (const QueueFull& e) {
+      cancel();
+      throw ApiError(503, e.what(), "unavailable_error", "queue_full");
     } catch (const std::invalid_argument& e) {
       cancel();
       const bool too_long = std::string_view(e.what()).find("context") != std::string_view::npos;
-      throw ApiError(400, e.what(), "invalid_request_error", too_long ? "context_length_exceeded" : "invalid_prompt");
+      throw ApiError(400, e.what(), too_long ? "exceed_context_size_error" : "invalid_request_error",
+                     too_long ? "" : "invalid_prompt");
     }
   }
   watch(socket_, channel_, handles_);
@@ -174,117 +232,7 @@ awaitable<Generation::Event> Generation::next() {
 
 // ---- request helpers ----
 
-json parse_body(const HttpRequest& request) {
-  json body = json::parse(request.body(), nullptr, false);
-  if (body.is_discarded()) throw ApiError(400, "the request body is not valid JSON");
-  if (!body.is_object()) throw ApiError(400, "the request body must be a JSON object");
-  return body;
-}
-
-namespace {
-const json* field(const json& body, const char* key) {
-  auto it = body.find(key);
-  return it == body.end() || it->is_null() ? nullptr : &*it;
-}
-}  // namespace
-
-std::optional<double> opt_number(const json& body, const char* key) {
-  const json* v = field(body, key);
-  if (!v) return std::nullopt;
-  if (!v->is_number()) throw ApiError(400, std::string("'") + key + "' must be a number");
-  return v->get<double>();
-}
-
-std::optional<int64_t> opt_int(const json& body, const char* key) {
-  const json* v = field(body, key);
-  if (!v) return std::nullopt;
-  if (!v->is_number_integer()) throw ApiError(400, std::string("'") + key + "' must be an integer");
-  return v->get<int64_t>();
-}
-
-std::optional<bool> opt_bool(const json& body, const char* key) {
-  const json* v = field(body, key);
-  if (!v) return std::nullopt;
-  if (!v->is_boolean()) throw ApiError(400, std::string("'") + key + "' must be a boolean");
-  return v->get<bool>();
-}
-
-std::optional<std::string> opt_string(const json& body, const char* key) {
-  const json* v = field(body, key);
-  if (!v) return std::nullopt;
-  if (!v->is_string()) throw ApiError(400, std::string("'") + key + "' must be a string");
-  return v->get<std::string>();
-}
-
-void parse_generation(const json& body, OnlineRequest& r) {
-  auto& sp = r.sampling;
-  if (auto v = opt_number(body, "temperature")) {
-    if (*v < 0 || *v > 100) throw ApiError(400, "'temperature' must be between 0 and 100");
-    sp.temperature = static_cast<float>(*v);
-  }
-  if (auto v = opt_number(body, "top_p")) sp.top_p = static_cast<float>(*v);
-  if (auto v = opt_int(body, "top_k")) sp.top_k = static_cast<int32_t>(std::clamp<int64_t>(*v, -1, 1 << 30));
-  if (auto v = opt_number(body, "min_p")) sp.min_p = static_cast<float>(*v);
-  if (auto v = opt_number(body, "typical_p")) sp.typical_p = static_cast<float>(*v);
-  if (auto v = opt_number(body, "presence_penalty")) sp.presence_penalty = static_cast<float>(*v);
-  if (auto v = opt_number(body, "frequency_penalty")) sp.frequency_penalty = static_cast<float>(*v);
-  if (auto v = opt_number(body, "repeat_penalty")) sp.repeat_penalty = static_cast<float>(*v);
-  if (auto v = opt_int(body, "repeat_last_n")) {
-    sp.penalty_last_n = static_cast<int32_t>(std::clamp<int64_t>(*v, -1, 1 << 30));
-  }
-  if (auto v = opt_int(body, "seed")) {
-    if (*v >= 0) sp.seed = static_cast<uint32_t>(*v);
-  }
-  for (const char* key : {"max_tokens", "max_completion_tokens", "n_predict"}) {
-    if (auto v = opt_int(body, key)) {
-      if (*v < -1 || (*v == 0 && std::string(key) != "n_predict")) {
-        throw ApiError(400, std::string("'") + key + "' must be a positive integer");
-      }
-      r.max_tokens = static_cast<int>(std::min<int64_t>(*v, std::numeric_limits<int32_t>::max()));
-    }
-  }
-  if (auto v = opt_bool(body, "ignore_eos")) r.ignore_eos = *v;
-  if (auto v = opt_bool(body, "cache_prompt")) r.cache_prompt = *v;
-  if (const json* stop = field(body, "stop")) {
-    if (stop->is_string()) {
-      r.stop.push_back(stop->get<std::string>());
-    } else if (stop->is_array()) {
-      for (const auto& s : *stop) {
-        if (!s.is_string()) throw ApiError(400, "'stop' must be a string or a list of strings");
-        r.stop.push_back(s.get<std::string>());
-      }
-    } else {
-      throw ApiError(400, "'stop' must be a string or a list of strings");
-    }
-  }
-}
-
-std::vector<int32_t> parse_prompt(const ServerState& state, const json& prompt) {
-  const json* p = &prompt;
-  if (p->is_array() && p->size() == 1 && (*p)[0].is_string()) p = &(*p)[0];
-  if (p->is_string()) return state.tok.encode(p->get<std::string>(), true, true);
-  if (p->is_array() && !p->empty()) {
-    std::vector<int32_t> ids;
-    for (const auto& t : *p) {
-      if (!t.is_number_integer()) throw ApiError(400, "'prompt' must be a string or a list of token ids");
-      const int64_t id = t.get<int64_t>();
-      if (id < 0 || id > std::numeric_limits<int32_t>::max()) {
-        throw ApiError(400, "token id " + std::to_string(id) + " is out of the vocabulary", "invalid_request_error",
-                       "invalid_prompt");
-      }
-      ids.push_back(static_cast<int32_t>(id));
-    }
-    return ids;
-  }
-  throw ApiError(400, "'prompt' must be a non-empty string or a list of token ids");
-}
-
-void check_model(const ServerState& state, const json& body) {
-  auto name = opt_string(body, "model");
-  if (!name || name->empty()) return;
-  if (*name == state.options.model_name || *name == state.options.model_path) return;
-  throw ApiError(404, "the model '" + *name + "' does not exist", "invalid_request_error", "model_not_found");
-}
+json parse_body(const HttpRequest& request) { return parse_json_body(request.body()); }
 
 std::string random_id(const std::string& prefix) {
   static thread_local std::mt19937_64 rng{std::random_device{}()};
@@ -328,11 +276,35 @@ const Route kRoutes[] = {
     {"/metrics", http::verb::get, metrics},
 };
 
+
+// Constant time in the key's bytes: how much of a wrong key matches never shows.
+bool same_secret(std::string_view given, std::string_view expected) {
+  unsigned char diff = given.size() == expected.size() ? 0 : 1;
+  for (size_t i = 0; i < expected.size(); ++i) {
+    diff |= static_cast<unsigned char>(expected[i] ^ (i < given.size() ? given[i] : 0));
+  }
+  return diff == 0;
+}
+
+std::string_view view(beast::string_view s) { return {s.data(), s.size()}; }
+
+std::string path_of(beast::string_view target) {
+  const std::string_view t = view(target);
+  return std::string(t.substr(0, t.find('?')));
+}
+
+bool authorized(const ServerState& state, const HttpRequest& request) {
+  const auto& key = state.options.api_key;
+  const std::string path = path_of(request.target());
+  if (key.empty() || path == "/health" || path == "/v1/health") return true;
+  if (request.method() == http::verb::options && !state.options.cors_origin.empty()) return true;  // preflight
+  return same_secret(view(request[http::field::authorization]), "Bearer " + key);
+}
+
 awaitable<void> dispatch(Session& s) {
-  std::string target(s.request.target());
-  target = target.substr(0, target.find('?'));
+  const std::string target = path_of(s.request.target());
   int status = 0;
-  std::string message, type = "invalid_request_error", code;
+  std::string message, type = "invalid_request_error", code, param;
   const Route* route = nullptr;
   bool path_known = false;
   for (const auto& r : kRoutes) {
@@ -340,11 +312,16 @@ awaitable<void> dispatch(Session& s) {
     path_known = true;
     if (s.request.method() == r.method) route = &r;
   }
-  const auto& key = s.state.options.api_key;
-  if (!key.empty() && target != "/health" && target != "/v1/health" &&
-      s.request[http::field::authorization] != "Bearer " + key) {
+  if (!authorized(s.state, s.request)) {
     status = 401, message = "invalid or missing API key (Authorization: Bearer KEY)", code = "invalid_api_key";
     type = "authentication_error";
+  } else if (path_known && s.request.method() == http::verb::options && !s.state.options.cors_origin.empty()) {
+    // CORS preflight.
+    s.extra_headers = {{http::field::access_control_allow_methods, "GET, POST, OPTIONS"},
+                       {http::field::access_control_allow_headers, "Authorization, Content-Type"},
+                       {http::field::access_control_max_age, "600"}};
+    co_await s.reply_text(204, "", "");
+    co_return;
   } else if (!route) {
     status = path_known ? 405 : 404;
     message = path_known ? "method not allowed on " + target : "no route " + target;
@@ -353,25 +330,56 @@ awaitable<void> dispatch(Session& s) {
     try {
       co_await route->handler(s);
     } catch (const ApiError& e) {
-      status = e.status, message = e.what(), type = e.type, code = e.code;
+      status = e.status, message = e.what(), type = e.type, code = e.code, param = e.param;
     } catch (const json::exception& e) {
       status = 400, message = std::string("bad request: ") + e.what();
+    } catch (const std::bad_alloc&) {
+      status = 500, message = "out of memory", type = "server_error";
     } catch (const std::exception& e) {
       status = 500, message = e.what(), type = "server_error";
     }
   }
   if (status != 0) {
-    const json err = error_body(status, message, type, code);
+    if (status == 503) s.extra_headers.push_back({http::field::retry_after, "1"});
+    const json err = error_body(status, message, type, code, param);
     co_await s.reply(status, err);
   }
 }
 
+// Answers once and closes: read what the client still sends (up to linger_s) so that it
+// sees the answer rather than a reset.
+awaitable<void> refuse(ServerState& state, tcp::socket& socket, int status, const json& body, int linger_s,
+                       std::vector<std::pair<http::field, std::string>> headers = {}) {
+  HttpRequest dummy;
+  Session s(state, socket, dummy);
+  s.keep_alive = false;
+  s.extra_headers = std::move(headers);
+  co_await s.reply(status, body);
+  beast::error_code ec;
+  socket.shutdown(tcp::socket::shutdown_send, ec);
+  asio::steady_timer timer(co_await asio::this_coro::executor);
+  timer.expires_after(std::chrono::seconds(linger_s));
+  auto draining = std::make_shared<bool>(true);
+  timer.async_wait([&socket, draining](const beast::error_code& e) {
+    beast::error_code ignored;
+    if (!e && *draining) socket.close(ignored);  // same strand as this coroutine
+  });
+  std::vector<char> sink(64 * 1024);
+  while (!ec) co_await socket.async_read_some(asio::buffer(sink), asio::redirect_error(use_awaitable, ec));
+  *draining = false;
+  timer.cancel();
+}
+
 awaitable<void> connection(ServerState& state, tcp::socket socket) {
+  struct Counted {  // this connection, in state.connections
+    ServerState& state;
+    ~Counted() { --state.connections; }
+  } counted{state};
   beast::flat_buffer buffer;
   while (true) {
     http::request_parser<http::string_body> parser;
     parser.body_limit(state.options.body_limit);
-    parser.header_limit(64 * 1024);
+    parser.header_limit(static_cast<uint32_t>(std::min<size_t>(state.options.header_limit, UINT32_MAX)));
     beast::error_code ec;
     // A connection that sends no complete request within the read timeout is closed.
     asio::steady_timer idle(co_await asio::this_coro::executor);
@@ -381,7 +389,39 @@ awaitable<void> connection(ServerState& state, tcp::socket socket) {
       beast::error_code ignored;
       if (!e && *reading) socket.close(ignored);  // same strand as this coroutine
     });
-    co_await http::async_read(socket, buffer, parser, asio::redirect_error(use_awaitable, ec));
+    co_await http::async_read_header(socket, buffer, parser, asio::redirect_error(use_awaitable, ec));
+    bool answered = false;  // refused after the header, before its body
+    if (!ec && beast::iequals(parser.get()[http::field::expect], "100-continue")) {
+      // The client waits for a go-ahead before it sends the body: the errors that do not
+      // need the body come now, else 100 Continue.
+      const auto length = parser.content_length();
+      if (length && *length > state.options.body_limit) {
+        *reading = false;
+        idle.cancel();
+        co_await refuse(state, socket, 413,
+                        error_body(413, "the request body is too large (at most " +
+                                            std::to_string(state.options.body_limit) + " bytes)",
+                                   "invalid_request_error", "request_too_large"),
+                        1);
+        answered = true;
+      } else if (!authorized(state, parser.get())) {
+        *reading = false;
+        idle.cancel();
+        co_await refuse(state, socket, 401,
+                        error_body(401, "invalid or missing API key (Authorization: Bearer KEY)",
+                                   "authentication_error", "invalid_api_key"),
+                        1);
+        answered = true;
+      } else {
+        static const std::string kContinue = "HTTP/1.1 100 Continue\r\n\r\n";
+        WriteDeadline deadline(co_await asio::this_coro::executor, socket, state.options.write_timeout_s);
+        co_await asio::async_write(socket, asio::buffer(kContinue), asio::redirect_error(use_awaitable, ec));
+      }
+    }
+    if (answered) break;
+    if (!ec && !parser.is_done()) {
+      co_await http::async_read(socket, buffer, parser, asio::redirect_error(use_awaitable, ec));
+    }
     *reading = false;
     idle.cancel();
     if (ec == http::error::end_of_stream || ec == asio::error::eof || ec == asio::error::connection_reset ||
@@ -390,28 +430,16 @@ awaitable<void> connection(ServerState& state, tcp::socket socket) {
     }
     if (ec) {
       // Too large or not HTTP: answer once, then close.
-      const bool too_large = ec == http::error::body_limit || ec == http::error::header_limit;
-      HttpRequest dummy;
-      Session s(state, socket, dummy);
-      s.keep_alive = false;
-      const int status = too_large ? 413 : 400;
-      const json err = error_body(status, too_large ? "the request is too large" : "malformed HTTP request: " + ec.message(),
-                                  "invalid_request_error", too_large ? "request_too_large" : "bad_request");
-      co_await s.reply(status, err);
-      // Lingering close: read what the client still sends (up to 5 s) so that it sees the
-      // answer rather than a reset.
-      socket.shutdown(tcp::socket::shutdown_send, ec);
-      asio::steady_timer timer(co_await asio::this_coro::executor);
-      timer.expires_after(std::chrono::seconds(5));
-      auto draining = std::make_shared<bool>(true);
-      timer.async_wait([&socket, draining](const beast::error_code& e) {
-        beast::error_code ignored;
-        if (!e && *draining) socket.close(ignored);  // same strand as this coroutine
-      });
-      std::vector<char> sink(64 * 1024);
-      while (!ec) co_await socket.async_read_some(asio::buffer(sink), asio::redirect_error(use_awaitable, ec));
-      *draining = false;
-      timer.cancel();
+      int status = 400;
+      std::string message = "malformed HTTP request: " + ec.message(), code = "bad_request";
+      if (ec == http::error::body_limit) {
+        status = 413, code = "request_too_large";
+        message = "the request body is too large (at most " + std::to_string(state.options.body_limit) + " bytes)";
+      } else if (ec == http::error::header_limit) {
+        status = 431, code = "header_too_large";
+        message = "the request header is too large (at most " + std::to_string(state.options.header_limit) + " bytes)";
+      }
+      co_await refuse(state, socket, status, error_body(status, message, "invalid_request_error", code), 5);
       break;
     }
     const HttpRequest request = parser.release();
@@ -426,14 +454,40 @@ awaitable<void> connection(ServerState& state, tcp::socket socket) {
   socket.close(ec);
 }
 
+awaitable<void> too_many_connections(ServerState& state, tcp::socket socket) {
+  const json err = error_body(503, "too many connections (at most " + std::to_string(state.options.max_connections) + ")",
+                              "unavailable_error", "too_many_connections");
+  std::vector<std::pair<http::field, std::string>> headers{{http::field::retry_after, "1"}};
+  co_await refuse(state, socket, 503, err, 1, std::move(headers));
+  beast::error_code ec;
+  socket.close(ec);
+}
+
 awaitable<void> listen(ServerState& state, tcp::acceptor& acceptor) {
+  asio::steady_timer backoff(acceptor.get_executor());
+  bool failing = false;  // logged once per run of failures
   while (true) {
     beast::error_code ec;
     tcp::socket socket = co_await acceptor.async_accept(asio::redirect_error(use_awaitable, ec));
     if (ec == asio::error::operation_aborted) co_return;
-    if (ec) continue;
+    if (ec) {
+      // Out of file descriptors (EMFILE, ENFILE) and the like: the pending connection
+      // stays queued and accept would fail again at once; wait instead of spinning.
+      if (!failing) spdlog::error("accept failed: {} (retrying every 100 ms)", ec.message());
+      failing = true;
+      backoff.expires_after(std::chrono::milliseconds(100));
+      co_await backoff.async_wait(asio::redirect_error(use_awaitable, ec));
+      continue;
+    }
+    if (failing) spdlog::info("accepting connections again");
+    failing = false;
     socket.set_option(tcp::no_delay(true), ec);
     auto strand = asio::make_strand(acceptor.get_executor());
+    if (state.connections.load() >= state.options.max_connections) {
+      asio::co_spawn(strand, too_many_connections(state, std::move(socket)), asio::detached);
+      continue;
+    }
+    ++state.connections;
     asio::co_spawn(strand, connection(state, std::move(socket)), asio::detached);
   }
 }
@@ -444,7 +498,10 @@ awaitable<void> listen(ServerState& state, tcp::acceptor& acceptor) {
 void serve_http(Engine& engine, const tokenizer::Tokenizer& tok, const tokenizer::ChatTemplate& chat,
                 const ServerOptions& options) {
   using namespace http_api;
-  ServerState state{engine, tok, chat, options};
+  ParseContext parse{tok, nullptr, engine.options().ctx, options.model_name, options.model_path, 16,
+                     options.max_stop_strings, options.max_stop_length};
+  ServerState state{engine, tok, chat, options, parse};
+  state.parse.chat = &state.chat;
   const int threads = std::max(1, options.threads);
   asio::io_context io(threads);
   tcp::acceptor acceptor(io);

@@ -14,12 +14,18 @@ namespace pico::coordinator {
 struct ServerOptions {
   std::string host = "127.0.0.1";
   uint16_t port = 8080;
-  std::string api_key;           // empty: no authentication
+  std::string api_key;           // empty: no authentication (compared in constant time)
   std::string model_name;        // the id /v1/models lists
   std::string model_path;
-  size_t body_limit = 8u << 20;  // bytes of a request body
+  size_t body_limit = 8u << 20;  // bytes of a request body: 413 beyond
+  size_t header_limit = 64u << 10;  // bytes of a request's header: 431 beyond
   int threads = 4;               // I/O threads
   int read_timeout_s = 120;      // a connection idle this long without a whole request is closed
+  int write_timeout_s = 30;      // a client that takes no byte of a reply for this long is dropped (its request cancelled)
+  int max_connections = 512;     // open connections; one more gets 503 and is closed
+  size_t max_stop_strings = 16;  // 'stop' strings per request
+  size_t max_stop_length = 256;  // bytes of each
+  std::string cors_origin;       // empty: no CORS headers; else Access-Control-Allow-Origin and preflight answers
 };
 
 // Serves until SIGINT or SIGTERM. Throws when the address cannot be bound.

@@ -1,0 +1,583 @@
+#include "http/request_parsing.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <limits>
+#include <optional>
+
+namespace pico::coordinator::http_api {
+
+namespace {
+
+constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
+constexpr int kMaxTopLogprobs = 20;
+constexpr double kMaxLogitBias = 100.0;
+
+[[noreturn]] void invalid(const std::string& name, const std::string& what) {
+  throw ApiError(400, "'" + name + "' " + what, "invalid_request_error", "invalid_value", name);
+}
+
+[[noreturn]] void unsupported(const std::string& name) {
+  throw ApiError(400, "'" + name + "' is not supported", "invalid_request_error", "unsupported_field", name);
+}
+
+std::string number_text(double v) {
+  std::string s = std::to_string(v);
+  while (s.size() > 1 && s.back() == '0') s.pop_back();
+  if (!s.empty() && s.back() == '.') s.pop_back();
+  return s;
+}
+
+double number(const std::string& name, const json& v, double lo, double hi) {
+  if (!v.is_number()) invalid(name, "must be a number");
+  const double x = v.get<double>();
+  if (!std::isfinite(x) || x < lo || x > hi) {
+    invalid(name, "must be between " + number_text(lo) + " and " + number_text(hi));
+  }
+  return x;
+}
+
+int64_t integer(const std::string& name, const json& v, int64_t lo, int64_t hi) {
+  if (!v.is_number_integer()) invalid(name, "must be an integer");
+  const bool too_big = v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(hi);
+  const int64_t x = too_big ? hi : v.get<int64_t>();
+  if (too_big || x < lo || x > hi) {
+    invalid(name, "must be between " + std::to_string(lo) + " and " + std::to_string(hi));
+  }
+  return x;
+}
+
+bool boolean(const std::string& name, const json& v) {
+  if (!v.is_boolean()) invalid(name, "must be a boolean");
+  return v.get<bool>();
+}
+
+const std::string& string(const std::string& name, const json& v) {
+  if (!v.is_string()) invalid(name, "must be a string");
+  return v.get_ref<const std::string&>();
+}
+
+// Parsing state of one generation request.
+struct Parse {
+  const ParseContext& ctx;
+  Endpoint endpoint;
+  const json& body;
+  OnlineRequest req;
+  ParsedGeneration out;
+  int64_t n = 1;
+  std::optional<int64_t> top_logprobs;
+};
+
+// A generation endpoint reads a field when its bit is set.
+enum : unsigned { kLlama = 1, kCompletions = 2, kChat = 4, kOpenAI = kCompletions | kChat, kAll = 7 };
+
+unsigned endpoint_bit(Endpoint e) {
+  switch (e) {
+    case Endpoint::LlamaCompletion: return kLlama;
+    case Endpoint::Completions: return kCompletions;
+    case Endpoint::ChatCompletions: return kChat;
+  }
+  return 0;
+}
+
+using Handler = void (*)(Parse&, const std::string& name, const json& value);
+
+struct Field {
+  const char* name;
+  unsigned endpoints;
+  Handler handle;
+};
+
+void parse_stop(Parse& p, const std::string& name, const json& v) {
+  std::vector<std::string> stops;
+  if (v.is_string()) {
+    stops.push_back(v.get<std::string>());
+  } else if (v.is_array()) {
+    for (const auto& s : v) {
+      if (!s.is_string()) invalid(name, "must be a string or a list of strings");
+      stops.push_back(s.get<std::string>());
+    }
+  } else {
+    invalid(name, "must be a string or a list of strings");
+  }
+  if (stops.size() > p.ctx.max_stop_strings) {
+    invalid(name, "holds " + std::to_string(stops.size()) + " strings; at most " +
+                      std::to_string(p.ctx.max_stop_strings) + " are allowed");
+  }
+  for (const auto& s : stops) {
+    if (s.size() > p.ctx.max_stop_length) {
+      invalid(name, "holds a string of " + std::to_string(s.size()) + " bytes; at most " +
+                        std::to_string(p.ctx.max_stop_length) + " are allowed");
+    }
+  }
+  std::erase(stops, std::string());
+  p.req.stop = std::move(stops);
+}
+
+// One bias: a number in [-100, 100], or false (llama.cpp: ban the token).
+float bias_value(const std::string& name, const json& v) {
+  if (v.is_boolean()) {
+    if (v.get<bool>()) invalid(name, "biases must be numbers or false (to ban a token)");
+    return -std::numeric_limits<float>::infinity();
+  }
+  return static_cast<float>(number(name, v, -kMaxLogitBias, kMaxLogitBias));
+}
+
+// OpenAI: {"<token id>": bias}; llama.cpp as well, plus [[id, bias]], [["text", bias]]
+// (every token of the text) and "text" keys in the object form.
+void parse_logit_bias(Parse& p, const std::string& name, const json& v) {
+  auto& out = p.req.sampling.logit_bias;
+  out.clear();
+  const auto n_vocab = static_cast<int64_t>(p.ctx.tok.vocab_size());
+  auto add_id = [&](int64_t id, float bias) {
+    if (id < 0 || id >= n_vocab) {
+      invalid(name, "token id " + std::to_string(id) + " is outside the vocabulary [0, " + std::to_string(n_vocab) + ")");
+    }
+    out.push_back({static_cast<int32_t>(id), bias});
+  };
+  auto add_text = [&](const std::string& text, float bias) {
+    const auto ids = p.ctx.tok.encode(text, false, false);
+    if (ids.empty()) invalid(name, "the text '" + text + "' has no tokens");
+    for (int32_t id : ids) out.push_back({id, bias});
+  };
+  const bool llama = p.endpoint == Endpoint::LlamaCompletion;
+  if (v.is_object()) {
+    for (const auto& [key, value] : v.items()) {
+      const float bias = bias_value(name, value);
+      char* end = nullptr;
+      const long long id = std::strtoll(key.c_str(), &end, 10);
+      if (!key.empty() && *end == '\0') {
+        add_id(id, bias);
+      } else if (llama) {
+        add_text(key, bias);
+      } else {
+        invalid(name, "keys must be token ids ('" + key + "' is not)");
+      }
+    }
+  } else if (v.is_array() && llama) {
+    for (const auto& pair : v) {
+      if (!pair.is_array() || pair.size() != 2) invalid(name, "must be a list of [token, bias] pairs");
+      const float bias = bias_value(name, pair[1]);
+      if (pair[0].is_number_integer()) {
+        add_id(integer(name, pair[0], std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max()), bias);
+      } else if (pair[0].is_string()) {
+        add_text(pair[0].get<std::string>(), bias);
+      } else {
+        invalid(name, "pairs must start with a token id or a text");
+      }
+    }
+  } else {
+    invalid(name, llama ? "must be an object or a list of [token, bias] pairs" : "must be an object");
+  }
+}
+
+void parse_max_tokens(Parse& p, const std::string& name, const json& v) {
+  // llama.cpp: -1 for no limit, 0 to evaluate the prompt only; OpenAI: at least 1.
+  const int64_t lo = p.endpoint == Endpoint::LlamaCompletion ? -1 : 1;
+  const int64_t x = v.is_number_integer() && v.get<int64_t>() == -1 ? -1 : integer(name, v, lo, kInt32Max);
+  p.req.max_tokens = static_cast<int>(x);
+}
+
+void parse_samplers(Parse& p, const std::string& name, const json& v) {
+  using sample::Stage;
+  if (!v.is_array()) invalid(name, "must be a list of sampler names");
+  std::vector<Stage> stages;
+  for (const auto& s : v) {
+    const std::string& n = string(name, s);
+    if (n == "penalties") stages.push_back(Stage::Penalties);
+    else if (n == "top_k") stages.push_back(Stage::TopK);
+    else if (n == "typ_p" || n == "typical_p") stages.push_back(Stage::TypicalP);
+    else if (n == "top_p") stages.push_back(Stage::TopP);
+    else if (n == "min_p") stages.push_back(Stage::MinP);
+    else if (n == "temperature") stages.push_back(Stage::Temperature);
+    // Samplers pico does not have, neutral at their default parameters (which their own
+    // fields keep): nothing to run.
+    else if (n == "dry" || n == "xtc" || n == "top_n_sigma") continue;
+    else invalid(name, "names an unknown sampler '" + n + "'");
+  }
+  p.req.sampling.stages = std::move(stages);
+}
+
+// A field pico does not implement, accepted only at the value that changes nothing.
+template <class Neutral>
+void neutral_only(const std::string& name, const json& v, Neutral is_neutral) {
+  if (!is_neutral(v)) unsupported(name);
+}
+bool is_zero(const json& v) { return v.is_number() && v.get<double>() == 0.0; }
+bool is_false(const json& v) { return v.is_boolean() && !v.get<bool>(); }
+bool is_empty_list(const json& v) { return v.is_array() && v.empty(); }
+bool is_empty_text(const json& v) { return v.is_string() && v.get_ref<const std::string&>().empty(); }
+bool non_positive(const json& v) { return v.is_number() && v.get<double>() <= 0.0; }
+
+void parse_tool_choice(Parse& p, const std::string& name, const json& v) {
+  if (v.is_string()) {
+    const std::string& s = v.get_ref<const std::string&>();
+    if (s != "none" && s != "auto" && s != "required") invalid(name, "must be 'none', 'auto', 'required' or an object");
+    if (s == "required") unsupported(name + "' 'required");
+    return;
+  }
+  if (!v.is_object() || v.value("type", json()) != "function" || !v.contains("function") ||
+      !v["function"].is_object() || !v["function"].contains("name") || !v["function"]["name"].is_string()) {
+    invalid(name, "must be 'none', 'auto', 'required' or {\"type\": \"function\", \"function\": {\"name\": ...}}");
+  }
+  (void)p;
+  unsupported(name);  // a named function: pico has no tools
+}
+
+void parse_response_format(Parse&, const std::string& name, const json& v) {
+  if (!v.is_object() || !v.contains("type") || !v["type"].is_string()) {
+    invalid(name, "must be an object with a 'type'");
+  }
+  const std::string& type = v["type"].get_ref<const std::string&>();
+  if (type == "text") return;
+  if (type == "json_schema" && (!v.contains("json_schema") || !v["json_schema"].is_object())) {
+    invalid(name, "of type 'json_schema' needs a 'json_schema' object");
+  }
+  if (type == "json_object" || type == "json_schema") unsupported(name + "' of type '" + type);
+  invalid(name, "type must be 'text', 'json_object' or 'json_schema'");
+}
+
+void parse_stream_options(Parse& p, const std::string& name, const json& v) {
+  if (!v.is_object()) invalid(name, "must be an object");
+  if (auto it = v.find("include_usage"); it != v.end() && !it->is_null()) {
+    p.out.include_usage = boolean(name + ".include_usage", *it);
+  }
+}
+
+// The fields of the generation endpoints.
+const Field kGenerationFields[] = {
+    {"stream", kAll, [](Parse& p, const std::string& n, const json& v) { p.out.stream = boolean(n, v); }},
+    {"stream_options", kAll, parse_stream_options},
+    {"temperature", kAll,
+     [](Parse& p, const std::string& n, const json& v) { p.req.sampling.temperature = static_cast<float>(number(n, v, 0, 100)); }},
+    {"top_p", kAll,
+     [](Parse& p, const std::string& n, const json& v) { p.req.sampling.top_p = static_cast<float>(number(n, v, 0, 1)); }},
+    {"min_p", kAll,
+     [](Parse& p, const std::string& n, const json& v) { p.req.sampling.min_p = static_cast<float>(number(n, v, 0, 1)); }},
+    {"typical_p", kAll,
+     [](Parse& p, const std::string& n, const json& v) { p.req.sampling.typical_p = static_cast<float>(number(n, v, 0, 1)); }},
+    // -1 or 0: off (vLLM's and llama.cpp's ways to say it).
+    {"top_k", kAll,
+     [](Parse& p, const std::string& n, const json& v) { p.req.sampling.top_k = static_cast<int32_t>(integer(n, v, -1, kInt32Max)); }},
+    {"min_keep", kAll,
+     [](Parse& p, const std::string& n, const json& v) { p.req.sampling.min_keep = static_cast<size_t>(integer(n, v, 0, kInt32Max)); }},
+    {"repeat_penalty", kAll,
+     [](Parse& p, const std::string& n, const json& v) {
+       const double x = number(n, v, 0, 1e6);
+       if (x <= 0) invalid(n, "must be greater than 0");
+       p.req.sampling.repeat_penalty = static_cast<float>(x);
+     }},
+    {"repeat_last_n", kAll,
+     [](Parse& p, const std::string& n, const json& v) {
+       p.req.sampling.penalty_last_n = static_cast<int32_t>(integer(n, v, -1, kInt32Max));
+     }},
+    {"frequency_penalty", kAll,
+     [](Parse& p, const std::string& n, const json& v) { p.req.sampling.frequency_penalty = static_cast<float>(number(n, v, -2, 2)); }},
+    {"presence_penalty", kAll,
+     [](Parse& p, const std::string& n, const json& v) { p.req.sampling.presence_penalty = static_cast<float>(number(n, v, -2, 2)); }},
+    {"seed", kAll,
+     [](Parse& p, const std::string& n, const json& v) {
+       const int64_t x = integer(n, v, -1, std::numeric_limits<uint32_t>::max());
+       p.req.sampling.seed = x < 0 ? sample::SamplingParams::kRandomSeed : static_cast<uint32_t>(x);
+     }},
+    // Aliases: the later one wins (llama.cpp: n_predict first; OpenAI: max_tokens is the
+    // deprecated name).
+    {"max_tokens", kAll, parse_max_tokens},
+    {"max_completion_tokens", kAll, parse_max_tokens},
+    {"n_predict", kLlama, parse_max_tokens},
+    {"stop", kAll, parse_stop},
+    {"ignore_eos", kAll, [](Parse& p, const std::string& n, const json& v) { p.req.ignore_eos = boolean(n, v); }},
+    {"cache_prompt", kAll, [](Parse& p, const std::string& n, const json& v) { p.req.cache_prompt = boolean(n, v); }},
+    {"logit_bias", kAll, parse_logit_bias},
+    {"samplers", kAll, parse_samplers},
+    {"n", kAll,
+     [](Parse& p, const std::string& n, const json& v) {
+       p.n = integer(n, v, 1, p.ctx.max_choices);
+       if (p.n > 1 && p.endpoint == Endpoint::LlamaCompletion) unsupported(n);  // one completion per request here
+     }},
+    {"model", kAll,
+     [](Parse& p, const std::string& n, const json& v) {
+       const std::string& name = string(n, v);
+       if (p.endpoint == Endpoint::LlamaCompletion || name.empty()) return;
+       if (name == p.ctx.model_name || name == p.ctx.model_path) return;
+       throw ApiError(404, "the model '" + name + "' does not exist", "invalid_request_error", "model_not_found", n);
+     }},
+    {"user", kOpenAI, [](Parse&, const std::string& n, const json& v) { string(n, v); }},  // for abuse tracking: no effect
+    // Log probabilities.
+    {"n_probs", kLlama,
+     [](Parse& p, const std::string& n, const json& v) { p.out.n_probs = static_cast<int>(integer(n, v, 0, kMaxTopLogprobs)); }},
+    {"post_sampling_probs", kLlama,
+     [](Parse&, const std::string& n, const json& v) { neutral_only(n, v, is_false); }},
+    {"logprobs", kAll,
+     [](Parse& p, const std::string& n, const json& v) {
+       if (p.endpoint == Endpoint::ChatCompletions) {
+         p.out.logprobs = boolean(n, v);
+       } else if (p.endpoint == Endpoint::Completions) {
+         p.out.logprobs = true;
+         p.top_logprobs = integer(n, v, 0, kMaxTopLogprobs);
+       } else if (!p.body.contains("n_probs")) {  // llama.cpp: an alias of n_probs
+         p.out.n_probs = static_cast<int>(integer(n, v, 0, kMaxTopLogprobs));
+       }
+     }},
+    {"top_logprobs", kChat,
+     [](Parse& p, const std::string& n, const json& v) { p.top_logprobs = integer(n, v, 0, kMaxTopLogprobs); }},
+    // OpenAI fields without an implementation here.
+    {"echo", kCompletions, [](Parse&, const std::string& n, const json& v) { neutral_only(n, v, is_false); }},
+    {"suffix", kCompletions, [](Parse&, const std::string& n, const json& v) { neutral_only(n, v, is_empty_text); }},
+    {"best_of", kCompletions,
+     [](Parse& p, const std::string& n, const json& v) {
+       const int64_t x = integer(n, v, 1, p.ctx.max_choices);
+       if (x != 1 && x != p.body.value("n", json(1))) unsupported(n);
+     }},
+    {"tools", kChat,
+     [](Parse&, const std::string& n, const json& v) {
+       if (!v.is_array()) invalid(n, "must be a list");
+       neutral_only(n, v, is_empty_list);
+     }},
+    {"functions", kChat, [](Parse&, const std::string& n, const json& v) { neutral_only(n, v, is_empty_list); }},
+    {"tool_choice", kChat, parse_tool_choice},
+    {"function_call", kChat,
+     [](Parse&, const std::string& n, const json& v) {
+       if (v.is_string() && (v == "none" || v == "auto")) return;
+       if (v.is_object() && v.contains("name") && v["name"].is_string()) unsupported(n);
+       invalid(n, "must be 'none', 'auto' or {\"name\": ...}");
+     }},
+    {"parallel_tool_calls", kChat, [](Parse&, const std::string& n, const json& v) { boolean(n, v); }},  // no tools: no effect
+    {"response_format", kAll, parse_response_format},
+    {"modalities", kChat,
+     [](Parse&, const std::string& n, const json& v) {
+       neutral_only(n, v, [](const json& x) { return x == json::array({"text"}); });
+     }},
+    {"audio", kChat, [](Parse&, const std::string& n, const json&) { unsupported(n); }},
+    {"prediction", kChat, [](Parse&, const std::string& n, const json&) { unsupported(n); }},
+    {"web_search_options", kChat, [](Parse&, const std::string& n, const json&) { unsupported(n); }},
+    {"reasoning_effort", kChat, [](Parse&, const std::string& n, const json&) { unsupported(n); }},
+    {"store", kChat, [](Parse&, const std::string& n, const json& v) { neutral_only(n, v, is_false); }},
+    {"chat_template_kwargs", kChat,
+     [](Parse&, const std::string& n, const json& v) { neutral_only(n, v, [](const json& x) { return x.is_object() && x.empty(); }); }},
+    // llama.cpp samplers and options without an implementation here: their off values.
+    {"mirostat", kAll, [](Parse&, const std::string& n, const json& v) { neutral_only(n, v, is_zero); }},
+    {"dry_multiplier", kAll, [](Parse&, const std::string& n, const json& v) { neutral_only(n, v, is_zero); }},
+    {"xtc_probability", kAll, [](Parse&, const std::string& n, const json& v) { neutral_only(n, v, is_zero); }},
+    {"dynatemp_range", kAll, [](Parse&, const std::string& n, const json& v) { neutral_only(n, v, is_zero); }},
+    {"top_n_sigma", kAll, [](Parse&, const std::string& n, const json& v) { neutral_only(n, v, non_positive); }},
+    {"adaptive_target", kAll,
+     [](Parse&, const std::string& n, const json& v) { neutral_only(n, v, [](const json& x) { return x.is_number() && x.get<double>() < 0; }); }},
+    // Parameters of those samplers: no effect while the sampler is off, so any number.
+    {"mirostat_tau", kAll, [](Parse&, const std::string& n, const json& v) { number(n, v, -1e9, 1e9); }},
+    {"mirostat_eta", kAll, [](Parse&, const std::string& n, const json& v) { number(n, v, -1e9, 1e9); }},
+    {"dry_base", kAll, [](Parse&, const std::string& n, const json& v) { number(n, v, -1e9, 1e9); }},
+    {"dry_allowed_length", kAll, [](Parse&, const std::string& n, const json& v) { integer(n, v, 0, kInt32Max); }},
+    {"dry_penalty_last_n", kAll, [](Parse&, const std::string& n, const json& v) { integer(n, v, -1, kInt32Max); }},
+    {"dry_sequence_breakers", kAll,
+     [](Parse&, const std::string& n, const json& v) {
+       if (!v.is_array()) invalid(n, "must be a list of strings");
+       for (const auto& s : v) string(n, s);
+     }},
+    {"xtc_threshold", kAll, [](Parse&, const std::string& n, const json& v) { number(n, v, 0, 1); }},
+    {"dynatemp_exponent", kAll, [](Parse&, const std::string& n, const json& v) { number(n, v, -1e9, 1e9); }},
+    {"adaptive_decay", kAll, [](Parse&, const std::string& n, const json& v) { number(n, v, 0, 0.99); }},
+    {"grammar", kAll, [](Parse&, const std::string& n, const json& v) { neutral_only(n, v, is_empty_text); }},
+    {"json_schema", kAll, [](Parse&, const std::string& n, const json&) { unsupported(n); }},
+    {"grammar_lazy", kAll, [](Parse&, const std::string& n, const json& v) { neutral_only(n, v, is_false); }},
+    {"grammar_triggers", kAll, [](Parse&, const std::string& n, const json& v) { neutral_only(n, v, is_empty_list); }},
+    {"preserved_tokens", kAll, [](Parse&, const std::string& n, const json& v) { neutral_only(n, v, is_empty_list); }},
+    {"lora", kAll, [](Parse&, const std::string& n, const json& v) { neutral_only(n, v, is_empty_list); }},
+    {"n_keep", kAll, [](Parse&, const std::string& n, const json& v) { neutral_only(n, v, is_zero); }},
+    {"n_discard", kAll, [](Parse&, const std::string& n, const json& v) { neutral_only(n, v, is_zero); }},
+    {"n_indent", kAll, [](Parse&, const std::string& n, const json& v) { neutral_only(n, v, is_zero); }},
+    {"n_cache_reuse", kAll, [](Parse&, const std::string& n, const json& v) { neutral_only(n, v, is_zero); }},
+    {"id_slot", kAll,
+     [](Parse&, const std::string& n, const json& v) { neutral_only(n, v, [](const json& x) { return x == -1; }); }},
+    {"t_max_predict_ms", kAll, [](Parse&, const std::string& n, const json& v) { neutral_only(n, v, non_positive); }},
+    {"t_max_prompt_ms", kAll, [](Parse&, const std::string& n, const json& v) { neutral_only(n, v, non_positive); }},
+    {"timings_per_token", kAll, [](Parse&, const std::string& n, const json& v) { neutral_only(n, v, is_false); }},
+    {"return_progress", kAll, [](Parse&, const std::string& n, const json& v) { neutral_only(n, v, is_false); }},
+    {"response_fields", kAll, [](Parse&, const std::string& n, const json& v) { neutral_only(n, v, is_empty_list); }},
+    {"return_tokens", kLlama, [](Parse&, const std::string& n, const json& v) { boolean(n, v); }},  // tokens come always
+    {"verbose", kAll, [](Parse&, const std::string& n, const json& v) { neutral_only(n, v, is_false); }},
+    {"backend_sampling", kAll, [](Parse&, const std::string& n, const json& v) { neutral_only(n, v, is_false); }},
+    {"reasoning_format", kAll,
+     [](Parse&, const std::string& n, const json& v) { neutral_only(n, v, [](const json& x) { return x == "none"; }); }},
+};
+
+// A prompt: text (tokenized with BOS and specials), a list of token ids, or llama.cpp's
+// mixed list of texts and ids.
+std::vector<int32_t> parse_prompt(const ParseContext& ctx, const json& prompt) {
+  const auto n_vocab = static_cast<int64_t>(ctx.tok.vocab_size());
+  if (prompt.is_string()) return ctx.tok.encode(prompt.get<std::string>(), true, true);
+  if (!prompt.is_array() || prompt.empty()) invalid("prompt", "must be a non-empty string or a list of token ids");
+  if (std::count_if(prompt.begin(), prompt.end(), [](const json& x) { return !x.is_number_integer(); }) > 1 &&
+      std::all_of(prompt.begin(), prompt.end(), [](const json& x) { return x.is_string() || x.is_array(); })) {
+    invalid("prompt", "holds several prompts; one per request is supported");
+  }
+  std::vector<int32_t> ids;
+  bool first = true;
+  for (const auto& t : prompt) {
+    if (t.is_string()) {
+      const auto part = ctx.tok.encode(t.get<std::string>(), first, true);
+      ids.insert(ids.end(), part.begin(), part.end());
+    } else if (t.is_number_integer()) {
+      const bool neg = t.is_number_unsigned() ? false : t.get<int64_t>() < 0;
+      const bool big = t.is_number_unsigned() ? t.get<uint64_t>() >= static_cast<uint64_t>(n_vocab) : t.get<int64_t>() >= n_vocab;
+      if (neg || big) {
+        throw ApiError(400,
+                       "'prompt' token id " + t.dump() + " is outside the vocabulary [0, " + std::to_string(n_vocab) + ")",
+                       "invalid_request_error", "invalid_prompt", "prompt");
+      }
+      ids.push_back(static_cast<int32_t>(t.get<int64_t>()));
+    } else {
+      invalid("prompt", "must be a string or a list of token ids (and texts)");
+    }
+    first = false;
+  }
+  return ids;
+}
+
+std::string message_content(const json& m, const std::string& where, bool may_be_empty) {
+  auto it = m.find("content");
+  if (it == m.end() || it->is_null()) {
+    if (!may_be_empty) invalid(where + ".content", "is required");
+    return {};
+  }
+  if (it->is_string()) return it->get<std::string>();
+  if (!it->is_array()) invalid(where + ".content", "must be a string or a list of text parts");
+  std::string text;
+  for (size_t i = 0; i < it->size(); ++i) {
+    const json& part = (*it)[i];
+    const std::string at = where + ".content[" + std::to_string(i) + "]";
+    if (!part.is_object() || !part.contains("type") || !part["type"].is_string()) invalid(at, "must be an object with a 'type'");
+    const std::string& type = part["type"].get_ref<const std::string&>();
+    if (type != "text") unsupported(at + "' of type '" + type);
+    if (!part.contains("text")) invalid(at + ".text", "is required");
+    text += string(at + ".text", part["text"]);
+  }
+  return text;
+}
+
+std::vector<tokenizer::ChatMessage> parse_messages(const json& body) {
+  auto it = body.find("messages");
+  if (it == body.end() || it->is_null()) invalid("messages", "is required");
+  if (!it->is_array()) invalid("messages", "must be a list");
+  if (it->empty()) invalid("messages", "must not be empty");
+  std::vector<tokenizer::ChatMessage> messages;
+  for (size_t i = 0; i < it->size(); ++i) {
+    const json& m = (*it)[i];
+    const std::string where = "messages[" + std::to_string(i) + "]";
+    if (!m.is_object()) invalid(where, "must be an object");
+    if (!m.contains("role") || m["role"].is_null()) invalid(where + ".role", "is required");
+    std::string role = string(where + ".role", m["role"]);
+    if (role == "developer") role = "system";  // OpenAI's newer name for it
+    if (role != "system" && role != "user" && role != "assistant") {
+      if (role == "tool" || role == "function") unsupported(where + ".role' '" + role);
+      invalid(where + ".role", "must be 'system', 'developer', 'user' or 'assistant'");
+    }
+    if (m.contains("name") && !m["name"].is_null()) string(where + ".name", m["name"]);
+    if (auto tc = m.find("tool_calls"); tc != m.end() && !tc->is_null() && !is_empty_list(*tc)) {
+      unsupported(where + ".tool_calls");
+    }
+    if (auto fc = m.find("function_call"); fc != m.end() && !fc->is_null()) unsupported(where + ".function_call");
+    messages.push_back({role, message_content(m, where, role == "assistant")});
+  }
+  return messages;
+}
+
+}  // namespace
+
+json parse_json_body(std::string_view text) {
+  json body = json::parse(text, nullptr, false);
+  if (body.is_discarded()) throw ApiError(400, "the request body is not valid JSON");
+  if (!body.is_object()) throw ApiError(400, "the request body must be a JSON object");
+  return body;
+}
+
+ParsedGeneration parse_generation_request(const ParseContext& ctx, Endpoint endpoint, const json& body) {
+  if (!body.is_object()) throw ApiError(400, "the request body must be a JSON object");
+  Parse p{ctx, endpoint, body, {}, {}, 1, std::nullopt};
+  // Defaults: llama.cpp's n_predict -1 (until end of generation or the context);
+  // OpenAI's max_tokens 16 for completions, none for chat.
+  p.req.max_tokens = endpoint == Endpoint::Completions ? 16 : -1;
+  const unsigned bit = endpoint_bit(endpoint);
+  for (const Field& f : kGenerationFields) {
+    if (!(f.endpoints & bit)) continue;
+    auto it = body.find(f.name);
+    if (it == body.end() || it->is_null()) continue;  // null: the default, as llama.cpp
+    f.handle(p, f.name, *it);
+  }
+  if (endpoint == Endpoint::ChatCompletions) {
+    if (p.top_logprobs && !p.out.logprobs) invalid("top_logprobs", "needs 'logprobs': true");
+    if (p.out.logprobs) p.req.logprobs = static_cast<int>(p.top_logprobs.value_or(0));
+    if (!ctx.chat) throw ApiError(500, "no chat template", "server_error");
+    const auto messages = parse_messages(body);
+    p.req.prompt = ctx.tok.encode(ctx.chat->apply(messages, true), true, true);
+  } else {
+    auto it = body.find("prompt");
+    if (it == body.end() || it->is_null()) invalid("prompt", "is required");
+    if (endpoint == Endpoint::Completions && p.out.logprobs) p.req.logprobs = static_cast<int>(*p.top_logprobs);
+    if (endpoint == Endpoint::LlamaCompletion && p.out.n_probs > 0) p.req.logprobs = p.out.n_probs;
+    p.req.prompt = parse_prompt(ctx, *it);
+  }
+  if (p.req.prompt.empty()) invalid(endpoint == Endpoint::ChatCompletions ? "messages" : "prompt", "has no tokens");
+  if (static_cast<int64_t>(p.req.prompt.size()) >= ctx.ctx) {
+    throw ApiError(400, exceeds_context_message(p.req.prompt.size(), ctx.ctx), "exceed_context_size_error");
+  }
+  // One sequence per choice; with a seed, choice i samples with seed + i so that the
+  // choices differ and each is reproducible.
+  p.out.choices.assign(static_cast<size_t>(p.n), p.req);
+  if (p.req.sampling.seed != sample::SamplingParams::kRandomSeed) {
+    for (size_t i = 0; i < p.out.choices.size(); ++i) {
+      p.out.choices[i].sampling.seed = p.req.sampling.seed + static_cast<uint32_t>(i);
+    }
+  }
+  return std::move(p.out);
+}
+
+TokenizeRequest parse_tokenize_request(const json& body) {
+  TokenizeRequest r;
+  auto it = body.find("content");
+  if (it == body.end() || it->is_null()) invalid("content", "is required");
+  r.content = string("content", *it);
+  auto flag = [&](const char* name, bool& out) {
+    if (auto f = body.find(name); f != body.end() && !f->is_null()) out = boolean(name, *f);
+  };
+  flag("add_special", r.add_special);
+  flag("parse_special", r.parse_special);
+  flag("with_pieces", r.with_pieces);
+  return r;
+}
+
+std::vector<int32_t> parse_detokenize_request(const ParseContext& ctx, const json& body) {
+  auto it = body.find("tokens");
+  if (it == body.end() || it->is_null()) invalid("tokens", "is required");
+  if (!it->is_array()) invalid("tokens", "must be a list of token ids");
+  const auto n_vocab = static_cast<int64_t>(ctx.tok.vocab_size());
+  std::vector<int32_t> ids;
+  for (const auto& t : *it) {
+    if (!t.is_number_integer()) invalid("tokens", "must hold integers");
+    const bool out = t.is_number_unsigned() ? t.get<uint64_t>() >= static_cast<uint64_t>(n_vocab)
+                                            : t.get<int64_t>() < 0 || t.get<int64_t>() >= n_vocab;
+    if (out) invalid("tokens", "token id " + t.dump() + " is outside the vocabulary [0, " + std::to_string(n_vocab) + ")");
+    ids.push_back(static_cast<int32_t>(t.get<int64_t>()));
+  }
+  return ids;
+}
+
+void parse_request(const ParseContext& ctx, std::string_view path, std::string_view body_text) {
+  auto body = [&] { return parse_json_body(body_text); };
+  if (path == "/completion") {
+    parse_generation_request(ctx, Endpoint::LlamaCompletion, body());
+  } else if (path == "/v1/completions" || path == "/completions") {
+    parse_generation_request(ctx, Endpoint::Completions, body());
+  } else if (path == "/v1/chat/completions" || path == "/chat/completions") {
+    parse_generation_request(ctx, Endpoint::ChatCompletions, body());
+  } else if (path == "/tokenize") {
+    parse_tokenize_request(body());
+  } else if (path == "/detokenize") {
+    parse_detokenize_request(ctx, body());
+  } else {
+    throw ApiError(404, "no route " + std::string(path), "invalid_request_error", "not_found");
+  }
+}
+
+}  // namespace pico::coordinator::http_api

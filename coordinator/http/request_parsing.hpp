@@ -1,0 +1,82 @@
+// Request parsing and validation of the HTTP API, as pure functions (no Beast, asio or
+// coroutine types: the unit tests and the fuzz target call them directly). A JSON body
+// becomes engine requests plus the response options, or an ApiError (400) naming the
+// field at fault.
+//
+// Each endpoint has one table of the fields it reads (request_parsing.cpp), after
+// llama-server's schema (tools/server/server-schema.cpp: names, aliases, limits) and
+// OpenAI's documented ranges. A field pico does not implement (tools, grammar,
+// mirostat, ...) is accepted only at its neutral value, else refused with "'X' is not
+// supported"; a name in no table is ignored, as llama-server ignores it.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "engine.hpp"
+#include "tokenizer/chat_template.hpp"
+#include "tokenizer/tokenizer.hpp"
+
+namespace pico::coordinator::http_api {
+
+using json = nlohmann::json;
+
+// A request the API refuses: status and an OpenAI-style error object (param: the
+// field at fault, when one is).
+class ApiError : public std::runtime_error {
+ public:
+  ApiError(int status_, std::string message, std::string type_ = "invalid_request_error", std::string code_ = {},
+           std::string param_ = {})
+      : std::runtime_error(std::move(message)),
+        status(status_),
+        type(std::move(type_)),
+        code(std::move(code_)),
+        param(std::move(param_)) {}
+  int status;
+  std::string type, code, param;
+};
+
+// What the parsers need to know of the server.
+struct ParseContext {
+  const tokenizer::Tokenizer& tok;
+  const tokenizer::ChatTemplate* chat = nullptr;  // needed by chat completions
+  int64_t ctx = 4096;                             // positions per sequence
+  std::string model_name, model_path;             // 'model' must name one of them (OpenAI endpoints)
+  int64_t max_choices = 16;                       // 'n'
+  size_t max_stop_strings = 16;                   // 'stop': count
+  size_t max_stop_length = 256;                   // 'stop': bytes of each
+};
+
+enum class Endpoint { LlamaCompletion, Completions, ChatCompletions };
+
+// A generation request: one engine request per choice (n of them; with a seed, choice i
+// samples with seed + i) and how to answer.
+struct ParsedGeneration {
+  std::vector<OnlineRequest> choices;
+  bool stream = false;
+  bool include_usage = false;  // stream_options.include_usage
+  bool logprobs = false;       // OpenAI: return logprobs (choices[i].logprobs top ones each)
+  int n_probs = 0;             // /completion: completion_probabilities with this many top tokens (0: none)
+};
+
+struct TokenizeRequest {
+  std::string content;
+  bool add_special = false, parse_special = true, with_pieces = false;
+};
+
+// The body as a JSON object (400 otherwise).
+json parse_json_body(std::string_view text);
+// /completion, /v1/completions, /v1/chat/completions.
+ParsedGeneration parse_generation_request(const ParseContext& ctx, Endpoint endpoint, const json& body);
+TokenizeRequest parse_tokenize_request(const json& body);
+std::vector<int32_t> parse_detokenize_request(const ParseContext& ctx, const json& body);
+
+// Any of the above by path (the fuzz target's entry): parses and validates the body
+// for that endpoint, throws ApiError as the server would answer. Unknown paths: 404.
+void parse_request(const ParseContext& ctx, std::string_view path, std::string_view body);
+
+}  // namespace pico::coordinator::http_api
