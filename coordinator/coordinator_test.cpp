@@ -8,7 +8,10 @@
 #include <memory>
 #include <cmath>
 #include <algorithm>
+#include <atomic>
+#include <map>
 #include <mutex>
+#include <thread>
 
 #include "sample/argmax.hpp"
 #include "cluster_config.hpp"
@@ -183,8 +186,9 @@ class FakeStage final : public Stage {
   std::function<void(uint64_t, std::span<const model::BatchToken>)> on_submit;
   std::vector<int32_t> closes;
   std::function<void(int32_t)> on_close;
-  int plans = 0, rejoins = 0;
-  bool is_up = true, comes_back = true;
+  int plans = 0;
+  std::atomic<int> rejoins = 0;
+  std::atomic<bool> is_up = true, comes_back = true;  // set by a test while an engine runs
 
  private:
   StageInfo info_;
@@ -292,11 +296,11 @@ TEST(PipelineSteps, RejoinsALostStageAndPlansAgain) {
   f.last->is_up = false;
   f.last->comes_back = false;
   EXPECT_THROW(f.pipeline->submit(kBatch), StageError);
-  EXPECT_EQ(f.last->rejoins, 1);
+  EXPECT_EQ(f.last->rejoins.load(), 1);
   EXPECT_TRUE(f.first->submitted.empty());
   f.last->comes_back = true;
   f.pipeline->submit(kBatch);
-  EXPECT_EQ(f.last->rejoins, 2);
+  EXPECT_EQ(f.last->rejoins.load(), 2);
   EXPECT_EQ(f.first->plans, 2);
   EXPECT_EQ(f.last->plans, 2);
   EXPECT_EQ(f.first->submitted.size(), 1u);
@@ -821,6 +825,298 @@ TEST(MedianTokenInterval, IsTheMiddleGap) {
   EXPECT_EQ(median_token_interval(r), 0.5);
   r.token_seconds = {0.0, 1.0, 3.0, 3.5, 7.5};  // gaps 1, 2, 0.5, 4
   EXPECT_EQ(median_token_interval(r), 1.5);
+}
+
+
+// ---- One request's failure is its own ----------------------------------------
+
+// A fake pipeline whose last stage answers every step at once: for each row that wants
+// logits, a full row picking "a" (3), unless `answer` (optional) says otherwise for a
+// sequence: nullopt leaves it out, else the row it gives (any length; its n_vocab 4).
+struct AnsweringPipeline {
+  FakePipeline f = fake_pipeline(0, 0);
+  std::function<bool(uint64_t step, std::span<const model::BatchToken> batch)> refuse;  // throw StageError(step)
+  std::function<std::vector<float>(int32_t seq)> row = [](int32_t) { return std::vector<float>{0, 0, 0, 5}; };
+  std::atomic<bool> answering = true;
+  AnsweringPipeline() {
+    f.first->on_submit = [this](uint64_t step, std::span<const model::BatchToken> batch) {
+      if (!answering) return;
+      if (refuse && refuse(step, batch)) {
+        f.last->answers.push_back([step]() -> StepOutput { throw StageError("worker fake: exceeds a limit", step); });
+        return;
+      }
+      StepOutput o;
+      o.step = step;
+      o.n_vocab = 4;
+      std::vector<float> values;
+      for (const auto& t : batch) {
+        if (!t.logits) continue;
+        o.seq_ids.push_back(t.seq_id);
+        o.positions.push_back(t.pos);
+        const auto r = row(t.seq_id);
+        values.insert(values.end(), r.begin(), r.end());
+      }
+      o.logits = std::move(values);
+      auto shared = std::make_shared<StepOutput>(std::move(o));
+      f.last->answers.push_back([shared] { return std::move(*shared); });
+    };
+  }
+};
+
+// The outcomes of several requests on one engine.
+struct Outcomes {
+  std::mutex mutex;
+  std::condition_variable cv;
+  std::map<int, Outcome> by_request;
+  int finished = 0;
+  Callbacks callbacks(int request) {
+    Callbacks cb;
+    cb.on_token = [this, request](const TokenEvent& ev) {
+      std::lock_guard lock(mutex);
+      by_request[request].text += ev.text;
+      if (ev.id >= 0) ++by_request[request].tokens;
+    };
+    cb.on_done = [this, request](const std::string& reason, const Usage&) {
+      std::lock_guard lock(mutex);
+      by_request[request].reason = reason;
+      ++finished;
+      cv.notify_all();
+    };
+    cb.on_error = [this, request](const std::string& message) {
+      std::lock_guard lock(mutex);
+      by_request[request].error = message;
+      ++finished;
+      cv.notify_all();
+    };
+    return cb;
+  }
+  bool wait(int n) {
+    std::unique_lock lock(mutex);
+    return cv.wait_for(lock, std::chrono::seconds(10), [&] { return finished >= n; });
+  }
+};
+
+OnlineRequest plain_request(std::vector<int32_t> prompt, int max_tokens) {
+  OnlineRequest r;
+  r.prompt = std::move(prompt);
+  r.max_tokens = max_tokens;
+  r.sampling = sample::SamplingParams::greedy();
+  r.sampling.temperature = 0.5f;  // full rows, sampled (the sampler runs)
+  r.sampling.seed = 1;
+  return r;
+}
+
+// The crash: a sampler that cannot be built (repeat_penalty 0 got past the HTTP
+// checks) fails its request alone; the engine thread and the other request go on.
+TEST(EngineFailures, ASamplerThatCannotBeBuiltFailsItsRequestAlone) {
+  AnsweringPipeline p;
+  const auto tok = tiny_tokenizer();
+  Outcomes out;
+  {
+    Engine engine(*p.f.pipeline, *tok, SchedulerOptions{});
+    OnlineRequest bad = plain_request({1, 3}, 3);
+    bad.sampling.repeat_penalty = 0.0f;
+    engine.submit(plain_request({1, 3}, 3), out.callbacks(0));
+    engine.submit(std::move(bad), out.callbacks(1));
+    ASSERT_TRUE(out.wait(2));
+    // The engine still serves.
+    engine.submit(plain_request({1, 3, 3}, 2), out.callbacks(2));
+    ASSERT_TRUE(out.wait(3));
+  }
+  EXPECT_EQ(out.by_request[0].text, "aaa");
+  EXPECT_EQ(out.by_request[0].reason, "length");
+  EXPECT_NE(out.by_request[1].error.find("repeat_penalty"), std::string::npos) << out.by_request[1].error;
+  EXPECT_EQ(out.by_request[1].tokens, 0);
+  EXPECT_EQ(out.by_request[2].text, "aa");
+}
+
+// A logits row that does not fit (too short for its n_vocab, or picking a token
+// outside the vocabulary) fails the request it was for; the other one in the same step
+// goes on, and the failed sequence is closed on the stages.
+TEST(EngineFailures, ARowThatDoesNotFitFailsItsRequestAlone) {
+  for (int variant = 0; variant < 2; ++variant) {
+    AnsweringPipeline p;
+    const auto tok = tiny_tokenizer();
+    Outcomes out;
+    p.row = [variant](int32_t seq) {
+      if (seq != 2) return std::vector<float>{0, 0, 0, 5};
+      return variant == 0 ? std::vector<float>{0, 5} : std::vector<float>{0, 0, 0, 5};
+    };
+    if (variant == 1) {
+      // An answer of 8 logits per row: the second sequence's row picks token 7 (the
+      // tokenizer has 4). Rows of the first: "a".
+      p.f.first->on_submit = [&p](uint64_t step, std::span<const model::BatchToken> batch) {
+        StepOutput o;
+        o.step = step;
+        o.n_vocab = 8;
+        std::vector<float> values;
+        for (const auto& t : batch) {
+          if (!t.logits) continue;
+          o.seq_ids.push_back(t.seq_id);
+          o.positions.push_back(t.pos);
+          for (int v = 0; v < 8; ++v) values.push_back(v == (t.seq_id == 2 ? 7 : 3) ? 5.0f : 0.0f);
+        }
+        o.logits = std::move(values);
+        auto shared = std::make_shared<StepOutput>(std::move(o));
+        p.f.last->answers.push_back([shared] { return std::move(*shared); });
+      };
+    }
+    {
+      Engine engine(*p.f.pipeline, *tok, SchedulerOptions{});
+      // Submitted before the engine's first step most of the time; either way each
+      // request's own rows decide its fate.
+      engine.submit(plain_request({1, 3}, 4), out.callbacks(0));
+      engine.submit(plain_request({1, 3}, 4), out.callbacks(1));
+      ASSERT_TRUE(out.wait(2));
+    }
+    EXPECT_EQ(out.by_request[0].text, "aaaa") << "variant " << variant;
+    EXPECT_TRUE(out.by_request[0].error.empty()) << out.by_request[0].error;
+    EXPECT_NE(out.by_request[1].error.find(variant == 0 ? "does not fit" : "outside the vocabulary"), std::string::npos)
+        << "variant " << variant << ": " << out.by_request[1].error;
+    EXPECT_NE(std::find(p.f.first->closes.begin(), p.f.first->closes.end(), 2), p.f.first->closes.end());
+  }
+}
+
+// A step a stage refused while every stage is up fails only the requests of that step:
+// the other step in flight comes back and its request completes.
+TEST(PipelineSteps, ARefusedStepLeavesTheOtherStepsInFlight) {
+  auto f = fake_pipeline(0, 0);
+  const uint64_t first = f.pipeline->submit(kBatch);
+  const uint64_t second = f.pipeline->submit(kBatch);
+  f.last->answers.push_back([first]() -> StepOutput { throw StageError("refused: rows over the limit", first); });
+  f.last->answers.push_back([second] {
+    StepOutput o;
+    o.step = second;
+    return o;
+  });
+  try {
+    f.pipeline->wait(1000);
+    ADD_FAILURE() << "no error";
+  } catch (const StepRefused& e) {
+    EXPECT_EQ(e.step(), first);
+  }
+  EXPECT_EQ(f.pipeline->wait(1000).step, second);
+  // With a stage lost, an error about one step abandons every step in flight.
+  const uint64_t third = f.pipeline->submit(kBatch);
+  const uint64_t fourth = f.pipeline->submit(kBatch);
+  f.first->is_up = false;
+  f.last->answers.push_back([third]() -> StepOutput { throw StageError("unavailable", third); });
+  f.last->answers.push_back([fourth] {
+    StepOutput o;
+    o.step = fourth;
+    return o;
+  });
+  bool refused_only = false;
+  try {
+    f.pipeline->wait(1000);
+  } catch (const StepRefused&) {
+    refused_only = true;
+  } catch (const StageError&) {
+  }
+  EXPECT_FALSE(refused_only);
+  EXPECT_THROW(f.pipeline->wait(200), StageError);  // the fourth's answer is dropped: no step is left
+}
+
+TEST(EngineFailures, ARefusedStepFailsOnlyItsRequests) {
+  AnsweringPipeline p;
+  const auto tok = tiny_tokenizer();
+  Outcomes out;
+  // Sequence 1's prompt step is refused; sequence 2's steps are not.
+  p.refuse = [](uint64_t, std::span<const model::BatchToken> batch) {
+    return std::any_of(batch.begin(), batch.end(), [](const model::BatchToken& t) { return t.seq_id == 1; });
+  };
+  SchedulerOptions options;
+  options.max_batch_tokens = 2;  // one prompt per step: the two requests are in different steps
+  {
+    Engine engine(*p.f.pipeline, *tok, options);
+    engine.submit(plain_request({1, 3}, 3), out.callbacks(0));
+    engine.submit(plain_request({1, 3}, 3), out.callbacks(1));
+    ASSERT_TRUE(out.wait(2));
+  }
+  EXPECT_NE(out.by_request[0].error.find("exceeds a limit"), std::string::npos) << out.by_request[0].error;
+  EXPECT_TRUE(out.by_request[1].error.empty()) << out.by_request[1].error;
+  EXPECT_EQ(out.by_request[1].text, "aaa");
+  EXPECT_NE(std::find(p.f.first->closes.begin(), p.f.first->closes.end(), 1), p.f.first->closes.end());
+}
+
+// The queue is bounded: once max_queued requests wait, submit throws QueueFull.
+TEST(EngineFailures, AFullQueueRefusesTheNextRequest) {
+  AnsweringPipeline p;
+  p.answering = false;  // the first request never finishes while the test looks
+  const auto tok = tiny_tokenizer();
+  Outcomes out;
+  SchedulerOptions options;
+  options.max_sequences = 1;
+  options.step_timeout_ms = 2000;
+  Engine engine(*p.f.pipeline, *tok, options, 1);
+  engine.submit(plain_request({1, 3}, 3), out.callbacks(0));
+  for (int i = 0; i < 1000 && engine.metrics().active == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  ASSERT_EQ(engine.metrics().active, 1);
+  engine.submit(plain_request({1, 3}, 3), out.callbacks(1));  // waits
+  EXPECT_THROW(engine.submit(plain_request({1, 3}, 3), out.callbacks(2)), QueueFull);
+}
+
+// max_tokens 0: the prompt is evaluated, nothing sampled, and its KV kept: the same
+// prompt again reuses all but its last token.
+TEST(EngineFailures, MaxTokensZeroEvaluatesThePromptOnly) {
+  AnsweringPipeline p;
+  const auto tok = tiny_tokenizer();
+  SchedulerOptions options;
+  options.cache_sequences = 1;
+  Engine engine(*p.f.pipeline, *tok, options);
+  std::mutex mutex;
+  std::condition_variable cv;
+  std::vector<Usage> usages;
+  std::vector<std::string> reasons;
+  int tokens = 0;
+  auto run = [&](int max_tokens) {
+    Callbacks cb;
+    cb.on_token = [&](const TokenEvent& ev) { tokens += ev.id >= 0; };
+    cb.on_done = [&](const std::string& reason, const Usage& u) {
+      std::lock_guard lock(mutex);
+      usages.push_back(u);
+      reasons.push_back(reason);
+      cv.notify_all();
+    };
+    cb.on_error = [&](const std::string& e) { ADD_FAILURE() << e; };
+    const size_t before = usages.size();
+    engine.submit(plain_request({1, 3, 3, 3}, max_tokens), std::move(cb));
+    std::unique_lock lock(mutex);
+    ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(10), [&] { return usages.size() > before; }));
+  };
+  run(0);
+  ASSERT_EQ(usages.size(), 1u);
+  EXPECT_EQ(usages[0].completion_tokens, 0);
+  EXPECT_EQ(reasons[0], "length");
+  EXPECT_EQ(tokens, 0);
+  run(2);
+  ASSERT_EQ(usages.size(), 2u);
+  EXPECT_EQ(usages[1].cached_tokens, 3);
+  EXPECT_EQ(usages[1].completion_tokens, 2);
+}
+
+// A stage lost while the engine is idle shows in lost_stage() (for /health) without any
+// request, and goes once it rejoins.
+TEST(EngineFailures, NoticesALostStageWhileIdle) {
+  AnsweringPipeline p;
+  const auto tok = tiny_tokenizer();
+  Engine engine(*p.f.pipeline, *tok, SchedulerOptions{});
+  EXPECT_EQ(engine.lost_stage(), "");
+  p.f.last->comes_back = false;
+  p.f.last->is_up = false;
+  std::string lost;
+  for (int i = 0; i < 1000 && lost.empty(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    lost = engine.lost_stage();
+  }
+  EXPECT_EQ(lost, "stage 1 (fake-2)");
+  p.f.last->comes_back = true;
+  for (int i = 0; i < 1000 && !lost.empty(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    lost = engine.lost_stage();
+  }
+  EXPECT_EQ(lost, "");
+  EXPECT_GE(p.f.last->rejoins.load(), 1);
 }
 
 }  // namespace
