@@ -75,14 +75,15 @@ uint64_t parse_byte_size(const std::string& text) {
   const auto bad = [&] {
     return std::invalid_argument("'" + text + "' is not a size in bytes (e.g. 1000000, 512M, 4G, 1.5GiB)");
   };
+  // Digits with at most one point (no sign, exponent or hex), then the suffix.
   size_t used = 0;
-  double value = 0;
-  try {
-    if (text.empty() || !(std::isdigit(static_cast<unsigned char>(text[0])) || text[0] == '.')) throw bad();
-    value = std::stod(text, &used);
-  } catch (const std::exception&) {
-    throw bad();
+  bool point = false;
+  while (used < text.size() && (std::isdigit(static_cast<unsigned char>(text[used])) || (text[used] == '.' && !point))) {
+    point = point || text[used] == '.';
+    ++used;
   }
+  if (used == 0 || text.substr(0, used) == ".") throw bad();
+  const double value = std::stod(text.substr(0, used));
   std::string suffix = text.substr(used);
   for (char& c : suffix) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
   if (suffix.size() > 1 && (suffix.ends_with("IB") || suffix.ends_with("B"))) {
