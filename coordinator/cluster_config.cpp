@@ -2,6 +2,7 @@
 
 #include <toml++/toml.h>
 
+#include <climits>
 #include <sstream>
 #include <stdexcept>
 
@@ -38,6 +39,19 @@ ClusterConfig load_cluster_config(const std::string& path) {
     if (auto v = (*s)["chain_steps"].value<int>()) {
       if (*v < 0) throw std::runtime_error(path + ": [scheduler] chain_steps must not be negative");
       c.chain_steps = *v;
+    }
+    // Integers only (toml++'s value<int64_t>() would also take true as 1).
+    if (auto node = (*s)["ctx"]; node) {
+      const auto v = node.is_integer() ? node.value<int64_t>() : std::nullopt;
+      if (!v || *v <= 0 || *v > INT32_MAX) throw std::runtime_error(path + ": [scheduler] ctx must be a positive integer");
+      c.ctx = *v;
+    }
+    if (auto node = (*s)["parallel"]; node) {
+      const auto v = node.is_integer() ? node.value<int64_t>() : std::nullopt;
+      if (!v || *v <= 0 || *v > 65536) {
+        throw std::runtime_error(path + ": [scheduler] parallel must be an integer from 1 to 65536");
+      }
+      c.parallel = static_cast<int>(*v);
     }
   }
   return c;

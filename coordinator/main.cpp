@@ -22,6 +22,7 @@
 #include "gguf/reader.hpp"
 #include "pipeline.hpp"
 #include "scheduler.hpp"
+#include "sizing.hpp"
 
 using namespace pico;
 using namespace pico::coordinator;
@@ -66,7 +67,9 @@ int main(int argc, char** argv) {
   app.add_option("--alias", http.model_name, "HTTP API: the model's name (default: the file name without .gguf)");
   app.add_option("--http-threads", http.threads, "HTTP API: I/O threads")->check(CLI::PositiveNumber);
   int parallel = 0;
-  app.add_option("--parallel", parallel, "HTTP API: sequences in the batch at once (default 32); more requests queue")
+  app.add_option("--parallel", parallel,
+                 "sequences in the batch at once (default 32; fewer when a stage's KV budget says so); more requests "
+                 "queue")
       ->check(CLI::PositiveNumber);
   int cache_slots = -1;
   app.add_option("--cache-slots", cache_slots,
@@ -122,6 +125,8 @@ int main(int argc, char** argv) {
       if (config.max_batch_tokens) sched.max_batch_tokens = *config.max_batch_tokens;
       if (config.chain_steps && app.count("--chain-steps") == 0) sched.chain_steps = *config.chain_steps;
       if (config.activations && app.count("--activations") == 0) activations = *config.activations;
+      if (config.ctx && app.count("--ctx") == 0) ctx = static_cast<int>(*config.ctx);
+      if (config.parallel && app.count("--parallel") == 0) parallel = *config.parallel;
     }
     for (const auto& a : worker_addresses) workers.push_back({a, std::nullopt});
     if (!prompts_path.empty()) {
@@ -137,9 +142,22 @@ int main(int argc, char** argv) {
     const auto tok = tokenizer::Tokenizer::from_metadata(file->metadata());
     const protocol::ModelIdentity identity = protocol::model_identity(*file);
 
+    const auto ctx_train = file->metadata().get_int(identity.arch + ".context_length");
+    const int64_t model_ctx = ctx_train && *ctx_train > 0 ? *ctx_train : 0;
+    {
+      // The largest answer a worker may send (before any socket is made: ZeroMQ copies
+      // the option at connect): bounded by what this coordinator asks at most.
+      const auto model = model::Model::load(*file);
+      const int64_t most_ctx = ctx > 0 ? ctx : (model_ctx > 0 ? model_ctx : 4096);
+      net::set_max_message_bytes(static_cast<int64_t>(coordinator_max_message_bytes(
+          sched.max_batch_tokens, identity.n_vocab, most_ctx,
+          state::kv_bytes_per_position(model->kv_config(model->all_layers(), GgmlType::F32, GgmlType::F32)))));
+    }
     std::vector<std::unique_ptr<Stage>> stages;
     if (workers.empty()) {
-      stages.push_back(std::make_unique<LocalStage>(model_path, std::nullopt, threads));
+      worker::StageLimitOptions local;
+      local.ctx = ctx;
+      stages.push_back(std::make_unique<LocalStage>(model_path, std::nullopt, threads, local));
     } else {
       RemoteOptions ro;
       ro.activations = protocol::parse_dtype(activations);
@@ -156,8 +174,20 @@ int main(int argc, char** argv) {
     }
     Pipeline pipeline(std::move(stages), identity);
 
-    const auto ctx_train = file->metadata().get_int(identity.arch + ".context_length");
-    sched.ctx = ctx > 0 ? ctx : (ctx_train && *ctx_train > 0 ? *ctx_train : 4096);
+    // ctx x parallel sequences sized so that no stage can run out of KV.
+    std::vector<StageInfo> infos;
+    for (size_t i = 0; i < pipeline.size(); ++i) infos.push_back(pipeline.stage(i).info());
+    SizingRequest want;
+    want.ctx = ctx;
+    want.model_ctx = model_ctx;
+    want.parallel = parallel > 0 ? parallel : 32;
+    want.max_batch_tokens = sched.max_batch_tokens;
+    const Sizing sized = size_for_stages(infos, want);
+    for (const auto& note : sized.notes) spdlog::warn("{}", note);
+    spdlog::info("ctx {}, {} parallel sequences, {} tokens per step", sized.ctx, sized.parallel, sized.max_batch_tokens);
+    sched.ctx = sized.ctx;
+    sched.max_sequences = sized.parallel;
+    sched.max_batch_tokens = sized.max_batch_tokens;
     sched.step_timeout_ms = timeout_ms;
     sched.keep_logits = !dump_logits.empty();
     if (serving) {
@@ -169,7 +199,6 @@ int main(int argc, char** argv) {
         }
       }
       const auto chat = tokenizer::ChatTemplate::from_metadata(file->metadata(), &tok->vocab(), chat_template);
-      sched.max_sequences = parallel > 0 ? parallel : 32;
       sched.cache_sequences = cache_slots >= 0 ? cache_slots : sched.max_sequences;
       sched.stage_stats = true;
       Engine engine(pipeline, *tok, sched, max_queue);

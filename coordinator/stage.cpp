@@ -14,13 +14,15 @@ namespace pico::coordinator {
 
 using protocol::Envelope;
 
-LocalStage::LocalStage(const std::string& model_path, std::optional<model::LayerRange> range, int threads)
-    : engine_(model_path, range, threads) {
+LocalStage::LocalStage(const std::string& model_path, std::optional<model::LayerRange> range, int threads,
+                       const worker::StageLimitOptions& limits)
+    : engine_(model_path, range, threads, limits) {
   info_.name = "local";
   info_.layers = engine_.layers();
   info_.identity = engine_.identity();
   info_.backend = engine_.backend_name();
   info_.threads = static_cast<uint32_t>(engine_.threads());
+  info_.limits = engine_.limits();
 }
 
 void LocalStage::plan(Stage* next, Stage*, size_t index, size_t) {
@@ -167,6 +169,15 @@ void RemoteStage::hello(int timeout_ms) {
   info_.cores = caps.getCores();
   info_.threads = caps.getThreads();
   info_.memory_bytes = caps.getMemoryBytes();
+  const auto limits = caps.getLimits();
+  info_.limits.max_rows = limits.getMaxRows();
+  info_.limits.max_positions = limits.getMaxPositions();
+  info_.limits.max_sequences = limits.getMaxSequences();
+  info_.limits.state_budget_bytes = limits.getStateBudgetBytes();
+  info_.limits.kv_bytes_per_position = limits.getKvBytesPerPosition();
+  info_.limits.state_bytes_per_sequence = limits.getStateBytesPerSequence();
+  info_.limits.page_positions = limits.getPagePositions();
+  info_.limits.max_message_bytes = limits.getMaxMessageBytes();
   estimate_clock_offset();
 }
 

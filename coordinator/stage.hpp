@@ -38,6 +38,7 @@ struct StageInfo {
   std::string isa, backend;
   uint32_t cores = 0, threads = 0;
   uint64_t memory_bytes = 0;
+  worker::StageLimits limits;      // what the stage holds at most (protocol Limits)
 };
 
 // Logits rows: a vector of the process's own, or a received frame read in place (no
@@ -147,7 +148,8 @@ class Stage {
 
 class LocalStage final : public Stage {
  public:
-  LocalStage(const std::string& model_path, std::optional<model::LayerRange> range, int threads);
+  LocalStage(const std::string& model_path, std::optional<model::LayerRange> range, int threads,
+             const worker::StageLimitOptions& limits = {});
   const StageInfo& info() const override { return info_; }
   void plan(Stage* next, Stage* chain_to, size_t index, size_t count) override;
   // Always full rows and never a chain: in-process, the arg max costs the same here

@@ -11,6 +11,13 @@ zmq::context_t& context() {
   return ctx;
 }
 
+namespace {
+std::atomic<int64_t> g_max_message_bytes{int64_t{1} << 31};
+}  // namespace
+
+void set_max_message_bytes(int64_t bytes) { g_max_message_bytes = bytes; }
+int64_t max_message_bytes() { return g_max_message_bytes.load(); }
+
 void check_address(const std::string& address) {
   if (address.rfind("tcp://", 0) != 0 && address.rfind("ipc://", 0) != 0) {
     throw std::invalid_argument("address '" + address + "' is neither tcp://host:port nor ipc://path");
@@ -26,7 +33,7 @@ void configure(zmq::socket_t& s, const Timing& t) {
   s.set(zmq::sockopt::heartbeat_ttl, t.heartbeat_timeout_ms);
   s.set(zmq::sockopt::reconnect_ivl, t.reconnect_ivl_ms);
   s.set(zmq::sockopt::reconnect_ivl_max, 1000);
-  s.set(zmq::sockopt::maxmsgsize, int64_t{1} << 31);
+  s.set(zmq::sockopt::maxmsgsize, max_message_bytes());
 }
 
 }  // namespace

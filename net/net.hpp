@@ -25,6 +25,12 @@ struct Timing {
 
 zmq::context_t& context();
 
+// ZMQ_MAXMSGSIZE of the sockets made from now on: the largest frame a peer may send
+// one (a larger frame drops that peer's connection). ZeroMQ copies socket options
+// when it binds or connects, so this is set before the sockets are made. Default 2 GiB.
+void set_max_message_bytes(int64_t bytes);
+int64_t max_message_bytes();
+
 // tcp://host:port or ipc://path (throws std::invalid_argument otherwise).
 void check_address(const std::string& address);
 

@@ -1,4 +1,5 @@
 // pico-worker -m MODEL --layers A-B --listen tcp://*:PORT [-t N]
+//             [--ctx N] [--max-rows N] [--max-sequences N] [--kv-memory BYTES]
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
@@ -24,16 +25,33 @@ int main(int argc, char** argv) {
   app.add_option("--layers", layers, "layer range A-B, inclusive (default: all)");
   app.add_option("--listen", listen, "address to bind: tcp://*:PORT or ipc://PATH")->required();
   app.add_option("-t,--threads", threads, "threads (default: physical cores)");
+  pico::worker::StageLimitOptions limits;
+  std::string kv_memory;
+  app.add_option("-c,--ctx", limits.ctx, "positions per sequence (default: the model's context length)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--max-rows", limits.max_rows, "tokens per forward (default 4096)")->check(CLI::PositiveNumber);
+  app.add_option("--max-sequences", limits.max_sequences, "sequences holding KV at once (default 256)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--kv-memory", kv_memory,
+                 "KV bytes over all sequences, e.g. 512M, 4G (default: available memory less the weights not yet "
+                 "resident, less a tenth)");
   CLI11_PARSE(app, argc, argv);
   try {
     std::optional<pico::model::LayerRange> range;
     if (!layers.empty()) range = pico::worker::parse_layers(layers);
-    pico::worker::StageEngine engine(model_path, range, threads);
+    if (!kv_memory.empty()) limits.kv_memory = pico::worker::parse_byte_size(kv_memory);
+    pico::worker::StageEngine engine(model_path, range, threads, limits);
+    // The largest legal frame (StageLimits::max_message_bytes), before the socket is made.
+    pico::net::set_max_message_bytes(static_cast<int64_t>(engine.limits().max_message_bytes));
     pico::worker::Server server(engine, listen);
     std::signal(SIGINT, on_signal);
     std::signal(SIGTERM, on_signal);
     spdlog::info("layers {}-{} of {} ({}), listening on {}", engine.layers().first, engine.layers().last - 1,
                  engine.n_layer(), pico::protocol::to_string(engine.identity()), listen);
+    const auto& l = engine.limits();
+    spdlog::info("limits: {} rows per forward, {} positions per sequence, {} sequences, {} bytes of KV, "
+                 "messages up to {} bytes",
+                 l.max_rows, l.max_positions, l.max_sequences, l.state_budget_bytes, l.max_message_bytes);
     server.run(g_stop);
     return 0;
   } catch (const std::exception& e) {

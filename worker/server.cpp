@@ -82,6 +82,16 @@ void Server::handle(net::Received& msg) {
         caps.setFirstLayer(static_cast<uint32_t>(engine_.layers().first));
         caps.setLastLayer(static_cast<uint32_t>(engine_.layers().last));
         protocol::write_identity(engine_.identity(), caps.initModel());
+        const StageLimits& l = engine_.limits();
+        auto limits = caps.initLimits();
+        limits.setMaxRows(static_cast<uint32_t>(l.max_rows));
+        limits.setMaxPositions(static_cast<uint32_t>(l.max_positions));
+        limits.setMaxSequences(static_cast<uint32_t>(l.max_sequences));
+        limits.setStateBudgetBytes(l.state_budget_bytes);
+        limits.setKvBytesPerPosition(l.kv_bytes_per_position);
+        limits.setStateBytesPerSequence(l.state_bytes_per_sequence);
+        limits.setPagePositions(static_cast<uint32_t>(l.page_positions));
+        limits.setMaxMessageBytes(l.max_message_bytes);
         reply(msg.peer, b.encode());
         break;
       }
@@ -164,10 +174,30 @@ void Server::handle(net::Received& msg) {
   }
 }
 
+// The frames of a message together (ZeroMQ's own limit is per frame).
+static uint64_t message_bytes(const net::Received& msg) {
+  uint64_t total = msg.header.size();
+  for (const auto& p : msg.payloads) total += p.size();
+  return total;
+}
+
 void Server::handle_forward(const std::string& peer, Envelope::Reader env, net::Received& msg) {
   const auto f = env.getBody().getForward();
   const uint64_t step = f.getStepId();
   const size_t rows = f.getRows();
+  const StageLimits& limits = engine_.limits();
+  if (rows > static_cast<uint64_t>(limits.max_rows)) {
+    report(peer, ErrorCode::LIMIT,
+           "forward of " + std::to_string(rows) + " rows exceeds --max-rows " + std::to_string(limits.max_rows), step);
+    return;
+  }
+  if (message_bytes(msg) > limits.max_message_bytes) {
+    report(peer, ErrorCode::LIMIT,
+           "forward of " + std::to_string(message_bytes(msg)) + " bytes exceeds the largest message, " +
+               std::to_string(limits.max_message_bytes) + " bytes",
+           step);
+    return;
+  }
   const auto seqs = f.getSeqIds();
   const auto pos = f.getPositions();
   const auto tokens = f.getTokens();
@@ -200,6 +230,12 @@ void Server::handle_forward(const std::string& peer, Envelope::Reader env, net::
   std::vector<float> out;
   try {
     out = engine_.forward(batch, hidden);
+  } catch (const LimitError& e) {
+    report(peer, ErrorCode::LIMIT,
+           "layers " + std::to_string(engine_.layers().first) + "-" + std::to_string(engine_.layers().last - 1) +
+               ": " + e.what(),
+           step);
+    return;
   } catch (const std::exception& e) {
     report(peer, ErrorCode::FORWARD_FAILED,
            "layers " + std::to_string(engine_.layers().first) + "-" + std::to_string(engine_.layers().last - 1) +
@@ -394,11 +430,29 @@ void Server::handle_restore(const std::string& peer, Envelope::Reader env, net::
                                          std::to_string(engine_.layers().last) + ")"));
     return;
   }
-  if (msg.payloads.size() != 1 || msg.payloads[0].size() != r.getBytes()) {
-    reply(peer, protocol::make_error(ErrorCode::BAD_REQUEST, "restore: needs one payload of the announced size"));
+  if (msg.payloads.size() != 1) {
+    reply(peer, protocol::make_error(ErrorCode::BAD_REQUEST, "restore: needs one payload (the state)"));
     return;
   }
-  engine_.restore(seq_id, msg.payload_bytes(0));  // std::invalid_argument: a bad state, answered by handle()
+  if (r.getBytes() != msg.payloads[0].size()) {
+    reply(peer, protocol::make_error(r.getBytes() > msg.payloads[0].size() ? ErrorCode::LIMIT : ErrorCode::BAD_REQUEST,
+                                     "restore: claims " + std::to_string(r.getBytes()) + " bytes, carries " +
+                                         std::to_string(msg.payloads[0].size())));
+    return;
+  }
+  if (message_bytes(msg) > engine_.limits().max_message_bytes) {
+    reply(peer, protocol::make_error(ErrorCode::LIMIT, "restore of " + std::to_string(message_bytes(msg)) +
+                                                           " bytes exceeds the largest message, " +
+                                                           std::to_string(engine_.limits().max_message_bytes) +
+                                                           " bytes"));
+    return;
+  }
+  try {
+    engine_.restore(seq_id, msg.payload_bytes(0));  // std::invalid_argument: a bad state, answered by handle()
+  } catch (const LimitError& e) {
+    reply(peer, protocol::make_error(ErrorCode::LIMIT, std::string("restore: ") + e.what()));
+    return;
+  }
   protocol::Builder b;
   b.envelope().getBody().initRestored().setSeqId(seq_id);
   reply(peer, b.encode());

@@ -1,11 +1,106 @@
 #include "stage_engine.hpp"
 
+#include <spdlog/spdlog.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cctype>
+#include <cmath>
+#include <fstream>
 #include <map>
+#include <set>
 #include <stdexcept>
 
 #include "cpu/thread_pool.hpp"
 
 namespace pico::worker {
+
+namespace {
+
+// MemAvailable from /proc/meminfo in bytes (0 when unknown).
+uint64_t available_memory_bytes() {
+  std::ifstream in("/proc/meminfo");
+  std::string key, unit;
+  uint64_t value = 0;
+  while (in >> key >> value) {
+    std::getline(in, unit);
+    if (key == "MemAvailable:") return value * 1024;
+  }
+  return 0;
+}
+
+// Whether a tensor is read by the stage [range) of n_layer layers.
+bool stage_reads(const gguf::Model& file, const std::string& name, model::LayerRange range, int32_t n_layer) {
+  if (name.rfind("blk.", 0) == 0) {
+    const int layer = std::atoi(name.c_str() + 4);
+    return layer >= range.first && layer < range.last;
+  }
+  const bool first = range.first == 0, last = range.last == n_layer;
+  if (name.rfind("token_embd.", 0) == 0) return first || (last && !file.find_tensor("output.weight"));
+  if (name.rfind("output", 0) == 0) return last;
+  return true;  // rope factors and the like: small, and any stage may read them
+}
+
+std::string mib(uint64_t bytes) { return std::to_string(bytes >> 20) + " MiB"; }
+
+}  // namespace
+
+MemoryBudget default_state_budget(const gguf::Model& file, model::LayerRange range, int32_t n_layer) {
+  MemoryBudget m;
+  m.available = available_memory_bytes();
+  const auto page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  for (const auto& t : file.tensors()) {
+    if (!stage_reads(file, t.name, range, n_layer) || t.bytes == 0) continue;
+    if (file.foreign_byte_order()) {  // swapped into memory of its own on first use
+      m.weights_to_come += t.bytes;
+      continue;
+    }
+    const auto mapping = file.file(t.file_index).bytes();
+    const uint64_t begin = t.file_offset / page * page;
+    const uint64_t end = std::min<uint64_t>((t.file_offset + t.bytes + page - 1) / page * page, mapping.size());
+    std::vector<unsigned char> resident((end - begin + page - 1) / page);
+    if (::mincore(const_cast<uint8_t*>(mapping.data()) + begin, end - begin, resident.data()) != 0) {
+      m.weights_to_come += t.bytes;
+      continue;
+    }
+    for (unsigned char r : resident) m.weights_to_come += (r & 1) ? 0 : page;
+  }
+  m.margin = m.available / 10;
+  const uint64_t taken = m.weights_to_come + m.margin;
+  m.budget = m.available > taken ? m.available - taken : 0;
+  return m;
+}
+
+uint64_t parse_byte_size(const std::string& text) {
+  const auto bad = [&] {
+    return std::invalid_argument("'" + text + "' is not a size in bytes (e.g. 1000000, 512M, 4G, 1.5GiB)");
+  };
+  // Digits with at most one point (no sign, exponent or hex), then the suffix.
+  size_t used = 0;
+  bool point = false;
+  while (used < text.size() && (std::isdigit(static_cast<unsigned char>(text[used])) || (text[used] == '.' && !point))) {
+    point = point || text[used] == '.';
+    ++used;
+  }
+  if (used == 0 || text.substr(0, used) == ".") throw bad();
+  const double value = std::stod(text.substr(0, used));
+  std::string suffix = text.substr(used);
+  for (char& c : suffix) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  if (suffix.size() > 1 && (suffix.ends_with("IB") || suffix.ends_with("B"))) {
+    suffix.resize(suffix.size() - (suffix.ends_with("IB") ? 2 : 1));
+  } else if (suffix == "B") {
+    suffix.clear();
+  }
+  double scale = 1;
+  if (suffix == "K") scale = 1024.0;
+  else if (suffix == "M") scale = 1024.0 * 1024;
+  else if (suffix == "G") scale = 1024.0 * 1024 * 1024;
+  else if (suffix == "T") scale = 1024.0 * 1024 * 1024 * 1024;
+  else if (!suffix.empty()) throw bad();
+  const double bytes = value * scale;
+  if (!std::isfinite(bytes) || bytes < 0 || bytes >= 1.8e19) throw bad();
+  return static_cast<uint64_t>(bytes);
+}
 
 model::LayerRange parse_layers(const std::string& text) {
   const size_t dash = text.find('-');
@@ -21,7 +116,8 @@ model::LayerRange parse_layers(const std::string& text) {
   }
 }
 
-StageEngine::StageEngine(const std::string& model_path, std::optional<model::LayerRange> range, int threads) {
+StageEngine::StageEngine(const std::string& model_path, std::optional<model::LayerRange> range, int threads,
+                         const StageLimitOptions& limits) {
   file_ = gguf::Model::open(model_path);
   model_ = model::Model::load(*file_);
   range_ = range.value_or(model_->all_layers());
@@ -31,12 +127,82 @@ StageEngine::StageEngine(const std::string& model_path, std::optional<model::Lay
   }
   threads_ = threads > 0 ? threads : cpu::default_thread_count();
   be_ = backend::make_cpu_backend(threads_);
-  cache_ = std::make_unique<state::KvCache>(model_->kv_config(range_));
+  const state::KvConfig kv = model_->kv_config(range_);
+  cache_ = std::make_unique<state::KvCache>(kv);
   identity_ = protocol::model_identity(*file_);
+
+  if (limits.max_rows <= 0 || limits.ctx < 0 || limits.max_sequences <= 0) {
+    throw std::invalid_argument("limits: --max-rows and --max-sequences must be positive, --ctx not negative");
+  }
+  const int64_t n_ctx_train = model_->hparams().n_ctx_train;
+  limits_.max_rows = limits.max_rows;
+  limits_.max_positions = limits.ctx > 0 ? limits.ctx : (n_ctx_train > 0 ? n_ctx_train : 4096);
+  if (limits_.max_positions > INT32_MAX) throw std::invalid_argument("limits: --ctx beyond 2^31 positions");
+  limits_.max_sequences = limits.max_sequences;
+  limits_.kv_bytes_per_position = state::kv_bytes_per_position(kv);
+  limits_.state_bytes_per_sequence = 0;
+  limits_.page_positions = kv.page_positions;
+  if (limits.kv_memory) {
+    limits_.state_budget_bytes = *limits.kv_memory;
+  } else {
+    memory_ = default_state_budget(*file_, range_, n_layer());
+    limits_.state_budget_bytes = memory_.budget;
+  }
+  // Room for a header beside its payload: a forward's lists take ~20 bytes a row.
+  const uint64_t header_room = (uint64_t{1} << 20) + 64 * static_cast<uint64_t>(limits_.max_rows);
+  const uint64_t hidden = static_cast<uint64_t>(limits_.max_rows) * static_cast<uint64_t>(n_embd()) * 4;
+  const uint64_t restore = std::min(
+      state::kv_bytes_for_positions(kv, limits_.max_positions) + 8 * static_cast<uint64_t>(range_.last - range_.first),
+      limits_.state_budget_bytes);
+  limits_.max_message_bytes = std::max(hidden, restore) + header_room;
+  const uint64_t one_sequence = state::kv_bytes_for_positions(kv, limits_.max_positions);
+  if (limits.kv_memory) {
+    spdlog::info("KV budget {} bytes ({}, --kv-memory); one sequence of {} positions takes {} bytes", limits_.state_budget_bytes,
+                 mib(limits_.state_budget_bytes), limits_.max_positions, one_sequence);
+  } else {
+    spdlog::info("KV budget {} bytes ({}: MemAvailable {} less {} of weights not yet resident less a margin of {}); "
+                 "one sequence of {} positions takes {} bytes",
+                 limits_.state_budget_bytes, mib(limits_.state_budget_bytes), mib(memory_.available),
+                 mib(memory_.weights_to_come), mib(memory_.margin), limits_.max_positions, one_sequence);
+  }
+  if (limits_.state_budget_bytes < one_sequence) {
+    spdlog::warn("the KV budget holds less than one sequence of {} positions ({} bytes): lower --ctx or raise --kv-memory",
+                 limits_.max_positions, one_sequence);
+  }
+}
+
+void StageEngine::check_limits(std::span<const model::BatchToken> batch,
+                               const std::map<int32_t, int64_t>& next_pos) const {
+  // next_pos: per sequence of the batch, the positions it holds after it.
+  size_t fresh = 0;
+  uint64_t held_by_batch = 0, after = 0;
+  for (const auto& [seq_id, n] : next_pos) {
+    if (cache_->contains(seq_id)) {
+      held_by_batch += cache_->sequence(seq_id).bytes_used();
+    } else {
+      ++fresh;
+    }
+    after += state::kv_bytes_for_positions(cache_->config(), n);
+  }
+  if (cache_->size() + fresh > static_cast<size_t>(limits_.max_sequences)) {
+    throw LimitError("forward would hold " + std::to_string(cache_->size() + fresh) + " sequences (" +
+                     std::to_string(fresh) + " new), exceeding --max-sequences " +
+                     std::to_string(limits_.max_sequences));
+  }
+  const uint64_t total = cache_->bytes_used() - held_by_batch + after;
+  if (total > limits_.state_budget_bytes) {
+    throw LimitError("forward of " + std::to_string(batch.size()) + " rows would hold " + std::to_string(total) +
+                     " bytes of KV, exceeding --kv-memory " + std::to_string(limits_.state_budget_bytes) + " (" +
+                     std::to_string(cache_->bytes_used()) + " held now)");
+  }
 }
 
 std::vector<float> StageEngine::forward(std::span<const model::BatchToken> batch, const float* hidden) {
   if (batch.empty()) throw std::invalid_argument("empty batch");
+  if (static_cast<int64_t>(batch.size()) > limits_.max_rows) {
+    throw LimitError("forward of " + std::to_string(batch.size()) + " rows exceeds --max-rows " +
+                     std::to_string(limits_.max_rows));
+  }
   if (!is_first() && hidden == nullptr) throw std::invalid_argument("this stage needs hidden states");
   std::map<int32_t, int64_t> next_pos;  // per sequence: the position its next token must have
   std::map<int32_t, int64_t> rewind;    // sequences whose tokens start below their cached positions
@@ -45,6 +211,11 @@ std::vector<float> StageEngine::forward(std::span<const model::BatchToken> batch
       throw std::invalid_argument("token " + std::to_string(t.token) + " is outside the vocabulary");
     }
     if (t.pos < 0) throw std::invalid_argument("negative position");
+    if (t.pos >= limits_.max_positions) {
+      throw LimitError("sequence " + std::to_string(t.seq_id) + ": position " + std::to_string(t.pos) +
+                       " exceeds --ctx " + std::to_string(limits_.max_positions) + " (positions 0-" +
+                       std::to_string(limits_.max_positions - 1) + ")");
+    }
     auto [it, fresh] = next_pos.try_emplace(t.seq_id, 0);
     if (fresh) it->second = cache_->contains(t.seq_id) ? cache_->sequence(t.seq_id).n_pos() : 0;
     const int64_t n_pos = it->second;
@@ -55,6 +226,7 @@ std::vector<float> StageEngine::forward(std::span<const model::BatchToken> batch
                                   " leaves a gap after " + std::to_string(n_pos) + " cached positions");
     }
   }
+  check_limits(batch, next_pos);
   // A sequence continued from an earlier position (the coordinator reusing a cached
   // prompt prefix) drops the positions after it: the cut travels with the tokens, so no
   // separate truncate message can reach a later stage after them.
@@ -72,10 +244,30 @@ std::optional<StageEngine::Snapshot> StageEngine::snapshot(int32_t seq_id) const
 }
 
 void StageEngine::restore(int32_t seq_id, std::span<const uint8_t> bytes) {
-  // Restored into a fresh state first: a refused snapshot leaves the sequence as it was.
+  // Every claimed length checked against the bytes, then against the limits, before
+  // anything is allocated; restored into a fresh state that then replaces the
+  // sequence's, so that a refused snapshot leaves it as it was.
   state::KvState restored(cache_->config());
+  const std::vector<int64_t> positions = restored.snapshot_positions(bytes);
+  int64_t n = 0;
+  for (int64_t p : positions) n = std::max(n, p);
+  if (n > limits_.max_positions) {
+    throw LimitError("restore of " + std::to_string(n) + " positions exceeds --ctx " +
+                     std::to_string(limits_.max_positions));
+  }
+  const bool open = cache_->contains(seq_id);
+  if (!open && cache_->size() + 1 > static_cast<size_t>(limits_.max_sequences)) {
+    throw LimitError("restore would hold " + std::to_string(cache_->size() + 1) +
+                     " sequences, exceeding --max-sequences " + std::to_string(limits_.max_sequences));
+  }
+  const uint64_t held = cache_->bytes_used() - (open ? cache_->sequence(seq_id).bytes_used() : 0);
+  const uint64_t total = held + state::kv_bytes_for_positions(cache_->config(), n);
+  if (total > limits_.state_budget_bytes) {
+    throw LimitError("restore of " + std::to_string(n) + " positions would hold " + std::to_string(total) +
+                     " bytes of KV, exceeding --kv-memory " + std::to_string(limits_.state_budget_bytes));
+  }
   restored.restore(bytes);
-  cache_->sequence(seq_id).restore(bytes);
+  cache_->sequence(seq_id) = std::move(restored);
 }
 
 }  // namespace pico::worker

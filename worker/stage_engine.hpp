@@ -4,9 +4,11 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <span>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -18,13 +20,57 @@
 
 namespace pico::worker {
 
+// What a stage holds at most (protocol Limits), resolved at start: every forward and
+// restore is checked against them as a whole before anything is written or allocated.
+struct StageLimits {
+  int64_t max_rows = 0;             // tokens (rows) per forward
+  int64_t max_positions = 0;        // positions per sequence
+  int64_t max_sequences = 0;        // sequences holding state at once
+  uint64_t state_budget_bytes = 0;  // KV bytes over all sequences (whole pages)
+  uint64_t kv_bytes_per_position = 0;
+  uint64_t state_bytes_per_sequence = 0;  // fixed-size state per sequence (none yet: 0)
+  int64_t page_positions = 0;
+  // The largest legal message (one frame and all frames together): a forward of
+  // max_rows hidden states, or a restore of the largest state that fits, plus room
+  // for the header.
+  uint64_t max_message_bytes = 0;
+};
+
+// The limits asked for (pico-worker's flags); 0 / nullopt takes the default.
+struct StageLimitOptions {
+  int64_t max_rows = 4096;
+  int64_t ctx = 0;  // 0: the model's context length (4096 when it names none)
+  int64_t max_sequences = 256;
+  std::optional<uint64_t> kv_memory;  // nullopt: default_state_budget()
+};
+
+// A forward or restore beyond one of the StageLimits (the text names the limit, its
+// flag and the numbers); the stage is left as it was.
+class LimitError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// How the default state budget was found: MemAvailable, less the stage's weight bytes
+// that are mapped but not yet resident (they will be once the weights are read), less
+// a margin of a tenth of MemAvailable for everything else.
+struct MemoryBudget {
+  uint64_t available = 0, weights_to_come = 0, margin = 0, budget = 0;
+};
+MemoryBudget default_state_budget(const gguf::Model& file, model::LayerRange range, int32_t n_layer);
+
+// "512M", "4G", "1.5GiB", "1000000" (bytes; K, M, G, T are powers of 1024). Throws
+// std::invalid_argument naming the text.
+uint64_t parse_byte_size(const std::string& text);
+
 // "A-B", inclusive (0-15 is 16 layers) -> [A, B+1). Throws std::invalid_argument.
 model::LayerRange parse_layers(const std::string& text);
 
 class StageEngine {
  public:
   // range nullopt: every layer. threads <= 0: the default count.
-  StageEngine(const std::string& model_path, std::optional<model::LayerRange> range, int threads);
+  StageEngine(const std::string& model_path, std::optional<model::LayerRange> range, int threads,
+              const StageLimitOptions& limits = {});
 
   model::LayerRange layers() const { return range_; }
   bool is_first() const { return range_.first == 0; }
@@ -36,15 +82,20 @@ class StageEngine {
   const char* backend_name() const { return be_->name(); }
   const protocol::ModelIdentity& identity() const { return identity_; }
   const gguf::Model& file() const { return *file_; }
+  const StageLimits& limits() const { return limits_; }
+  const MemoryBudget& memory_budget() const { return memory_; }  // the default's figures (zero when set)
 
   // Runs the stage's layers (see model::Model::forward): hidden is null on the first
   // stage, else batch.size() rows of n_embd. Returns logits rows (last stage) or
-  // hidden states. Throws std::invalid_argument for a batch the stage cannot take.
+  // hidden states. Throws LimitError for a batch beyond the limits and
+  // std::invalid_argument for one the stage cannot take, both before changing any
+  // sequence.
   std::vector<float> forward(std::span<const model::BatchToken> batch, const float* hidden);
 
   // A sequence's state on this stage's layers (SequenceState::snapshot), nullopt when
   // the sequence is not open here; restore() puts one back under seq_id (replacing
-  // any state it had; std::invalid_argument for a state of another configuration).
+  // any state it had; std::invalid_argument for a malformed state or one of another
+  // configuration, LimitError for one beyond the limits; either leaves it as it was).
   struct Snapshot {
     int64_t n_pos = 0;
     std::vector<uint8_t> bytes;
@@ -60,11 +111,15 @@ class StageEngine {
   uint64_t tokens() const { return tokens_; }    // tokens in them
 
  private:
+  void check_limits(std::span<const model::BatchToken> batch, const std::map<int32_t, int64_t>& next_pos) const;
+
   std::unique_ptr<gguf::Model> file_;
   std::unique_ptr<model::Model> model_;
   std::unique_ptr<backend::Backend> be_;
   std::unique_ptr<state::KvCache> cache_;
   model::LayerRange range_;
+  StageLimits limits_;
+  MemoryBudget memory_;
   int threads_ = 0;
   protocol::ModelIdentity identity_;
   uint64_t batches_ = 0;

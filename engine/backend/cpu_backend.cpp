@@ -379,8 +379,7 @@ class CpuBackend final : public Backend {
     for (int64_t begin = 0; begin < n_queries;) {
       int64_t end = begin + 1;
       while (end < n_queries && end - begin < kQueryBlock &&
-             queries[static_cast<size_t>(end)].kv.k == queries[static_cast<size_t>(begin)].kv.k &&
-             queries[static_cast<size_t>(end)].kv.v == queries[static_cast<size_t>(begin)].kv.v) {
+             queries[static_cast<size_t>(end)].kv.same_rows(queries[static_cast<size_t>(begin)].kv)) {
         ++end;
       }
       blocks.emplace_back(begin, end);
@@ -525,7 +524,7 @@ class CpuBackend final : public Backend {
     const GgmlType type = value ? kv.v_type : kv.k_type;
     if (avx512 && type == GgmlType::F16) {
       const int64_t dim = value ? kv.head_dim_v : kv.head_dim_k;
-      const uint8_t* row = (value ? kv.v : kv.k) + static_cast<size_t>(pos) * (value ? kv.v_row_bytes : kv.k_row_bytes);
+      const uint8_t* row = value ? kv.v_row(pos) : kv.k_row(pos);
       f16_to_f32_avx512(row + head * dim * 2, dim, out);
       return;
     }

@@ -56,7 +56,19 @@ void load_head(GgmlType type, const uint8_t* row, int64_t head, int64_t head_dim
   }
 }
 
-constexpr uint32_t kSnapshotMagic = 0x5643564b;  // "KVCV"
+// Snapshot layout (little or host order, uint64 fields): magic, format version, k and
+// v types, k and v row bytes, first layer, layer count; then per layer its positions n
+// and n K rows, then n V rows. Pages are not part of it: a snapshot restores into any
+// page size.
+constexpr uint64_t kSnapshotMagic = 0x5643564b;  // "KVCV"
+constexpr uint64_t kSnapshotVersion = 2;
+constexpr size_t kSnapshotHeaderWords = 8;
+
+int page_shift_of(int64_t page_positions) {
+  int shift = 0;
+  while ((int64_t{1} << shift) < page_positions) ++shift;
+  return shift;
+}
 
 }  // namespace
 
@@ -78,21 +90,65 @@ void validate(const KvConfig& c) {
   }
   row_bytes(c.k_type, c.head_dim_k);  // each head a whole number of blocks
   row_bytes(c.v_type, c.head_dim_v);
+  if (c.page_positions <= 0 || c.page_positions > (int64_t{1} << 20) || (c.page_positions & (c.page_positions - 1))) {
+    throw std::invalid_argument("KV cache: page_positions must be a power of two up to 2^20");
+  }
+}
+
+uint64_t kv_bytes_per_position(const KvConfig& c) {
+  const uint64_t row = row_bytes(c.k_type, c.n_kv_heads * c.head_dim_k) + row_bytes(c.v_type, c.n_kv_heads * c.head_dim_v);
+  return row * static_cast<uint64_t>(c.last_layer - c.first_layer);
+}
+
+uint64_t kv_bytes_for_positions(const KvConfig& c, int64_t positions) {
+  if (positions <= 0) return 0;
+  const auto pages = (static_cast<uint64_t>(positions) + static_cast<uint64_t>(c.page_positions) - 1) /
+                     static_cast<uint64_t>(c.page_positions);
+  return pages * static_cast<uint64_t>(c.page_positions) * kv_bytes_per_position(c);
 }
 
 void read_k(const KvLayerView& view, int64_t pos, int64_t head, float* out) {
-  load_head(view.k_type, view.k + static_cast<size_t>(pos) * view.k_row_bytes, head, view.head_dim_k, out);
+  load_head(view.k_type, view.k_row(pos), head, view.head_dim_k, out);
 }
 
 void read_v(const KvLayerView& view, int64_t pos, int64_t head, float* out) {
-  load_head(view.v_type, view.v + static_cast<size_t>(pos) * view.v_row_bytes, head, view.head_dim_v, out);
+  load_head(view.v_type, view.v_row(pos), head, view.head_dim_v, out);
 }
 
 KvState::KvState(const KvConfig& config) : config_(config) {
   validate(config_);
   k_row_bytes_ = row_bytes(config_.k_type, config_.n_kv_heads * config_.head_dim_k);
   v_row_bytes_ = row_bytes(config_.v_type, config_.n_kv_heads * config_.head_dim_v);
+  page_shift_ = page_shift_of(config_.page_positions);
   layers_.resize(static_cast<size_t>(config_.last_layer - config_.first_layer));
+}
+
+void KvState::add_page(Layer& l) const {
+  const auto rows = static_cast<size_t>(config_.page_positions);
+  // Not zeroed: only rows below n are ever read or copied.
+  l.k_pages.push_back(std::make_unique_for_overwrite<uint8_t[]>(rows * k_row_bytes_));
+  l.v_pages.push_back(std::make_unique_for_overwrite<uint8_t[]>(rows * v_row_bytes_));
+  l.k_rows.push_back(l.k_pages.back().get());
+  l.v_rows.push_back(l.v_pages.back().get());
+}
+
+void KvState::keep_pages(Layer& l, int64_t positions) const {
+  const auto keep = static_cast<size_t>(pages_for(positions));
+  if (l.k_pages.size() <= keep) return;
+  l.k_pages.resize(keep);
+  l.v_pages.resize(keep);
+  l.k_rows.resize(keep);
+  l.v_rows.resize(keep);
+}
+
+uint8_t* KvState::k_row(Layer& l, int64_t pos) const {
+  return l.k_pages[static_cast<size_t>(pos >> page_shift_)].get() +
+         static_cast<size_t>(pos & (config_.page_positions - 1)) * k_row_bytes_;
+}
+
+uint8_t* KvState::v_row(Layer& l, int64_t pos) const {
+  return l.v_pages[static_cast<size_t>(pos >> page_shift_)].get() +
+         static_cast<size_t>(pos & (config_.page_positions - 1)) * v_row_bytes_;
 }
 
 const KvState::Layer& KvState::at(int32_t layer) const {
@@ -104,14 +160,17 @@ const KvState::Layer& KvState::at(int32_t layer) const {
 
 void KvState::truncate(int64_t pos) {
   pos = std::max<int64_t>(pos, 0);
-  for (Layer& l : layers_) l.n = std::min(l.n, pos);
+  for (Layer& l : layers_) {
+    l.n = std::min(l.n, pos);
+    keep_pages(l, l.n);
+  }
   n_pos_ = std::min(n_pos_, pos);
 }
 
 size_t KvState::bytes_used() const {
-  size_t total = 0;
-  for (const Layer& l : layers_) total += static_cast<size_t>(l.n) * (k_row_bytes_ + v_row_bytes_);
-  return total;
+  size_t pages = 0;
+  for (const Layer& l : layers_) pages += l.k_pages.size();
+  return pages * static_cast<size_t>(config_.page_positions) * (k_row_bytes_ + v_row_bytes_);
 }
 
 void KvState::write(int32_t layer_index, int64_t pos, const float* k, const float* v) {
@@ -121,18 +180,11 @@ void KvState::write(int32_t layer_index, int64_t pos, const float* k, const floa
                             std::to_string(l.n) + ")");
   }
   if (pos == l.n) {
-    const size_t need = static_cast<size_t>(pos + 1);
-    if (l.k.size() < need * k_row_bytes_) {
-      const size_t cap = std::max<size_t>(need, 2 * l.k.size() / std::max<size_t>(k_row_bytes_, 1));
-      l.k.resize(cap * k_row_bytes_);
-      l.v.resize(cap * v_row_bytes_);
-    }
+    if (static_cast<int64_t>(l.k_pages.size()) < pages_for(pos + 1)) add_page(l);
     l.n = pos + 1;
   }
-  store_row(config_.k_type, k, l.k.data() + static_cast<size_t>(pos) * k_row_bytes_,
-            config_.n_kv_heads * config_.head_dim_k);
-  store_row(config_.v_type, v, l.v.data() + static_cast<size_t>(pos) * v_row_bytes_,
-            config_.n_kv_heads * config_.head_dim_v);
+  store_row(config_.k_type, k, k_row(l, pos), config_.n_kv_heads * config_.head_dim_k);
+  store_row(config_.v_type, v, v_row(l, pos), config_.n_kv_heads * config_.head_dim_v);
   int64_t n = layers_.empty() ? 0 : layers_.front().n;
   for (const Layer& each : layers_) n = std::min(n, each.n);
   n_pos_ = n;
@@ -143,8 +195,10 @@ KvLayerView KvState::layer(int32_t layer_index) const {
   KvLayerView view;
   view.k_type = config_.k_type;
   view.v_type = config_.v_type;
-  view.k = l.k.data();
-  view.v = l.v.data();
+  view.k_pages = l.k_rows.data();
+  view.v_pages = l.v_rows.data();
+  view.page_shift = page_shift_;
+  view.page_mask = config_.page_positions - 1;
   view.k_row_bytes = k_row_bytes_;
   view.v_row_bytes = v_row_bytes_;
   view.n_pos = l.n;
@@ -154,49 +208,90 @@ KvLayerView KvState::layer(int32_t layer_index) const {
   return view;
 }
 
-// Snapshot: magic, k/v row bytes, layer count, then per layer n and its rows.
 std::vector<uint8_t> KvState::snapshot() const {
+  size_t total = kSnapshotHeaderWords * 8;
+  for (const Layer& l : layers_) total += 8 + static_cast<size_t>(l.n) * (k_row_bytes_ + v_row_bytes_);
   std::vector<uint8_t> out;
+  out.reserve(total);
   auto put = [&out](const void* p, size_t n) {
     const auto* b = static_cast<const uint8_t*>(p);
     out.insert(out.end(), b, b + n);
   };
-  const uint64_t header[4] = {kSnapshotMagic, k_row_bytes_, v_row_bytes_, layers_.size()};
+  const uint64_t header[kSnapshotHeaderWords] = {kSnapshotMagic,
+                                                 kSnapshotVersion,
+                                                 static_cast<uint64_t>(config_.k_type),
+                                                 static_cast<uint64_t>(config_.v_type),
+                                                 k_row_bytes_,
+                                                 v_row_bytes_,
+                                                 static_cast<uint64_t>(config_.first_layer),
+                                                 layers_.size()};
   put(header, sizeof header);
   for (const Layer& l : layers_) {
     const uint64_t n = static_cast<uint64_t>(l.n);
     put(&n, sizeof n);
-    put(l.k.data(), static_cast<size_t>(l.n) * k_row_bytes_);
-    put(l.v.data(), static_cast<size_t>(l.n) * v_row_bytes_);
+    for (int64_t p = 0; p < l.n; ++p) put(l.k_rows[static_cast<size_t>(p >> page_shift_)] +
+                                              static_cast<size_t>(p & (config_.page_positions - 1)) * k_row_bytes_,
+                                          k_row_bytes_);
+    for (int64_t p = 0; p < l.n; ++p) put(l.v_rows[static_cast<size_t>(p >> page_shift_)] +
+                                              static_cast<size_t>(p & (config_.page_positions - 1)) * v_row_bytes_,
+                                          v_row_bytes_);
   }
   return out;
 }
 
-void KvState::restore(std::span<const uint8_t> snapshot) {
-  size_t offset = 0;
-  auto get = [&](void* p, size_t n) {
-    if (offset + n > snapshot.size()) throw std::invalid_argument("KV snapshot: truncated");
-    std::memcpy(p, snapshot.data() + offset, n);
-    offset += n;
-  };
-  uint64_t header[4];
-  get(header, sizeof header);
-  if (header[0] != kSnapshotMagic || header[1] != k_row_bytes_ || header[2] != v_row_bytes_ ||
-      header[3] != layers_.size()) {
-    throw std::invalid_argument("KV snapshot: another cache configuration");
+std::vector<int64_t> KvState::snapshot_positions(std::span<const uint8_t> snapshot) const {
+  if (snapshot.size() < kSnapshotHeaderWords * 8) {
+    throw std::invalid_argument("KV snapshot: " + std::to_string(snapshot.size()) + " bytes, shorter than its header");
   }
-  std::vector<Layer> restored(layers_.size());
-  for (Layer& l : restored) {
+  uint64_t header[kSnapshotHeaderWords];
+  std::memcpy(header, snapshot.data(), sizeof header);
+  if (header[0] != kSnapshotMagic) throw std::invalid_argument("KV snapshot: not a KV snapshot (bad magic)");
+  if (header[1] != kSnapshotVersion) {
+    throw std::invalid_argument("KV snapshot: format version " + std::to_string(header[1]) + ", this stage reads " +
+                                std::to_string(kSnapshotVersion));
+  }
+  if (header[2] != static_cast<uint64_t>(config_.k_type) || header[3] != static_cast<uint64_t>(config_.v_type) ||
+      header[4] != k_row_bytes_ || header[5] != v_row_bytes_ ||
+      header[6] != static_cast<uint64_t>(config_.first_layer) || header[7] != layers_.size()) {
+    throw std::invalid_argument("KV snapshot: another cache configuration (types, row sizes or layers)");
+  }
+  const uint64_t position_bytes = k_row_bytes_ + v_row_bytes_;
+  std::vector<int64_t> positions;
+  positions.reserve(layers_.size());
+  size_t offset = sizeof header;
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    if (snapshot.size() - offset < 8) throw std::invalid_argument("KV snapshot: truncated before layer " + std::to_string(i));
     uint64_t n = 0;
-    get(&n, sizeof n);
-    if (n > snapshot.size()) throw std::invalid_argument("KV snapshot: bad length");
-    l.n = static_cast<int64_t>(n);
-    l.k.resize(n * k_row_bytes_);
-    l.v.resize(n * v_row_bytes_);
-    get(l.k.data(), l.k.size());
-    get(l.v.data(), l.v.size());
+    std::memcpy(&n, snapshot.data() + offset, 8);
+    offset += 8;
+    // Divided, not multiplied: a lying n must not overflow into a small product.
+    const uint64_t fits = (snapshot.size() - offset) / position_bytes;
+    if (n > fits) {
+      throw std::invalid_argument("KV snapshot: layer " + std::to_string(i) + " claims " + std::to_string(n) +
+                                  " positions, the " + std::to_string(snapshot.size() - offset) +
+                                  " bytes left hold at most " + std::to_string(fits));
+    }
+    offset += static_cast<size_t>(n * position_bytes);
+    positions.push_back(static_cast<int64_t>(n));
   }
-  if (offset != snapshot.size()) throw std::invalid_argument("KV snapshot: trailing bytes");
+  if (offset != snapshot.size()) {
+    throw std::invalid_argument("KV snapshot: " + std::to_string(snapshot.size() - offset) + " trailing bytes");
+  }
+  return positions;
+}
+
+void KvState::restore(std::span<const uint8_t> snapshot) {
+  const std::vector<int64_t> positions = snapshot_positions(snapshot);  // before any allocation
+  std::vector<Layer> restored(layers_.size());
+  size_t offset = kSnapshotHeaderWords * 8;
+  for (size_t i = 0; i < restored.size(); ++i) {
+    Layer& l = restored[i];
+    l.n = positions[i];
+    offset += 8;
+    for (int64_t p = 0; p < pages_for(l.n); ++p) add_page(l);
+    for (int64_t p = 0; p < l.n; ++p, offset += k_row_bytes_) std::memcpy(k_row(l, p), snapshot.data() + offset, k_row_bytes_);
+    for (int64_t p = 0; p < l.n; ++p, offset += v_row_bytes_) std::memcpy(v_row(l, p), snapshot.data() + offset, v_row_bytes_);
+  }
   layers_ = std::move(restored);
   int64_t n = layers_.empty() ? 0 : layers_.front().n;
   for (const Layer& each : layers_) n = std::min(n, each.n);

@@ -3,6 +3,11 @@
 // F16), or as F32, Q8_0 or Q4_0 (-ctk / -ctv). A row is n_kv_heads * head_dim values,
 // head after head; quantized rows need head_dim to be a multiple of the block size
 // so that each head is a whole number of blocks.
+//
+// Rows live in fixed pages of page_positions positions, allocated as a sequence grows
+// and freed when it is truncated: growing never moves rows already written (no
+// doubling and copying in the middle of a step), and the bytes a sequence holds are
+// whole pages, known in advance (kv_bytes_for_positions), which is what budgets count.
 #pragma once
 
 #include <cstdint>
@@ -25,25 +30,42 @@ struct KvConfig {
   int64_t head_dim_v = 0;
   GgmlType k_type = GgmlType::F16;
   GgmlType v_type = GgmlType::F16;
+  int64_t page_positions = 256;  // positions per page, a power of two
 };
 
 // Parses "f32", "f16", "q8_0", "q4_0" (case-insensitive); nullopt otherwise.
 std::optional<GgmlType> parse_kv_type(std::string_view name);
 // Throws std::invalid_argument when the cache cannot store rows of this config.
 void validate(const KvConfig& config);
+// Bytes of K and V rows one position takes over all the config's layers.
+uint64_t kv_bytes_per_position(const KvConfig& config);
+// Bytes a sequence of `positions` positions holds: whole pages, every layer.
+uint64_t kv_bytes_for_positions(const KvConfig& config, int64_t positions);
 
-// Read access to one layer of one sequence: row p of K starts at k + p * k_row_bytes.
+// Read access to one layer of one sequence (valid until that sequence is next written
+// or truncated): row p lives in page p >> page_shift, at (p & page_mask) rows into it.
 struct KvLayerView {
   GgmlType k_type = GgmlType::F16;
   GgmlType v_type = GgmlType::F16;
-  const uint8_t* k = nullptr;
-  const uint8_t* v = nullptr;
+  const uint8_t* const* k_pages = nullptr;
+  const uint8_t* const* v_pages = nullptr;
+  int page_shift = 0;
+  int64_t page_mask = 0;
   size_t k_row_bytes = 0;
   size_t v_row_bytes = 0;
   int64_t n_pos = 0;
   int64_t n_kv_heads = 0;
   int64_t head_dim_k = 0;
   int64_t head_dim_v = 0;
+
+  const uint8_t* k_row(int64_t pos) const {
+    return k_pages[pos >> page_shift] + static_cast<size_t>(pos & page_mask) * k_row_bytes;
+  }
+  const uint8_t* v_row(int64_t pos) const {
+    return v_pages[pos >> page_shift] + static_cast<size_t>(pos & page_mask) * v_row_bytes;
+  }
+  // Both views read the same rows (the same layer of the same sequence).
+  bool same_rows(const KvLayerView& other) const { return k_pages == other.k_pages && v_pages == other.v_pages; }
 };
 
 // Dequantizes head `head` of row `pos` of K (or V) into out (head_dim floats).
@@ -58,7 +80,12 @@ class KvState final : public SequenceState {
   void truncate(int64_t pos) override;
   size_t bytes_used() const override;
   std::vector<uint8_t> snapshot() const override;
+  // Checks every length the snapshot claims against the bytes it has before anything
+  // is allocated (std::invalid_argument naming the first that does not fit).
   void restore(std::span<const uint8_t> snapshot) override;
+  // The positions a snapshot would restore in each layer, checked as restore() checks
+  // it, without allocating for its rows.
+  std::vector<int64_t> snapshot_positions(std::span<const uint8_t> snapshot) const;
 
   const KvConfig& config() const { return config_; }
   // Stores the K and V rows (n_kv_heads * head_dim floats each) of `layer` at `pos`,
@@ -70,13 +97,20 @@ class KvState final : public SequenceState {
 
  private:
   struct Layer {
-    std::vector<uint8_t> k, v;
-    int64_t n = 0;  // positions held in this layer
+    std::vector<std::unique_ptr<uint8_t[]>> k_pages, v_pages;
+    std::vector<const uint8_t*> k_rows, v_rows;  // the pages' addresses, for views
+    int64_t n = 0;                               // positions held in this layer
   };
   const Layer& at(int32_t layer) const;
+  void add_page(Layer& layer) const;
+  void keep_pages(Layer& layer, int64_t positions) const;  // frees the pages past `positions`
+  uint8_t* k_row(Layer& layer, int64_t pos) const;
+  uint8_t* v_row(Layer& layer, int64_t pos) const;
+  int64_t pages_for(int64_t positions) const { return (positions + config_.page_positions - 1) >> page_shift_; }
 
   KvConfig config_;
   size_t k_row_bytes_ = 0, v_row_bytes_ = 0;
+  int page_shift_ = 0;
   std::vector<Layer> layers_;
   int64_t n_pos_ = 0;
 };

@@ -4,7 +4,7 @@
 #
 #   cluster_test.sh BUILD_DIR MODEL_DIR CASE
 #
-# CASE: models | equivalence-llama | equivalence-qwen3 | concurrency | kill | hang | refuse | slow-link
+# CASE: models | equivalence-llama | equivalence-qwen3 | concurrency | kill | hang | refuse | slow-link | kv-budget
 set -euo pipefail
 build=$1 models=$2 case=$3
 pico=$build/tools/pico/pico worker=$build/worker/pico-worker coord=$build/coordinator/pico-coord
@@ -19,7 +19,9 @@ trap cleanup EXIT
 fail() { echo "FAIL: $*" >&2; for f in "$tmp"/*.log; do [ -f "$f" ] && { echo "--- $f" >&2; tail -5 "$f" >&2; }; done; exit 1; }
 ms() { echo $(( $(date +%s%N) / 1000000 )); }
 
-# start_workers MODEL RANGES (comma-separated) [tcp]: sets $workers (--worker args)
+# start_workers MODEL RANGES (comma-separated) [tcp]: sets $workers (--worker args);
+# the first worker also gets the flags in $first_worker_flags.
+first_worker_flags=()
 start_workers() {
   local model=$1 ranges=$2 transport=${3:-ipc} k=0 address
   workers=()
@@ -30,7 +32,9 @@ start_workers() {
     else
       address="ipc://$tmp/w$k-$RANDOM.sock"
     fi
-    "$worker" -m "$model" --layers "$range" --listen "$address" -t 1 2>"$tmp/worker-$k.log" &
+    local extra=()
+    [ "$k" -eq 0 ] && extra=("${first_worker_flags[@]}")
+    "$worker" -m "$model" --layers "$range" --listen "$address" -t 1 "${extra[@]}" 2>"$tmp/worker-$k.log" &
     pids+=($!)
     workers+=(--worker "$address")
     k=$((k + 1))
@@ -216,6 +220,39 @@ case $case in
     expect_refusal "no stage holds layers 2-2" "a gap"
     start_workers "$llama" 0-1
     expect_refusal "no stage holds layers 2-3" "missing last layers"
+    ;;
+
+  kv-budget)
+    # The first worker's KV budget holds 3 sequences of the model's 4096 positions
+    # (layers 0-1: 2 x (K + V) x 2 heads x 16 dims x 2 bytes = 256 bytes a position, 1 MiB
+    # a sequence): pico-coord cuts --parallel 8 to 3, naming the stage, and gives the
+    # tokens of a run without limits (5 prompts: some wait for a sequence to end).
+    llama=$models/llama.gguf
+    args=(-m "$llama" -p "$prompt" -p "a b c" -p "Once upon a time" -p "1 2 3 4" -p "the end" -n 8 --temp 0
+          --print-tokens)
+    "$coord" "${args[@]}" >"$tmp/base.txt" 2>"$tmp/base.log" || fail "single node run"
+    first_worker_flags=(--kv-memory 3M)
+    start_workers "$llama" 0-1,2-3
+    "$coord" "${workers[@]}" "${args[@]}" --parallel 8 >"$tmp/cut.txt" 2>"$tmp/coord.log" || fail "cut cluster run"
+    grep -q "parallel 8 cut to 3: stage .* (layers 0-1) has a KV budget of 3145728 bytes, 1048576 per sequence of ctx 4096" \
+      "$tmp/coord.log" || fail "no log line of the cut: $(cat "$tmp/coord.log")"
+    grep -q "ctx 4096, 3 parallel sequences" "$tmp/coord.log" || fail "not sized to 3 sequences"
+    cmp -s "$tmp/base.txt" "$tmp/cut.txt" || fail "tokens with 3 sequences at once differ from the single node's"
+    echo "cut: $(grep -m1 "cut to" "$tmp/coord.log")"
+    stop_workers
+    # Not even one sequence of 4096 positions fits 512 KiB: refused with the numbers.
+    first_worker_flags=(--kv-memory 512K)
+    start_workers "$llama" 0-1,2-3
+    status=0
+    "$coord" "${workers[@]}" "${args[@]}" >/dev/null 2>"$tmp/coord.log" || status=$?
+    [ "$status" -ne 0 ] || fail "started with a KV budget under one sequence"
+    grep -q "one sequence of ctx 4096 takes 1048576 bytes of KV, more than its budget of 524288 bytes: use --ctx 2048 or less, or give that worker --kv-memory 1048576 or more" \
+      "$tmp/coord.log" || fail "unexpected refusal: $(cat "$tmp/coord.log")"
+    echo "refused: $(grep -m1 "one sequence" "$tmp/coord.log")"
+    # As the message says: --ctx 2048 fits one sequence there.
+    "$coord" "${workers[@]}" "${args[@]}" --ctx 2048 >"$tmp/small.txt" 2>"$tmp/coord.log" || fail "run with --ctx 2048"
+    grep -q "ctx 2048, 1 parallel sequences" "$tmp/coord.log" || fail "not sized to 1 sequence of 2048"
+    cmp -s "$tmp/base.txt" "$tmp/small.txt" || fail "tokens with one sequence at a time differ"
     ;;
 
   *) echo "unknown case $case" >&2; exit 2 ;;

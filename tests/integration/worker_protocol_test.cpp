@@ -28,7 +28,12 @@ using protocol::ErrorCode;
 
 class WorkerProtocol : public ::testing::Test {
  protected:
-  static void SetUpTestSuite() {
+  // Rows enough that the largest legal frame (65536 rows of hidden states, 16 MiB) is
+  // beyond the envelope's traversal limit (8 MiB): an oversized envelope reaches the
+  // decoder, which refuses it (WorkerLimits sees frames beyond ZeroMQ's limit dropped).
+  static void SetUpTestSuite() { start_worker({"--max-rows", "65536"}); }
+  // Starts a worker of the model's two layers with these flags beside the usual ones.
+  static void start_worker(const std::vector<std::string>& flags) {
     const char* build = std::getenv("PICO_IT_BUILD");
     ASSERT_NE(build, nullptr) << "PICO_IT_BUILD is not set";
     dir_ = std::filesystem::temp_directory_path() / ("pico-worker-protocol-" + std::to_string(::getpid()));
@@ -39,9 +44,12 @@ class WorkerProtocol : public ::testing::Test {
     ASSERT_EQ(std::system(mk.c_str()), 0);
     address_ = "ipc://" + (dir_ / "worker.sock").string();
     const std::string worker = std::string(build) + "/worker/pico-worker";
-    const char* argv[] = {worker.c_str(), "-m", model.c_str(), "--layers", "0-1", "--listen", address_.c_str(),
-                          "-t", "1", nullptr};
-    ASSERT_EQ(posix_spawn(&pid_, worker.c_str(), nullptr, nullptr, const_cast<char**>(argv), environ), 0);
+    std::vector<std::string> args{worker, "-m", model, "--layers", "0-1", "--listen", address_, "-t", "1"};
+    args.insert(args.end(), flags.begin(), flags.end());
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    ASSERT_EQ(posix_spawn(&pid_, worker.c_str(), nullptr, nullptr, argv.data(), environ), 0);
   }
   static void TearDownTestSuite() {
     if (pid_ > 0) {
@@ -547,6 +555,154 @@ TEST_F(WorkerProtocol, SnapshotAndRestoreContinueBitIdentical) {
     c.envelope().getBody().initClose().setSeqId(seq);
     EXPECT_TRUE(net::send(socket_, nullptr, c.encode()));
   }
+  expect_still_serving();
+}
+
+// A worker with small limits: each is refused with ErrorCode.limit naming it, before
+// anything changes, and the worker keeps serving.
+class WorkerLimits : public WorkerProtocol {
+ protected:
+  // One sequence of up to 300 positions, 8 rows a forward, KV for one and a half pages
+  // of 256 positions (2 layers x (K + V) x 2 heads x 16 dims x 2 bytes = 256 bytes a
+  // position).
+  static constexpr uint64_t kPositionBytes = 256, kBudget = 384 * kPositionBytes;
+  static void SetUpTestSuite() {
+    start_worker({"--max-rows", "8", "--ctx", "300", "--max-sequences", "1", "--kv-memory", "96K"});
+  }
+  // Refused with `code`, the text naming the limit.
+  void expect_refused(std::span<const uint8_t> header, ErrorCode code, const std::string& text,
+                      std::span<const std::vector<uint8_t>> payloads = {}) {
+    auto r = ask(header, 5000, payloads);
+    ASSERT_TRUE(r) << "no answer";
+    ASSERT_EQ(r->which(), Envelope::Body::ERROR) << protocol::body_name(r->which());
+    const auto e = r->envelope().getBody().getError();
+    EXPECT_EQ(e.getCode(), code) << e.getText().cStr();
+    EXPECT_NE(std::string(e.getText().cStr()).find(text), std::string::npos) << e.getText().cStr();
+  }
+  // Positions [from, to) of seq, 8 at a time; answered with logits.
+  void grow(int32_t seq, int32_t from, int32_t to) {
+    for (int32_t p = from; p < to; p += 8) {
+      std::vector<int32_t> tokens(static_cast<size_t>(std::min(8, to - p)), 29);
+      auto r = ask(forward_message(seq, p, tokens));
+      ASSERT_TRUE(r);
+      ASSERT_EQ(r->which(), Envelope::Body::LOGITS) << "position " << p;
+    }
+  }
+  uint64_t kv_bytes() {
+    protocol::Builder b;
+    b.envelope().getBody().setStatsRequest();
+    auto r = ask(b.encode());
+    EXPECT_TRUE(r && r->which() == Envelope::Body::STATS);
+    return r ? r->envelope().getBody().getStats().getKvBytes() : 0;
+  }
+  void close(int32_t seq) {
+    protocol::Builder c;
+    c.envelope().getBody().initClose().setSeqId(seq);
+    EXPECT_TRUE(net::send(socket_, nullptr, c.encode()));
+  }
+  std::unique_ptr<protocol::Decoded> restore(int32_t seq, const std::vector<uint8_t>& state, uint64_t claimed) {
+    protocol::Builder b;
+    auto r = b.envelope().getBody().initRestore();
+    r.setSeqId(seq);
+    r.setFirstLayer(0);
+    r.setLastLayer(2);
+    r.setBytes(claimed);
+    const std::vector<std::vector<uint8_t>> payload{state};
+    return ask(b.encode(), 5000, payload);
+  }
+};
+
+TEST_F(WorkerLimits, CapabilitiesCarryTheLimits) {
+  auto r = ask(hello());
+  ASSERT_TRUE(r);
+  const auto l = r->envelope().getBody().getCapabilities().getLimits();
+  EXPECT_EQ(l.getMaxRows(), 8u);
+  EXPECT_EQ(l.getMaxPositions(), 300u);
+  EXPECT_EQ(l.getMaxSequences(), 1u);
+  EXPECT_EQ(l.getStateBudgetBytes(), kBudget);
+  EXPECT_EQ(l.getKvBytesPerPosition(), kPositionBytes);
+  EXPECT_EQ(l.getStateBytesPerSequence(), 0u);
+  EXPECT_EQ(l.getPagePositions(), 256u);
+  // The largest legal frame is the largest restore the budget holds, plus header room.
+  EXPECT_GE(l.getMaxMessageBytes(), kBudget);
+  EXPECT_LT(l.getMaxMessageBytes(), kBudget + (2u << 20));
+}
+
+TEST_F(WorkerLimits, RefusesRowsPositionsSequencesAndBudget) {
+  std::vector<int32_t> nine(9, 29);
+  expect_refused(forward_message(1, 0, nine), ErrorCode::LIMIT, "forward of 9 rows exceeds --max-rows 8");
+  expect_refused(forward_message(1, 300, {29}), ErrorCode::LIMIT, "position 300 exceeds --ctx 300");
+  grow(1, 0, 256);
+  EXPECT_EQ(kv_bytes(), 256 * kPositionBytes);
+  expect_refused(forward_message(2, 0, {29}), ErrorCode::LIMIT,
+                 "forward would hold 2 sequences (1 new), exceeding --max-sequences 1");
+  // A second page would pass the budget of one and a half.
+  expect_refused(forward_message(1, 256, {29}), ErrorCode::LIMIT,
+                 "would hold 131072 bytes of KV, exceeding --kv-memory 98304");
+  EXPECT_EQ(kv_bytes(), 256 * kPositionBytes);  // nothing changed
+  // Sequence 1 is as it was: it goes on from 256 positions once it fits (a rewind).
+  auto r = ask(forward_message(1, 250, {29, 29}));
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->which(), Envelope::Body::LOGITS);
+  close(1);
+  grow(2, 0, 8);
+  close(2);
+  expect_still_serving();
+}
+
+TEST_F(WorkerLimits, RefusesMessagesBeyondTheLargestLegal) {
+  auto r = ask(hello());
+  ASSERT_TRUE(r);
+  const uint64_t most = r->envelope().getBody().getCapabilities().getLimits().getMaxMessageBytes();
+  // Frames each under ZeroMQ's limit, together over it: answered.
+  const std::vector<std::vector<uint8_t>> halves(2, std::vector<uint8_t>(most / 2 + 16));
+  expect_refused(forward_message(3, 0, {29}), ErrorCode::LIMIT, "exceeds the largest message", halves);
+  // One frame over it: ZeroMQ drops the connection before the worker sees the message.
+  net::ConnectionMonitor monitor;
+  zmq::socket_t big = net::make_dealer(address_, "test-big", {}, &monitor);
+  for (int i = 0; i < 500 && !monitor.connected(); ++i) monitor.update(10);
+  ASSERT_TRUE(monitor.connected());
+  const std::vector<std::vector<uint8_t>> frame{std::vector<uint8_t>(most + 1)};
+  ASSERT_TRUE(net::send(big, nullptr, forward_message(3, 0, {29}), frame));
+  for (int i = 0; i < 500 && !monitor.lost(); ++i) monitor.update(10);
+  EXPECT_TRUE(monitor.lost()) << "the worker took a frame beyond its largest legal message";
+  expect_still_serving();
+}
+
+TEST_F(WorkerLimits, RefusesARestoreClaimingMoreThanItCarries) {
+  grow(4, 0, 16);
+  protocol::Builder sr;
+  sr.envelope().getBody().initSnapshotRequest().setSeqId(4);
+  auto snap = ask(sr.encode());
+  ASSERT_TRUE(snap);
+  ASSERT_EQ(snap->which(), Envelope::Body::SNAPSHOT);
+  const std::vector<uint8_t> state(last_->payload_bytes(0).begin(), last_->payload_bytes(0).end());
+  // The envelope claims more bytes than the frame has.
+  auto r = restore(4, state, state.size() + 100);
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->which(), Envelope::Body::ERROR);
+  EXPECT_EQ(r->envelope().getBody().getError().getCode(), ErrorCode::LIMIT);
+  // The state claims more positions than its bytes hold (its first layer's count).
+  auto lying = state;
+  const uint64_t claimed = 1000000;
+  std::memcpy(lying.data() + 64, &claimed, 8);
+  r = restore(4, lying, lying.size());
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->which(), Envelope::Body::ERROR);
+  EXPECT_EQ(r->envelope().getBody().getError().getCode(), ErrorCode::BAD_REQUEST);
+  EXPECT_NE(std::string(r->envelope().getBody().getError().getText().cStr()).find("claims 1000000 positions"),
+            std::string::npos);
+  // A new sequence beyond --max-sequences.
+  r = restore(5, state, state.size());
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->which(), Envelope::Body::ERROR);
+  EXPECT_EQ(r->envelope().getBody().getError().getCode(), ErrorCode::LIMIT);
+  // Sequence 4 as it was: its state restores over itself.
+  r = restore(4, state, state.size());
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->which(), Envelope::Body::RESTORED);
+  EXPECT_EQ(kv_bytes(), 256 * kPositionBytes);
+  close(4);
   expect_still_serving();
 }
 
