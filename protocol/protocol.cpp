@@ -170,15 +170,23 @@ std::string to_string(const ModelIdentity& id) {
 }
 
 size_t payload_bytes(DType dtype, size_t rows, size_t width) {
+  // rows and width come from a received header: a product that wraps around would
+  // match a short frame and let the reader run past it.
+  size_t per_row = 0, bytes = 0;
   switch (dtype) {
-    case DType::F32: return rows * width * 4;
-    case DType::F16: return rows * width * 2;
+    case DType::F32: per_row = width * 4; break;
+    case DType::F16: per_row = width * 2; break;
     case DType::Q80: {
       const auto& t = type_traits(GgmlType::Q8_0);
-      return rows * (width / t.block_size) * t.block_bytes;
+      per_row = (width / t.block_size) * t.block_bytes;
+      break;
     }
   }
-  return 0;
+  if (width > SIZE_MAX / 4 || __builtin_mul_overflow(rows, per_row, &bytes)) {
+    throw ProtocolError(ErrorCode::BAD_REQUEST, "payload of " + std::to_string(rows) + " x " +
+                                                    std::to_string(width) + " values: too large");
+  }
+  return bytes;
 }
 
 std::vector<uint8_t> encode_payload(DType dtype, const float* values, size_t rows, size_t width) {
@@ -229,9 +237,21 @@ std::vector<float> decode_payload(DType dtype, std::span<const uint8_t> bytes, s
         out[i] = fp16_to_fp32(h);
       }
       break;
-    case DType::Q80:
-      if (n) type_traits(GgmlType::Q8_0).dequantize(bytes.data(), out.data(), static_cast<int64_t>(n));
+    case DType::Q80: {
+      if (!n) break;
+      // Q8_0 blocks start with an F16 scale read as a uint16_t: a received frame may sit
+      // at any address (ZeroMQ hands out slices of its receive buffer), so an odd one
+      // is copied to an aligned buffer first.
+      std::vector<uint16_t> aligned;
+      const void* blocks = bytes.data();
+      if (reinterpret_cast<uintptr_t>(blocks) % alignof(uint16_t) != 0) {
+        aligned.resize((bytes.size() + 1) / 2);
+        std::memcpy(aligned.data(), bytes.data(), bytes.size());
+        blocks = aligned.data();
+      }
+      type_traits(GgmlType::Q8_0).dequantize(blocks, out.data(), static_cast<int64_t>(n));
       break;
+    }
   }
   return out;
 }

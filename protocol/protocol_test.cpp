@@ -102,6 +102,19 @@ TEST(Protocol, PayloadCodecs) {
   EXPECT_THROW(parse_dtype("bf8"), std::invalid_argument);
 }
 
+// A received frame may start at an odd address: a Q8_0 payload there decodes as it
+// does aligned (under UBSan, a misaligned read of a block's scale fails this test).
+TEST(Protocol, Q8PayloadAtAnOddAddress) {
+  std::vector<float> v(2 * 32);
+  for (size_t i = 0; i < v.size(); ++i) v[i] = std::cos(static_cast<float>(i)) * 2.0f;
+  const auto q8 = encode_payload(DType::Q80, v.data(), 2, 32);
+  std::vector<uint8_t> shifted(q8.size() + 1);
+  std::copy(q8.begin(), q8.end(), shifted.begin() + 1);
+  const std::span<const uint8_t> odd(shifted.data() + 1, q8.size());
+  ASSERT_EQ(reinterpret_cast<uintptr_t>(odd.data()) % 2, 1u);
+  EXPECT_EQ(decode_payload(DType::Q80, odd, 2, 32), decode_payload(DType::Q80, q8, 2, 32));
+}
+
 // F32 payloads are read in place when aligned; otherwise (or for F16) decoded into the
 // scratch vector; a wrong size is refused either way.
 TEST(Protocol, PayloadFloatsReadsAlignedF32InPlace) {
@@ -124,6 +137,19 @@ TEST(Protocol, PayloadFloatsReadsAlignedF32InPlace) {
   EXPECT_EQ(scratch, decode_payload(DType::F16, f16, 3, 32));
   EXPECT_THROW(payload_floats(DType::F32, std::span<const uint8_t>(bytes).first(bytes.size() - 4), 3, 32, scratch),
                ProtocolError);
+}
+
+// A header's rows x width whose byte count wraps around to a frame's size (2^31 x 2^31
+// F32 values are 2^64 bytes, i.e. 0) is refused, not read past the frame.
+TEST(Protocol, PayloadShapesThatOverflowAreRefused) {
+  std::vector<float> scratch;
+  alignas(4) static const uint8_t nothing[4] = {};
+  const std::span<const uint8_t> empty(nothing, 0);
+  const size_t huge = size_t{1} << 31;
+  EXPECT_THROW(payload_floats(DType::F32, empty, huge, huge, scratch), ProtocolError);
+  EXPECT_THROW(decode_payload(DType::F32, empty, huge, huge), ProtocolError);
+  EXPECT_THROW(decode_payload(DType::F16, empty, size_t{1} << 32, size_t{1} << 31), ProtocolError);
+  EXPECT_THROW(payload_bytes(DType::Q80, SIZE_MAX, 64), ProtocolError);
 }
 
 TEST(Protocol, HeartbeatEchoesTheSendersClock) {

@@ -35,16 +35,20 @@ Server::Server(StageEngine& engine, const std::string& listen_address, const net
 
 void Server::run(const std::atomic<bool>& stop) {
   idle_since_nanos_ = protocol::steady_nanos();
-  while (!stop.load()) {
-    auto msg = net::receive(router_, true, 100);
-    if (!msg) continue;
-    received_nanos_ = protocol::steady_nanos();
-    finished_nanos_ = 0;
-    handle(*msg);
-    // Idle from the moment a forward's output was handed over (being descheduled
-    // after that is not this stage's work), or from now after any other message.
-    idle_since_nanos_ = finished_nanos_ ? finished_nanos_ : protocol::steady_nanos();
-  }
+  while (!stop.load()) serve_one(100);
+}
+
+bool Server::serve_one(int timeout_ms) {
+  if (idle_since_nanos_ == 0) idle_since_nanos_ = protocol::steady_nanos();
+  auto msg = net::receive(router_, true, timeout_ms);
+  if (!msg) return false;
+  received_nanos_ = protocol::steady_nanos();
+  finished_nanos_ = 0;
+  handle(*msg);
+  // Idle from the moment a forward's output was handed over (being descheduled
+  // after that is not this stage's work), or from now after any other message.
+  idle_since_nanos_ = finished_nanos_ ? finished_nanos_ : protocol::steady_nanos();
+  return true;
 }
 
 void Server::reply(const std::string& peer, const std::vector<uint8_t>& header) {

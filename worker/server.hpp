@@ -23,6 +23,9 @@ class Server {
   Server(StageEngine& engine, const std::string& listen_address, const net::Timing& timing = {});
   // Serves until `stop` is set (checked every 100 ms).
   void run(const std::atomic<bool>& stop);
+  // One turn of run(): waits up to timeout_ms for a message and handles it; false when
+  // none came (tests and fuzzing drive the server this way, in their own thread).
+  bool serve_one(int timeout_ms);
 
  private:
   void handle(net::Received& msg);
