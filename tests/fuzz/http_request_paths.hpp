@@ -1,0 +1,12 @@
+// The endpoints http_request_fuzz picks from (its first input byte) and its seeds use.
+#pragma once
+
+#include <array>
+#include <string_view>
+
+namespace pico::fuzz {
+
+inline constexpr std::array<std::string_view, 6> kHttpRequestPaths = {
+    "/completion", "/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize", "/no-such-route"};
+
+}  // namespace pico::fuzz
