@@ -43,7 +43,8 @@ ClusterConfig load_cluster_config(const std::string& path) {
     // Integers only (toml++'s value<int64_t>() would also take true as 1).
     if (auto node = (*s)["ctx"]; node) {
       const auto v = node.is_integer() ? node.value<int64_t>() : std::nullopt;
-      if (!v || *v <= 0 || *v > INT32_MAX) throw std::runtime_error(path + ": [scheduler] ctx must be a positive integer");
+      if (!v || *v <= 0 || *v > INT32_MAX)
+        throw std::runtime_error(path + ": [scheduler] ctx must be a positive integer");
       c.ctx = *v;
     }
     if (auto node = (*s)["parallel"]; node) {

@@ -18,8 +18,8 @@
 
 #include "cluster_config.hpp"
 #include "engine.hpp"
-#include "http/server.hpp"
 #include "gguf/reader.hpp"
+#include "http/server.hpp"
 #include "pipeline.hpp"
 #include "scheduler.hpp"
 #include "sizing.hpp"
@@ -184,7 +184,8 @@ int main(int argc, char** argv) {
     want.max_batch_tokens = sched.max_batch_tokens;
     const Sizing sized = size_for_stages(infos, want);
     for (const auto& note : sized.notes) spdlog::warn("{}", note);
-    spdlog::info("ctx {}, {} parallel sequences, {} tokens per step", sized.ctx, sized.parallel, sized.max_batch_tokens);
+    spdlog::info("ctx {}, {} parallel sequences, {} tokens per step", sized.ctx, sized.parallel,
+                 sized.max_batch_tokens);
     sched.ctx = sized.ctx;
     sched.max_sequences = sized.parallel;
     sched.max_batch_tokens = sized.max_batch_tokens;

@@ -41,8 +41,8 @@ Sizing size_for_stages(const std::vector<StageInfo>& stages, const SizingRequest
   for (const StageInfo& st : stages) {
     const auto& l = st.limits;
     if (l.max_sequences > 0 && l.max_sequences < s.parallel) {
-      s.notes.push_back("parallel " + std::to_string(s.parallel) + " cut to " + std::to_string(l.max_sequences) +
-                        ": " + stage_name(st) + " holds at most " + std::to_string(l.max_sequences) +
+      s.notes.push_back("parallel " + std::to_string(s.parallel) + " cut to " + std::to_string(l.max_sequences) + ": " +
+                        stage_name(st) + " holds at most " + std::to_string(l.max_sequences) +
                         " sequences (its --max-sequences)");
       s.parallel = static_cast<int>(l.max_sequences);
     }
@@ -59,20 +59,23 @@ Sizing size_for_stages(const std::vector<StageInfo>& stages, const SizingRequest
     const uint64_t one = sequence_bytes(l, s.ctx);
     if (one > l.state_budget_bytes) {
       // The longest context one sequence may have there, in whole pages.
-      const uint64_t page_bytes = static_cast<uint64_t>(std::max<int64_t>(l.page_positions, 1)) * l.kv_bytes_per_position;
-      const uint64_t room = l.state_budget_bytes > l.state_bytes_per_sequence ? l.state_budget_bytes - l.state_bytes_per_sequence : 0;
-      const uint64_t fits = page_bytes ? room / page_bytes * static_cast<uint64_t>(std::max<int64_t>(l.page_positions, 1)) : 0;
+      const uint64_t page_bytes =
+          static_cast<uint64_t>(std::max<int64_t>(l.page_positions, 1)) * l.kv_bytes_per_position;
+      const uint64_t room =
+          l.state_budget_bytes > l.state_bytes_per_sequence ? l.state_budget_bytes - l.state_bytes_per_sequence : 0;
+      const uint64_t fits =
+          page_bytes ? room / page_bytes * static_cast<uint64_t>(std::max<int64_t>(l.page_positions, 1)) : 0;
       throw SizingError(stage_name(st) + ": one sequence of ctx " + std::to_string(s.ctx) + " takes " +
                         std::to_string(one) + " bytes of KV, more than its budget of " +
                         std::to_string(l.state_budget_bytes) + " bytes: use --ctx " + std::to_string(fits) +
-                        " or less" + (fits == 0 ? " (nothing fits)" : "") +
-                        ", or give that worker --kv-memory " + std::to_string(one) + " or more");
+                        " or less" + (fits == 0 ? " (nothing fits)" : "") + ", or give that worker --kv-memory " +
+                        std::to_string(one) + " or more");
     }
     const uint64_t fit = l.state_budget_bytes / one;
     if (fit < static_cast<uint64_t>(s.parallel)) {
       s.notes.push_back("parallel " + std::to_string(s.parallel) + " cut to " + std::to_string(fit) + ": " +
-                        stage_name(st) + " has a KV budget of " + std::to_string(l.state_budget_bytes) +
-                        " bytes, " + std::to_string(one) + " per sequence of ctx " + std::to_string(s.ctx) +
+                        stage_name(st) + " has a KV budget of " + std::to_string(l.state_budget_bytes) + " bytes, " +
+                        std::to_string(one) + " per sequence of ctx " + std::to_string(s.ctx) +
                         " (raise its --kv-memory or lower --ctx for more)");
       s.parallel = static_cast<int>(fit);
     }

@@ -42,7 +42,8 @@ bool mentions(const std::vector<std::string>& notes, const std::string& part) {
 
 TEST(Sizing, KeepsWhatFits) {
   // 32 sequences of 1024 positions: 32 x 1024 x 1000 bytes.
-  const Sizing s = size_for_stages({stage("a", 0, 3, 32 * 1024 * 1000), stage("b", 4, 7, 1ull << 40)}, request(1024, 32));
+  const Sizing s =
+      size_for_stages({stage("a", 0, 3, 32 * 1024 * 1000), stage("b", 4, 7, 1ull << 40)}, request(1024, 32));
   EXPECT_EQ(s.ctx, 1024);
   EXPECT_EQ(s.parallel, 32);
   EXPECT_EQ(s.max_batch_tokens, 512);
@@ -56,8 +57,8 @@ TEST(Sizing, TheModelsContextByDefault) {
 
 TEST(Sizing, CutsParallelToTheSmallestBudgetNamingTheStage) {
   // Stage b holds 10.5 sequences of 1024 positions: 10.
-  const Sizing s =
-      size_for_stages({stage("a", 0, 3, 1ull << 40), stage("b", 4, 7, 10 * 1024 * 1000 + 500 * 1000)}, request(1024, 32));
+  const Sizing s = size_for_stages({stage("a", 0, 3, 1ull << 40), stage("b", 4, 7, 10 * 1024 * 1000 + 500 * 1000)},
+                                   request(1024, 32));
   EXPECT_EQ(s.parallel, 10);
   ASSERT_EQ(s.notes.size(), 1u);
   EXPECT_TRUE(mentions(s.notes, "stage b (layers 4-6)")) << s.notes[0];
@@ -136,8 +137,8 @@ TEST(ClusterConfig, ReadsCtxAndParallel) {
   EXPECT_EQ(c.ctx.value_or(0), 3000);
   EXPECT_EQ(c.parallel.value_or(0), 7);
   EXPECT_FALSE(load("[scheduler]\nmicro_batch = 8\n").ctx.has_value());
-  for (const char* bad : {"ctx = 0", "ctx = -5", "ctx = \"big\"", "ctx = 1.5", "parallel = 0", "parallel = 100000",
-                          "parallel = true"}) {
+  for (const char* bad :
+       {"ctx = 0", "ctx = -5", "ctx = \"big\"", "ctx = 1.5", "parallel = 0", "parallel = 100000", "parallel = true"}) {
     EXPECT_THROW(load(std::string("[scheduler]\n") + bad + "\n"), std::runtime_error) << bad;
   }
   std::filesystem::remove(path);

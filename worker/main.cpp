@@ -33,8 +33,8 @@ int main(int argc, char** argv) {
   app.add_option("--max-sequences", limits.max_sequences, "sequences holding KV at once (default 256)")
       ->check(CLI::PositiveNumber);
   app.add_option("--kv-memory", kv_memory,
-                 "KV bytes over all sequences, e.g. 512M, 4G (default: available memory less the weights not yet "
-                 "resident, less a tenth)");
+                 "KV bytes over all sequences, e.g. 512M, 4G (default: available memory less the stage's weights, "
+                 "less a tenth)");
   CLI11_PARSE(app, argc, argv);
   try {
     std::optional<pico::model::LayerRange> range;

@@ -1,7 +1,6 @@
 #include "stage_engine.hpp"
 
 #include <spdlog/spdlog.h>
-#include <sys/mman.h>
 #include <unistd.h>
 
 #include <cctype>
@@ -48,25 +47,14 @@ std::string mib(uint64_t bytes) { return std::to_string(bytes >> 20) + " MiB"; }
 MemoryBudget default_state_budget(const gguf::Model& file, model::LayerRange range, int32_t n_layer) {
   MemoryBudget m;
   m.available = available_memory_bytes();
-  const auto page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  // Every weight byte the stage reads, resident or not: mapped file pages already read
+  // are page cache, which MemAvailable counts as available (reclaimable), and the rest
+  // will be taken from it once read (or swapped into memory of the model's own).
   for (const auto& t : file.tensors()) {
-    if (!stage_reads(file, t.name, range, n_layer) || t.bytes == 0) continue;
-    if (file.foreign_byte_order()) {  // swapped into memory of its own on first use
-      m.weights_to_come += t.bytes;
-      continue;
-    }
-    const auto mapping = file.file(t.file_index).bytes();
-    const uint64_t begin = t.file_offset / page * page;
-    const uint64_t end = std::min<uint64_t>((t.file_offset + t.bytes + page - 1) / page * page, mapping.size());
-    std::vector<unsigned char> resident((end - begin + page - 1) / page);
-    if (::mincore(const_cast<uint8_t*>(mapping.data()) + begin, end - begin, resident.data()) != 0) {
-      m.weights_to_come += t.bytes;
-      continue;
-    }
-    for (unsigned char r : resident) m.weights_to_come += (r & 1) ? 0 : page;
+    if (stage_reads(file, t.name, range, n_layer)) m.weights += t.bytes;
   }
   m.margin = m.available / 10;
-  const uint64_t taken = m.weights_to_come + m.margin;
+  const uint64_t taken = m.weights + m.margin;
   m.budget = m.available > taken ? m.available - taken : 0;
   return m;
 }
@@ -78,7 +66,8 @@ uint64_t parse_byte_size(const std::string& text) {
   // Digits with at most one point (no sign, exponent or hex), then the suffix.
   size_t used = 0;
   bool point = false;
-  while (used < text.size() && (std::isdigit(static_cast<unsigned char>(text[used])) || (text[used] == '.' && !point))) {
+  while (used < text.size() &&
+         (std::isdigit(static_cast<unsigned char>(text[used])) || (text[used] == '.' && !point))) {
     point = point || text[used] == '.';
     ++used;
   }
@@ -91,12 +80,13 @@ uint64_t parse_byte_size(const std::string& text) {
   } else if (suffix == "B") {
     suffix.clear();
   }
+  static const std::string kSuffixes = "KMGT";
   double scale = 1;
-  if (suffix == "K") scale = 1024.0;
-  else if (suffix == "M") scale = 1024.0 * 1024;
-  else if (suffix == "G") scale = 1024.0 * 1024 * 1024;
-  else if (suffix == "T") scale = 1024.0 * 1024 * 1024 * 1024;
-  else if (!suffix.empty()) throw bad();
+  if (!suffix.empty()) {
+    const size_t power = suffix.size() == 1 ? kSuffixes.find(suffix[0]) : std::string::npos;
+    if (power == std::string::npos) throw bad();
+    for (size_t i = 0; i <= power; ++i) scale *= 1024.0;
+  }
   const double bytes = value * scale;
   if (!std::isfinite(bytes) || bytes < 0 || bytes >= 1.8e19) throw bad();
   return static_cast<uint64_t>(bytes);
@@ -157,17 +147,19 @@ StageEngine::StageEngine(const std::string& model_path, std::optional<model::Lay
   limits_.max_message_bytes = std::max(hidden, restore) + header_room;
   const uint64_t one_sequence = state::kv_bytes_for_positions(kv, limits_.max_positions);
   if (limits.kv_memory) {
-    spdlog::info("KV budget {} bytes ({}, --kv-memory); one sequence of {} positions takes {} bytes", limits_.state_budget_bytes,
-                 mib(limits_.state_budget_bytes), limits_.max_positions, one_sequence);
+    spdlog::info("KV budget {} bytes ({}, --kv-memory); one sequence of {} positions takes {} bytes",
+                 limits_.state_budget_bytes, mib(limits_.state_budget_bytes), limits_.max_positions, one_sequence);
   } else {
-    spdlog::info("KV budget {} bytes ({}: MemAvailable {} less {} of weights not yet resident less a margin of {}); "
-                 "one sequence of {} positions takes {} bytes",
-                 limits_.state_budget_bytes, mib(limits_.state_budget_bytes), mib(memory_.available),
-                 mib(memory_.weights_to_come), mib(memory_.margin), limits_.max_positions, one_sequence);
+    spdlog::info(
+        "KV budget {} bytes ({}: MemAvailable {} less the stage's {} of weights less a margin of {}); "
+        "one sequence of {} positions takes {} bytes",
+        limits_.state_budget_bytes, mib(limits_.state_budget_bytes), mib(memory_.available),
+        mib(memory_.weights), mib(memory_.margin), limits_.max_positions, one_sequence);
   }
   if (limits_.state_budget_bytes < one_sequence) {
-    spdlog::warn("the KV budget holds less than one sequence of {} positions ({} bytes): lower --ctx or raise --kv-memory",
-                 limits_.max_positions, one_sequence);
+    spdlog::warn(
+        "the KV budget holds less than one sequence of {} positions ({} bytes): lower --ctx or raise --kv-memory",
+        limits_.max_positions, one_sequence);
   }
 }
 

@@ -51,11 +51,11 @@ class LimitError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// How the default state budget was found: MemAvailable, less the stage's weight bytes
-// that are mapped but not yet resident (they will be once the weights are read), less
-// a margin of a tenth of MemAvailable for everything else.
+// How the default state budget was found: MemAvailable, less the bytes of the weights
+// the stage reads (mapped file pages, resident or not, are counted in MemAvailable as
+// page cache), less a margin of a tenth of MemAvailable for everything else.
 struct MemoryBudget {
-  uint64_t available = 0, weights_to_come = 0, margin = 0, budget = 0;
+  uint64_t available = 0, weights = 0, margin = 0, budget = 0;
 };
 MemoryBudget default_state_budget(const gguf::Model& file, model::LayerRange range, int32_t n_layer);
 

@@ -35,7 +35,8 @@ class StageLimitsTest : public ::testing::Test {
     for (int32_t p = from; p < to; ++p) b.push_back({seq_id, p, 1 + p % 50, p + 1 == to});
     return b;
   }
-  static std::vector<model::BatchToken> join(std::vector<model::BatchToken> a, const std::vector<model::BatchToken>& b) {
+  static std::vector<model::BatchToken> join(std::vector<model::BatchToken> a,
+                                             const std::vector<model::BatchToken>& b) {
     a.insert(a.end(), b.begin(), b.end());
     return a;
   }
@@ -79,6 +80,20 @@ TEST_F(StageLimitsTest, ResolvesTheDefaults) {
   EXPECT_GT(d.memory_budget().available, 0u);
   EXPECT_EQ(d.limits().state_budget_bytes, d.memory_budget().budget);
   EXPECT_LT(d.limits().state_budget_bytes, d.memory_budget().available);
+  const MemoryBudget& m = d.memory_budget();
+  EXPECT_EQ(m.margin, m.available / 10);
+  EXPECT_EQ(m.budget, m.available - m.weights - m.margin);
+  // Every stage's weight bytes, resident or not: all tensors for the whole model; the
+  // last layer's stage reads neither layer 0 nor the embeddings (the model has an
+  // output matrix).
+  uint64_t all = 0, last_stage = 0;
+  for (const auto& t : d.file().tensors()) {
+    all += t.bytes;
+    if (t.name.rfind("blk.0.", 0) != 0 && t.name.rfind("token_embd.", 0) != 0) last_stage += t.bytes;
+  }
+  EXPECT_EQ(m.weights, all);
+  EXPECT_EQ(default_state_budget(d.file(), {1, 2}, 2).weights, last_stage);
+  EXPECT_LT(last_stage, all);
 }
 
 TEST_F(StageLimitsTest, RefusesTooManyRows) {

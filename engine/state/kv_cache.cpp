@@ -96,7 +96,8 @@ void validate(const KvConfig& c) {
 }
 
 uint64_t kv_bytes_per_position(const KvConfig& c) {
-  const uint64_t row = row_bytes(c.k_type, c.n_kv_heads * c.head_dim_k) + row_bytes(c.v_type, c.n_kv_heads * c.head_dim_v);
+  const uint64_t row =
+      row_bytes(c.k_type, c.n_kv_heads * c.head_dim_k) + row_bytes(c.v_type, c.n_kv_heads * c.head_dim_v);
   return row * static_cast<uint64_t>(c.last_layer - c.first_layer);
 }
 
@@ -226,15 +227,12 @@ std::vector<uint8_t> KvState::snapshot() const {
                                                  static_cast<uint64_t>(config_.first_layer),
                                                  layers_.size()};
   put(header, sizeof header);
-  for (const Layer& l : layers_) {
-    const uint64_t n = static_cast<uint64_t>(l.n);
+  for (int32_t i = config_.first_layer; i < config_.last_layer; ++i) {
+    const KvLayerView view = layer(i);
+    const auto n = static_cast<uint64_t>(view.n_pos);
     put(&n, sizeof n);
-    for (int64_t p = 0; p < l.n; ++p) put(l.k_rows[static_cast<size_t>(p >> page_shift_)] +
-                                              static_cast<size_t>(p & (config_.page_positions - 1)) * k_row_bytes_,
-                                          k_row_bytes_);
-    for (int64_t p = 0; p < l.n; ++p) put(l.v_rows[static_cast<size_t>(p >> page_shift_)] +
-                                              static_cast<size_t>(p & (config_.page_positions - 1)) * v_row_bytes_,
-                                          v_row_bytes_);
+    for (int64_t p = 0; p < view.n_pos; ++p) put(view.k_row(p), k_row_bytes_);
+    for (int64_t p = 0; p < view.n_pos; ++p) put(view.v_row(p), v_row_bytes_);
   }
   return out;
 }
@@ -260,7 +258,9 @@ std::vector<int64_t> KvState::snapshot_positions(std::span<const uint8_t> snapsh
   positions.reserve(layers_.size());
   size_t offset = sizeof header;
   for (size_t i = 0; i < layers_.size(); ++i) {
-    if (snapshot.size() - offset < 8) throw std::invalid_argument("KV snapshot: truncated before layer " + std::to_string(i));
+    if (snapshot.size() - offset < 8) {
+      throw std::invalid_argument("KV snapshot: truncated before layer " + std::to_string(i));
+    }
     uint64_t n = 0;
     std::memcpy(&n, snapshot.data() + offset, 8);
     offset += 8;
@@ -289,8 +289,12 @@ void KvState::restore(std::span<const uint8_t> snapshot) {
     l.n = positions[i];
     offset += 8;
     for (int64_t p = 0; p < pages_for(l.n); ++p) add_page(l);
-    for (int64_t p = 0; p < l.n; ++p, offset += k_row_bytes_) std::memcpy(k_row(l, p), snapshot.data() + offset, k_row_bytes_);
-    for (int64_t p = 0; p < l.n; ++p, offset += v_row_bytes_) std::memcpy(v_row(l, p), snapshot.data() + offset, v_row_bytes_);
+    for (int64_t p = 0; p < l.n; ++p, offset += k_row_bytes_) {
+      std::memcpy(k_row(l, p), snapshot.data() + offset, k_row_bytes_);
+    }
+    for (int64_t p = 0; p < l.n; ++p, offset += v_row_bytes_) {
+      std::memcpy(v_row(l, p), snapshot.data() + offset, v_row_bytes_);
+    }
   }
   layers_ = std::move(restored);
   int64_t n = layers_.empty() ? 0 : layers_.front().n;

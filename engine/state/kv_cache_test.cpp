@@ -177,7 +177,8 @@ TEST(KvPages, RowsAreTheSameWhateverThePageSize) {
     if (type == GgmlType::F16) {
       read_k(paged.layer(2), 4, 1, a.data());
       const std::vector<float> want = row(42);
-      for (int i = 0; i < 32; ++i) EXPECT_EQ(a[static_cast<size_t>(i)], fp16_to_fp32(fp32_to_fp16(want[32 + static_cast<size_t>(i)])));
+      for (int i = 0; i < 32; ++i)
+        EXPECT_EQ(a[static_cast<size_t>(i)], fp16_to_fp32(fp32_to_fp16(want[32 + static_cast<size_t>(i)])));
     }
     // The snapshot does not depend on pages: each restores into the other.
     EXPECT_EQ(paged.snapshot(), flat.snapshot());
@@ -197,7 +198,9 @@ std::vector<uint8_t> snapshot_of(int64_t n) {
 
 constexpr size_t kHeaderBytes = 8 * 8;
 
-void set_word(std::vector<uint8_t>& bytes, size_t offset, uint64_t value) { std::memcpy(bytes.data() + offset, &value, 8); }
+void set_word(std::vector<uint8_t>& bytes, size_t offset, uint64_t value) {
+  std::memcpy(bytes.data() + offset, &value, 8);
+}
 
 // Restores a bad snapshot into a state holding 3 positions: refused, the state as it
 // was, and no allocation on the way bigger than `most` bytes.
