@@ -6,9 +6,15 @@
 //   activations = "f32"        # f32, f16, q8_0: hidden states between workers
 //   chain_steps = 8            # greedy chains (SchedulerOptions::chain_steps; 0: never)
 //
+//   [security]                 # optional: CURVE on every link (see `pico keygen`)
+//   secret_key = "coord.secret"  # this coordinator's secret key file
+//
 //   [[worker]]
 //   address = "tcp://10.0.0.2:7701"
 //   layers = "0-15"            # optional: checked against what the worker serves
+//   public_key = "w0.public"   # with [security]: the worker's public key (a file or the Z85 key)
+//
+// Relative key paths are read relative to the file's folder.
 #pragma once
 
 #include <optional>
@@ -22,6 +28,7 @@ namespace pico::coordinator {
 struct WorkerEntry {
   std::string address;
   std::optional<model::LayerRange> layers;
+  std::string public_key;  // Z85; empty: an open link
 };
 
 struct ClusterConfig {
@@ -30,9 +37,14 @@ struct ClusterConfig {
   std::optional<int> max_batch_tokens;
   std::optional<std::string> activations;
   std::optional<int> chain_steps;
+  std::optional<std::string> secret_key;  // [security] secret_key, as a path
 };
 
 // Throws std::runtime_error with the file, line and reason.
 ClusterConfig load_cluster_config(const std::string& path);
+
+// A cluster's links are all CURVE (a secret key here and a public key for every
+// worker) or all open; throws std::invalid_argument naming what is missing.
+void check_security(const std::vector<WorkerEntry>& workers, bool have_secret_key);
 
 }  // namespace pico::coordinator

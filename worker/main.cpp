@@ -1,4 +1,4 @@
-// pico-worker -m MODEL --layers A-B --listen tcp://*:PORT [-t N]
+// pico-worker -m MODEL --layers A-B --listen tcp://*:PORT [-t N] [--secret-key W.secret --authorized-keys FILE]
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
@@ -24,12 +24,25 @@ int main(int argc, char** argv) {
   app.add_option("--layers", layers, "layer range A-B, inclusive (default: all)");
   app.add_option("--listen", listen, "address to bind: tcp://*:PORT or ipc://PATH")->required();
   app.add_option("-t,--threads", threads, "threads (default: physical cores)");
+  std::string secret_key_path, authorized_keys_path;
+  auto* secret_opt = app.add_option("--secret-key", secret_key_path,
+                                    "CURVE: this worker's secret key file (pico keygen); links are then encrypted");
+  app.add_option("--authorized-keys", authorized_keys_path,
+                 "CURVE: file of the public keys that may connect, one per line (the coordinator's, the previous "
+                 "stage's)")
+      ->needs(secret_opt);
+  secret_opt->needs(app.get_option("--authorized-keys"));
   CLI11_PARSE(app, argc, argv);
   try {
+    pico::worker::Security security;
+    if (!secret_key_path.empty()) {
+      security.keys = pico::net::read_secret_key_file(secret_key_path);
+      security.authorized_keys = pico::net::read_authorized_keys(authorized_keys_path);
+    }
     std::optional<pico::model::LayerRange> range;
     if (!layers.empty()) range = pico::worker::parse_layers(layers);
     pico::worker::StageEngine engine(model_path, range, threads);
-    pico::worker::Server server(engine, listen);
+    pico::worker::Server server(engine, listen, {}, security);
     std::signal(SIGINT, on_signal);
     std::signal(SIGTERM, on_signal);
     spdlog::info("layers {}-{} of {} ({}), listening on {}", engine.layers().first, engine.layers().last - 1,
