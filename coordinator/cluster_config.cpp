@@ -33,7 +33,10 @@ void check_security(const std::vector<WorkerEntry>& workers, bool have_secret_ke
   if (keyed && !have_secret_key) {
     throw std::invalid_argument("workers with public keys need this coordinator's --secret-key ([security] secret_key)");
   }
-  if (!keyed && have_secret_key && !workers.empty()) {
+  if (have_secret_key && workers.empty()) {
+    throw std::invalid_argument("--secret-key is for the links to workers, and there are none (in-process run)");
+  }
+  if (!keyed && have_secret_key) {
     throw std::invalid_argument("--secret-key needs each worker's public key (--worker-key per --worker, or "
                                 "public_key in [[worker]])");
   }

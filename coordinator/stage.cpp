@@ -376,10 +376,8 @@ void RemoteStage::plan(Stage* next, Stage* chain_to, size_t index, size_t count)
   p.setNextPublicKey(next_key);
   p.setChainToPublicKey(chain_key);
   if (options_.curve) {
-    std::vector<std::string> accept;
-    for (const auto& k : options_.cluster_keys) {
-      if (k != options_.curve->server_key) accept.push_back(k);
-    }
+    // Its own key too: a lone stage's chain connects to itself.
+    const auto& accept = options_.cluster_keys;
     auto list = p.initAcceptKeys(static_cast<unsigned>(accept.size()));
     for (unsigned i = 0; i < accept.size(); ++i) list.set(i, accept[i]);
   }

@@ -187,8 +187,8 @@ struct RemoteOptions {
   // CURVE: this coordinator's key pair and the worker's public key (server_key);
   // nullopt: an open link.
   std::optional<net::Curve> curve;
-  // Public keys of every worker of the pipeline: each stage accepts the others'
-  // connections for this session (Plan.acceptKeys), besides its own authorized keys.
+  // Public keys of every worker of the pipeline: each stage accepts their connections
+  // for this session (Plan.acceptKeys), besides its own authorized keys.
   std::vector<std::string> cluster_keys;
 };
 

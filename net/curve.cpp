@@ -163,6 +163,11 @@ ZapAuthenticator::ZapAuthenticator(std::vector<std::string> authorized, Refused 
 ZapAuthenticator::~ZapAuthenticator() {
   stop_ = true;
   thread_.join();
+  // Closing unbinds later, in libzmq's reaper: unbind now so that a next one can bind.
+  try {
+    socket_.unbind("inproc://zeromq.zap.01");
+  } catch (const zmq::error_t&) {
+  }
 }
 
 void ZapAuthenticator::set_session_keys(const std::vector<std::string>& keys) {

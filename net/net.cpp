@@ -148,12 +148,13 @@ void ConnectionMonitor::watch(zmq::socket_t& socket, const std::string& name) {
 // (ZAP 400) as an auth failure, without reconnecting; a server key that does not match
 // the server's secret as a failure without detail (the server drops the connection),
 // retried at every reconnect; mechanisms that differ (CURVE against none) as a
-// protocol error.
+// protocol error, or, when the server dropped the connection before the client read
+// why, as a failure without detail.
 void ConnectionMonitor::on_event_handshake_failed_no_detail(const zmq_event_t& e, const char*) {
   if (handshake_failure_.empty()) {
     handshake_kind_ = Handshake::dropped;
     handshake_failure_ = "the peer dropped the connection during the handshake (" +
-                         std::string(zmq_strerror(e.value)) + "): a CURVE server key that is not the peer's?";
+                         std::string(zmq_strerror(e.value)) + ")";
   }
 }
 

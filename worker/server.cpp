@@ -162,6 +162,15 @@ void Server::handle(net::Received& msg) {
       case Envelope::Body::FORWARD:
         // The chain toward the first stage connects once its plan is surely there.
         if (!chain_to_ && !chain_address_.empty()) connect_chain();
+        if (next_monitor_) {
+          next_monitor_->update(0);
+          if (!next_monitor_->handshake_failure().empty()) {
+            report(msg.peer, ErrorCode::UNAVAILABLE,
+                   "the link to the next stage (" + next_address_ + ") failed: " + next_monitor_->handshake_failure(),
+                   body.getForward().getStepId());
+            break;
+          }
+        }
         handle_forward(msg.peer, env, msg);
         break;
       case Envelope::Body::STATS_REQUEST: {
@@ -280,6 +289,9 @@ void Server::handle_plan(const std::string& peer, protocol::schema::Plan::Reader
   if (zap_) zap_->set_session_keys(accept);
   // Every plan connects afresh: after a rejoin, batches queued toward the old next
   // stage are dropped rather than delivered to its successor.
+  next_monitor_.reset();  // before their sockets
+  chain_monitor_.reset();
+  chain_failure_logged_ = false;
   next_.reset();
   next_address_.clear();
   chain_to_.reset();
@@ -287,9 +299,10 @@ void Server::handle_plan(const std::string& peer, protocol::schema::Plan::Reader
   chain_key_ = chain_key;
   if (!next.empty()) {
     const net::Curve curve{keys_ ? *keys_ : net::KeyPair{}, next_key};
+    next_monitor_ = std::make_unique<net::ConnectionMonitor>();
     next_.emplace(net::make_dealer(
-        next, "stage-" + std::to_string(engine_.layers().first) + "-" + std::to_string(::getpid()), timing_, nullptr,
-        keys_ ? &curve : nullptr));
+        next, "stage-" + std::to_string(engine_.layers().first) + "-" + std::to_string(::getpid()), timing_,
+        next_monitor_.get(), keys_ ? &curve : nullptr));
     next_address_ = next;
   }
   spdlog::info("plan: stage {} of {}, next {}, session {}", plan.getStageIndex() + 1, plan.getStageCount(),
@@ -302,8 +315,9 @@ void Server::handle_plan(const std::string& peer, protocol::schema::Plan::Reader
 
 void Server::connect_chain() {
   const net::Curve curve{keys_ ? *keys_ : net::KeyPair{}, chain_key_};
-  chain_to_.emplace(
-      net::make_dealer(chain_address_, "chain-" + std::to_string(::getpid()), timing_, nullptr, keys_ ? &curve : nullptr));
+  chain_monitor_ = std::make_unique<net::ConnectionMonitor>();
+  chain_to_.emplace(net::make_dealer(chain_address_, "chain-" + std::to_string(::getpid()), timing_,
+                                     chain_monitor_.get(), keys_ ? &curve : nullptr));
 }
 
 void Server::handle_forward(const std::string& peer, Envelope::Reader env, net::Received& msg) {
@@ -467,6 +481,17 @@ bool Server::start_chained_step(protocol::schema::Forward::Reader f, std::span<c
   const auto outputs = f.getLogitsOutput();
   const auto ids = answer.getArgmaxIds();
   if (!chain_to_ || f.getChainSteps() == 0 || ids.size() != batch.size() || outputs.size() != batch.size()) {
+    return false;
+  }
+  // A step sent before the link is up could be lost on it (a refused handshake): the
+  // coordinator then sends the step itself.
+  chain_monitor_->update(0);
+  if (!chain_monitor_->handshake_succeeded()) {
+    if (!chain_monitor_->handshake_failure().empty() && !chain_failure_logged_) {
+      spdlog::warn("no greedy chains: the link to the first stage ({}) failed: {}", chain_address_,
+                   chain_monitor_->handshake_failure());
+      chain_failure_logged_ = true;
+    }
     return false;
   }
   const auto stop = f.getStopTokens();

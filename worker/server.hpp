@@ -77,6 +77,11 @@ class Server {
   // first stage too (a CURVE server refuses a key it does not know yet for good).
   std::string chain_address_;
   std::string chain_key_;
+  // Their handshakes: a forward is refused once the next link's failed (rather than
+  // lost on it), and steps are chained only once the chain's succeeded.
+  std::unique_ptr<net::ConnectionMonitor> next_monitor_;
+  std::unique_ptr<net::ConnectionMonitor> chain_monitor_;
+  bool chain_failure_logged_ = false;
   uint64_t session_ = 0;          // the owner's session (0: no plan yet)
   uint64_t message_session_ = 0;  // Envelope.session of the message being handled
   uint64_t chained_steps_ = 0;
