@@ -145,6 +145,7 @@ class FakeStage final : public Stage {
   void plan(Stage*, Stage* chain, size_t, size_t) override {
     ++plans;
     chain_to = chain;
+    plan_order.push_back(info_.name);
   }
   void submit(uint64_t step, std::span<const model::BatchToken> batch,
               std::span<const protocol::LogitsOutput> outputs, const ChainGrant& chain) override {
@@ -184,6 +185,7 @@ class FakeStage final : public Stage {
   std::vector<int32_t> closes;
   std::function<void(int32_t)> on_close;
   int plans = 0, rejoins = 0;
+  static inline std::vector<std::string> plan_order;  // of every FakeStage
   bool is_up = true, comes_back = true;
 
  private:
@@ -300,6 +302,14 @@ TEST(PipelineSteps, RejoinsALostStageAndPlansAgain) {
   EXPECT_EQ(f.first->plans, 2);
   EXPECT_EQ(f.last->plans, 2);
   EXPECT_EQ(f.first->submitted.size(), 1u);
+}
+
+// Plans go out last stage first: a CURVE stage must know its predecessor's key before
+// the predecessor connects (a refused handshake is not retried).
+TEST(PipelineSteps, PlansTheLastStageFirst) {
+  FakeStage::plan_order.clear();
+  auto f = fake_pipeline(0, 0);
+  EXPECT_EQ(FakeStage::plan_order, (std::vector<std::string>{f.last->info().name, f.first->info().name}));
 }
 
 // A tokenizer of 4 tokens: <unk>, <s>, </s> and "a" (3).
