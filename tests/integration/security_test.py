@@ -10,8 +10,9 @@ CASE:
             a wrong worker key, each with a clear error naming the worker (the handshake,
             not the hello timeout); a keyed 2-worker cluster gives the same greedy tokens
             as an open one, chains included, though the key files list no worker key;
-            the bytes on a keyed link (a relay records them) name CURVE and hold none of
-            the plaintext an open link shows.
+            the bytes on every keyed link, coordinator to worker and worker to worker
+            (relays record them), name CURVE and hold none of the plaintext an open
+            cluster's links show.
   sessions  one coordinator owns a cluster: a second one (pico-coord -p) is refused as
             busy and the first serves on; --take-over takes it, and the first then fails
             its next request saying so; a killed and a stopped (SIGSTOP) owner are
@@ -257,35 +258,45 @@ try:
         expect_refused(["--secret-key", coord_key + ".secret", "--worker", keyed_addresses[0], "--worker-key", publics[0],
                         "--worker", keyed_addresses[1]], "mixed.log", ["one per --worker"], "a worker without a key")
 
-        # What a link carries: a relay in front of a one-stage worker records it.
-        def capture(address_port, extra, log):
-            relay = Relay(address_port)
-            status, out, _ = run_coord(["--worker", "tcp://127.0.0.1:%d" % relay.port] + extra, log)
-            relay.close()
+        # What the links carry: a relay in front of each worker records every link, the
+        # coordinator's and the workers' (the plan names the relays' addresses, so stage
+        # 0 reaches stage 1 and the last stage's chain reaches stage 0 through them).
+        def capture(addresses, extra, log):
+            relays = [Relay(int(a.rsplit(":", 1)[1])) for a in addresses]
+            status, out, _ = run_coord(worker_args(["tcp://127.0.0.1:%d" % r.port for r in relays],
+                                                   publics if extra else None) + extra, log)
+            for r in relays:
+                r.close()
             if status != 0:
-                fail("through the relay: %s" % read_log(log))
-            with relay.lock:
-                return out, bytes(relay.up), bytes(relay.down)
+                fail("through the relays: %s" % read_log(log))
+            if not re.search(r"chained steps [1-9]", read_log(log)):
+                fail("through the relays: no greedy chain")
+            links = []
+            for r in relays:
+                with r.lock:
+                    links.append((bytes(r.up), bytes(r.down)))
+            return out, links
 
-        single_open, single_keyed = free_port(), free_port()
-        start_worker("tcp://127.0.0.1:%d" % single_open, "0-3", "single-open.log")
-        start_worker("tcp://127.0.0.1:%d" % single_keyed, "0-3", "single-keyed.log", (w0_key + ".secret", authorized))
-        out_open, up, down = capture(single_open, [], "relay-open.log")
-        for what, data, marker in (("greeting", up, b"NULL"), ("hello", up, b"coordinator"),
-                                   ("capabilities", down, b"llama")):
-            if marker not in data:
-                fail("the open link's %s lacks %r: the capture proves nothing" % (what, marker))
-        out_keyed, up, down = capture(single_keyed, ["--secret-key", coord_key + ".secret", "--worker-key", publics[0]],
-                                      "relay-keyed.log")
+        # Plaintext an open link shows: the mechanism, hello's role, the model's arch in
+        # the capabilities, the routing ids of the coordinator, of stage 0's link to stage
+        # 1 and of the last stage's chain (ZMTP metadata).
+        markers = [b"NULL", b"coordinator", b"llama", b"coord-", b"stage-0-", b"chain-"]
+        out_open, links = capture(open_addresses, [], "relay-open.log")
+        seen = b"".join(up + down for up, down in links)
+        for marker in markers:
+            if marker not in seen:
+                fail("the open links lack %r: the capture proves nothing" % marker)
+        out_keyed, links = capture(keyed_addresses, ["--secret-key", coord_key + ".secret"], "relay-keyed.log")
         if out_keyed != out_open:
-            fail("through the relay: keyed %s, open %s" % (out_keyed, out_open))
-        if b"CURVE" not in up[:64] or b"CURVE" not in down[:64]:
-            fail("the keyed link's greeting does not name CURVE: %r" % up[:64])
-        for marker in (b"coordinator", b"llama", b"coord-", b"NULL"):
-            if marker in up or marker in down:
-                fail("the keyed link carries %r in the clear" % marker)
-        print("capture: the open link shows NULL, 'coordinator', 'llama'; the keyed link (%d + %d bytes) "
-              "names CURVE and shows none of them" % (len(up), len(down)))
+            fail("through the relays: keyed %s, open %s" % (out_keyed, out_open))
+        for k, (up, down) in enumerate(links):
+            if b"CURVE" not in up[:64] or b"CURVE" not in down[:64]:
+                fail("worker %d's link greeting does not name CURVE: %r" % (k, up[:64]))
+            for marker in markers:
+                if marker in up or marker in down:
+                    fail("worker %d's keyed links carry %r in the clear" % (k, marker))
+        print("capture: the open links show %s; the keyed links (%s bytes) name CURVE and show none of them" %
+              (b", ".join(markers).decode(), " + ".join(str(len(u) + len(d)) for u, d in links)))
 
     elif case == "sessions":
         addresses = ["tcp://127.0.0.1:%d" % free_port(), "tcp://127.0.0.1:%d" % free_port()]
