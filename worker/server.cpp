@@ -162,8 +162,8 @@ void Server::handle(net::Received& msg) {
       case Envelope::Body::FORWARD:
         // The chain toward the first stage connects once its plan is surely there.
         if (!chain_to_ && !chain_address_.empty()) connect_chain();
-        if (next_monitor_) {
-          next_monitor_->update(0);
+        if (next_monitor_ && !next_monitor_->handshake_succeeded()) {
+          next_monitor_->update(0);  // until the link is up: no poll per forward after that
           if (!next_monitor_->handshake_failure().empty()) {
             report(msg.peer, ErrorCode::UNAVAILABLE,
                    "the link to the next stage (" + next_address_ + ") failed: " + next_monitor_->handshake_failure(),
@@ -485,7 +485,7 @@ bool Server::start_chained_step(protocol::schema::Forward::Reader f, std::span<c
   }
   // A step sent before the link is up could be lost on it (a refused handshake): the
   // coordinator then sends the step itself.
-  chain_monitor_->update(0);
+  if (!chain_monitor_->handshake_succeeded()) chain_monitor_->update(0);  // no poll once up
   if (!chain_monitor_->handshake_succeeded()) {
     if (!chain_monitor_->handshake_failure().empty() && !chain_failure_logged_) {
       spdlog::warn("no greedy chains: the link to the first stage ({}) failed: {}", chain_address_,
