@@ -219,6 +219,14 @@ bool Server::admit(const std::string& peer, Envelope::Body::Which which, uint64_
                  peer, hex(session_));
     return false;
   }
+  // Open, close and truncate have no answer: an error would reach the sender unasked,
+  // in the middle of its next exchange (a taken-over coordinator closing its sequences
+  // just before it plans again), so they are dropped; its next forward hears busy.
+  if (which == Envelope::Body::OPEN || which == Envelope::Body::CLOSE || which == Envelope::Body::TRUNCATE) {
+    spdlog::info("dropped a {} of session {} from {}: this worker serves session {}", protocol::body_name(which),
+                 hex(message_session_), peer, hex(session_));
+    return false;
+  }
   const std::string text = std::string("busy: this worker serves another coordinator's session (") + hex(session_) +
                            "), not this " + protocol::body_name(which) + "'s session (" + hex(message_session_) + ")";
   spdlog::warn("refused: {} (from {})", text, peer);

@@ -8,7 +8,7 @@
 //
 // Sessions: a plan makes its Envelope.session the worker's owner; sequence messages
 // of any other session are refused with `busy` (forwards passed on by a previous
-// stage are dropped), and a plan of another session is refused while the owner is
+// stage, and open/close/truncate, which have no answer, are dropped), and a plan of another session is refused while the owner is
 // still connected, unless it asks to take over. A new owner's plan drops every
 // sequence of the old one. With keys, the ROUTER is a CURVE server that accepts the
 // authorized keys plus those the owner's plan names (Plan.acceptKeys).

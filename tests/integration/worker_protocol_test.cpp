@@ -587,8 +587,9 @@ TEST_F(WorkerProtocol, SnapshotAndRestoreContinueBitIdentical) {
 }
 
 // One coordinator owns a worker at a time: a plan makes its session the owner; another
-// session's sequence messages are refused with busy, and so is its plan while the
-// owner is connected, unless it takes over, which drops the owner's sequences.
+// session's sequence messages are refused with busy (dropped: those that have no
+// answer), and so is its plan while the owner is connected, unless it takes over,
+// which drops the owner's sequences.
 class WorkerSessions : public WorkerProtocol {
  protected:
   static std::vector<uint8_t> plan(uint64_t session, bool take_over = false) {
@@ -652,6 +653,14 @@ TEST_F(WorkerSessions, OneCoordinatorOwnsTheWorker) {
   EXPECT_TRUE(caps->envelope().getBody().getCapabilities().getOwnerConnected());
   EXPECT_FALSE(caps->envelope().getBody().getCapabilities().getCurve());
   for (const auto& [name, message] : sequence_messages(kOther, 7)) {
+    if (name == "close" || name == "open" || name == "truncate") {
+      // No answer to these (none on success either): dropped; the next answer is hello's.
+      ASSERT_TRUE(net::send(other, nullptr, message));
+      auto next = ask_on(other, hello());
+      ASSERT_TRUE(next) << name;
+      EXPECT_EQ(next->which(), Envelope::Body::CAPABILITIES) << name << " of another session was answered";
+      continue;
+    }
     auto a = ask_on(other, message);
     ASSERT_TRUE(a) << name;
     ASSERT_EQ(a->which(), Envelope::Body::ERROR) << name << " of another session was served";
