@@ -3,12 +3,45 @@
 #include <toml++/toml.h>
 
 #include <climits>
+#include <filesystem>
 #include <sstream>
 #include <stdexcept>
 
+#include "curve.hpp"
 #include "stage_engine.hpp"
 
 namespace pico::coordinator {
+
+namespace {
+
+// A path in the file, relative to the file's folder unless absolute.
+std::string relative_to(const std::string& config_path, const std::string& path) {
+  const std::filesystem::path p(path);
+  if (p.is_absolute()) return path;
+  return (std::filesystem::path(config_path).parent_path() / p).string();
+}
+
+}  // namespace
+
+void check_security(const std::vector<WorkerEntry>& workers, bool have_secret_key) {
+  const WorkerEntry* keyed = nullptr;
+  const WorkerEntry* open = nullptr;
+  for (const auto& w : workers) (w.public_key.empty() ? open : keyed) = &w;
+  if (keyed && open) {
+    throw std::invalid_argument("worker " + keyed->address + " has a public key and worker " + open->address +
+                                " has none: a cluster's links are all CURVE or all open");
+  }
+  if (keyed && !have_secret_key) {
+    throw std::invalid_argument("workers with public keys need this coordinator's --secret-key ([security] secret_key)");
+  }
+  if (have_secret_key && workers.empty()) {
+    throw std::invalid_argument("--secret-key is for the links to workers, and there are none (in-process run)");
+  }
+  if (!keyed && have_secret_key) {
+    throw std::invalid_argument("--secret-key needs each worker's public key (--worker-key per --worker, or "
+                                "public_key in [[worker]])");
+  }
+}
 
 ClusterConfig load_cluster_config(const std::string& path) {
   toml::table t;
@@ -29,6 +62,15 @@ ClusterConfig load_cluster_config(const std::string& path) {
       if (!address) throw std::runtime_error(path + ": a [[worker]] has no address");
       e.address = *address;
       if (auto layers = (*w)["layers"].value<std::string>()) e.layers = worker::parse_layers(*layers);
+      if (auto key = (*w)["public_key"].value<std::string>()) {
+        try {
+          e.public_key = net::is_z85_key(*key) ? *key : net::read_public_key_file(relative_to(path, *key));
+        } catch (const std::exception& ex) {
+          throw std::runtime_error(path + ": worker " + e.address + ": public_key: " + ex.what());
+        }
+      } else if ((*w).contains("public_key")) {
+        throw std::runtime_error(path + ": worker " + e.address + ": public_key must be a string");
+      }
       c.workers.push_back(std::move(e));
     }
   }
@@ -54,6 +96,14 @@ ClusterConfig load_cluster_config(const std::string& path) {
       }
       c.parallel = static_cast<int>(*v);
     }
+  }
+  if (auto* sec = t["security"].as_table()) {
+    for (const auto& [key, value] : *sec) {
+      if (key.str() != "secret_key") throw std::runtime_error(path + ": [security] has no key '" + std::string(key.str()) + "'");
+    }
+    auto secret = (*sec)["secret_key"].value<std::string>();
+    if (!secret) throw std::runtime_error(path + ": [security] secret_key must be the path of a secret key file");
+    c.secret_key = relative_to(path, *secret);
   }
   return c;
 }

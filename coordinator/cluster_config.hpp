@@ -8,9 +8,15 @@
 //   ctx = 4096                 # positions per sequence (default: the model's; --ctx wins)
 //   parallel = 32              # sequences at once (--parallel wins); both cut to the workers' limits
 //
+//   [security]                 # optional: CURVE on every link (see `pico keygen`)
+//   secret_key = "coord.secret"  # this coordinator's secret key file
+//
 //   [[worker]]
 //   address = "tcp://10.0.0.2:7701"
 //   layers = "0-15"            # optional: checked against what the worker serves
+//   public_key = "w0.public"   # with [security]: the worker's public key (a file or the Z85 key)
+//
+// Relative key paths are read relative to the file's folder.
 #pragma once
 
 #include <optional>
@@ -24,6 +30,7 @@ namespace pico::coordinator {
 struct WorkerEntry {
   std::string address;
   std::optional<model::LayerRange> layers;
+  std::string public_key;  // Z85; empty: an open link
 };
 
 struct ClusterConfig {
@@ -34,9 +41,14 @@ struct ClusterConfig {
   std::optional<int> chain_steps;
   std::optional<int64_t> ctx;
   std::optional<int> parallel;
+  std::optional<std::string> secret_key;  // [security] secret_key, as a path
 };
 
 // Throws std::runtime_error with the file, line and reason.
 ClusterConfig load_cluster_config(const std::string& path);
+
+// A cluster's links are all CURVE (a secret key here and a public key for every
+// worker) or all open; throws std::invalid_argument naming what is missing.
+void check_security(const std::vector<WorkerEntry>& workers, bool have_secret_key);
 
 }  // namespace pico::coordinator

@@ -148,6 +148,7 @@ class FakeStage final : public Stage {
   void plan(Stage*, Stage* chain, size_t, size_t) override {
     ++plans;
     chain_to = chain;
+    plan_order.push_back(info_.name);
   }
   void submit(uint64_t step, std::span<const model::BatchToken> batch,
               std::span<const protocol::LogitsOutput> outputs, const ChainGrant& chain) override {
@@ -189,6 +190,7 @@ class FakeStage final : public Stage {
   int plans = 0;
   std::atomic<int> rejoins = 0;
   std::atomic<bool> is_up = true, comes_back = true;  // set by a test while an engine runs
+  static inline std::vector<std::string> plan_order;  // of every FakeStage
 
  private:
   StageInfo info_;
@@ -304,6 +306,14 @@ TEST(PipelineSteps, RejoinsALostStageAndPlansAgain) {
   EXPECT_EQ(f.first->plans, 2);
   EXPECT_EQ(f.last->plans, 2);
   EXPECT_EQ(f.first->submitted.size(), 1u);
+}
+
+// Plans go out last stage first: a CURVE stage must know its predecessor's key before
+// the predecessor connects (a refused handshake is not retried).
+TEST(PipelineSteps, PlansTheLastStageFirst) {
+  FakeStage::plan_order.clear();
+  auto f = fake_pipeline(0, 0);
+  EXPECT_EQ(FakeStage::plan_order, (std::vector<std::string>{f.last->info().name, f.first->info().name}));
 }
 
 // A tokenizer of 4 tokens: <unk>, <s>, </s> and "a" (3).

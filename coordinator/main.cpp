@@ -1,6 +1,7 @@
 // pico-coord -m MODEL [--worker tcp://h:p ...] [--config cluster.toml] -p PROMPT [-p ...]
 //            [--prompts FILE] [-n N] [--temp T] [--seed S] [--ignore-eos]
 // pico-coord -m MODEL [--worker ...] --port N [--host ADDR] [--api-key KEY]
+// Security: [--secret-key C.secret --worker-key W.public (one per --worker)] [--take-over]
 //
 // With --port it serves the HTTP API (coordinator/http/server.hpp) until SIGINT/SIGTERM.
 // Prints the completion (only generated text on stdout; logs on stderr). With no
@@ -94,6 +95,15 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   app.add_option("--max-stop-strings", http.max_stop_strings, "HTTP API: stop strings per request");
   app.add_option("--max-stop-length", http.max_stop_length, "HTTP API: bytes of each stop string");
+  // Security and sessions.
+  std::string secret_key_path;
+  std::vector<std::string> worker_keys;
+  bool take_over = false;
+  app.add_option("--secret-key", secret_key_path, "CURVE: this coordinator's secret key file (pico keygen)");
+  app.add_option("--worker-key", worker_keys,
+                 "CURVE: a worker's public key (file or Z85), one per --worker, in the same order");
+  app.add_flag("--take-over", take_over,
+               "use the workers even when another live coordinator owns them (it then fails its next step)");
   CLI11_PARSE(app, argc, argv);
   const bool serving = port_opt->count() > 0;
   // The API key, kept off the command line: --api-key-file, else PICO_API_KEY.
@@ -127,8 +137,19 @@ int main(int argc, char** argv) {
       if (config.activations && app.count("--activations") == 0) activations = *config.activations;
       if (config.ctx && app.count("--ctx") == 0) ctx = static_cast<int>(*config.ctx);
       if (config.parallel && app.count("--parallel") == 0) parallel = *config.parallel;
+      if (config.secret_key && secret_key_path.empty()) secret_key_path = *config.secret_key;
     }
-    for (const auto& a : worker_addresses) workers.push_back({a, std::nullopt});
+    if (!worker_keys.empty() && worker_keys.size() != worker_addresses.size()) {
+      throw std::invalid_argument(std::to_string(worker_keys.size()) + " --worker-key for " +
+                                  std::to_string(worker_addresses.size()) + " --worker: give one per --worker, in order");
+    }
+    for (size_t i = 0; i < worker_addresses.size(); ++i) {
+      workers.push_back({worker_addresses[i], std::nullopt,
+                         worker_keys.empty() ? std::string() : net::public_key_from(worker_keys[i])});
+    }
+    std::optional<net::KeyPair> own_keys;
+    if (!secret_key_path.empty()) own_keys = net::read_secret_key_file(secret_key_path);
+    check_security(workers, own_keys.has_value());
     if (!prompts_path.empty()) {
       std::ifstream in(prompts_path);
       if (!in) throw std::runtime_error("cannot read " + prompts_path);
@@ -161,7 +182,12 @@ int main(int argc, char** argv) {
     } else {
       RemoteOptions ro;
       ro.activations = protocol::parse_dtype(activations);
+      ro.take_over = take_over;
       for (const auto& w : workers) {
+        if (own_keys) ro.cluster_keys.push_back(w.public_key);
+      }
+      for (const auto& w : workers) {
+        if (own_keys) ro.curve = net::Curve{*own_keys, w.public_key};
         auto stage = std::make_unique<RemoteStage>(w.address, ro);
         const auto& l = stage->info().layers;
         if (w.layers && (w.layers->first != l.first || w.layers->last != l.last)) {

@@ -61,7 +61,10 @@ Pipeline::Pipeline(std::vector<std::unique_ptr<Stage>> stages, const protocol::M
 
 void Pipeline::plan_all() {
   chains_possible_ = std::all_of(stages_.begin(), stages_.end(), [](const auto& s) { return s->remote(); });
-  for (size_t i = 0; i < stages_.size(); ++i) {
+  // Last stage first: each stage then knows its predecessor's key (Plan.acceptKeys)
+  // before the predecessor connects to it, since a CURVE server that refuses a key
+  // once is not asked again by that connection.
+  for (size_t i = stages_.size(); i-- > 0;) {
     const bool last = i + 1 == stages_.size();
     stages_[i]->plan(last ? nullptr : stages_[i + 1].get(), last && chains_possible_ ? stages_.front().get() : nullptr,
                      i, stages_.size());

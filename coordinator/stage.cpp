@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
+#include <random>
 #include <utility>
 
 #include "server.hpp"
@@ -118,11 +120,17 @@ StageStats LocalStage::stats() {
 
 namespace {
 
+std::string hex(uint64_t v) {
+  char text[17];
+  std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(v));
+  return text;
+}
+
 // One routing id for all of this coordinator's connections: the last worker sends
-// logits, and every worker its errors, to the peer that sent the plan.
+// logits, and every worker its errors, to the peer that sent the plan. It is unique
+// per session: a worker's ROUTER hands a routing id over to whoever connects with it.
 const std::string& coordinator_id() {
-  static const std::string id = "coord-" + std::to_string(::getpid()) + "-" +
-                                std::to_string(std::chrono::steady_clock::now().time_since_epoch().count() % 1000000);
+  static const std::string id = "coord-" + hex(process_session());
   return id;
 }
 
@@ -132,6 +140,16 @@ std::string error_text(protocol::Envelope::Reader env) {
 }
 
 }  // namespace
+
+uint64_t process_session() {
+  static const uint64_t session = [] {
+    std::random_device rd;
+    uint64_t s = 0;
+    while (s == 0) s = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+    return s;
+  }();
+  return session;
+}
 
 RemoteStage::RemoteStage(const std::string& address, const RemoteOptions& options)
     : address_(address), options_(options) {
@@ -144,7 +162,8 @@ void RemoteStage::connect() {
   monitor_.reset();  // before its socket
   monitor_ = std::make_unique<net::ConnectionMonitor>();
   try {
-    socket_ = net::make_dealer(address_, coordinator_id(), options_.timing, monitor_.get());
+    socket_ = net::make_dealer(address_, coordinator_id(), options_.timing, monitor_.get(),
+                               options_.curve ? &*options_.curve : nullptr);
   } catch (const std::exception& e) {
     fail(std::string("cannot connect: ") + e.what());
   }
@@ -153,7 +172,7 @@ void RemoteStage::connect() {
 void RemoteStage::hello(int timeout_ms) {
   protocol::Builder hello;
   hello.envelope().getBody().initHello().setRole("coordinator");
-  send(hello.encode());
+  send(hello);
   auto msg = receive(timeout_ms);
   if (!msg) fail("no answer to hello within " + std::to_string(timeout_ms) + " ms");
   protocol::Decoded d(msg->header_bytes());
@@ -178,6 +197,13 @@ void RemoteStage::hello(int timeout_ms) {
   info_.limits.state_bytes_per_sequence = limits.getStateBytesPerSequence();
   info_.limits.page_positions = limits.getPagePositions();
   info_.limits.max_message_bytes = limits.getMaxMessageBytes();
+  // One coordinator owns a worker at a time: another live session's worker is not
+  // used unless asked (a hung worker back from a pause is still this session's).
+  const uint64_t owner = caps.getSession();
+  if (owner != 0 && owner != process_session() && caps.getOwnerConnected() && !(options_.take_over && !planned_)) {
+    fail(std::string(planned_ ? "was taken over by" : "serves") + " another coordinator (session " + hex(owner) +
+         "), which is still connected" + (planned_ ? "" : "; pico-coord --take-over takes it over"));
+  }
   estimate_clock_offset();
 }
 
@@ -189,7 +215,7 @@ void RemoteStage::estimate_clock_offset() {
     protocol::Builder ping;
     const uint64_t t0 = protocol::steady_nanos();
     ping.envelope().getBody().initHeartbeat().setSentNanos(t0);
-    send(ping.encode());
+    send(ping);
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(options_.connect_timeout_ms);
     while (true) {
       check_alive();
@@ -226,6 +252,31 @@ void RemoteStage::check_alive() {
 bool RemoteStage::up() {
   if (!up_) return false;
   monitor_->update(0);
+  if (monitor_->handshake_failure_kind() != net::ConnectionMonitor::Handshake::ok) {
+    using H = net::ConnectionMonitor::Handshake;
+    const bool keyed = options_.curve.has_value();
+    std::string hint;
+    switch (monitor_->handshake_failure_kind()) {
+      case H::mechanism_mismatch:
+        hint = keyed ? "this coordinator has a CURVE key for it (--worker-key), the worker has none (--secret-key)"
+                     : "the worker takes CURVE-authenticated peers only (give --secret-key and --worker-key)";
+        break;
+      case H::key_refused:
+        hint = "this coordinator's public key is not in the worker's --authorized-keys";
+        break;
+      case H::dropped:
+        hint = keyed ? "is --worker-key this worker's public key? does the worker use keys (--secret-key)?" : "";
+        break;
+      default:
+        break;
+    }
+    // An open client fails a handshake only against a keyed server.
+    if (!keyed) hint = "the worker takes CURVE-authenticated peers only (give --secret-key and --worker-key)";
+    up_ = false;
+    lost_reason_ = "the connection's handshake failed: " + monitor_->handshake_failure() +
+                   (hint.empty() ? "" : " (" + hint + ")");
+    return false;
+  }
   if (monitor_->lost()) {
     up_ = false;
     lost_reason_ = "connection lost (the worker died or stopped answering)";
@@ -266,9 +317,12 @@ void RemoteStage::rejoin() {
   spdlog::info("worker {} rejoined (layers {}-{})", address_, info_.layers.first, info_.layers.last - 1);
 }
 
-void RemoteStage::send(const std::vector<uint8_t>& header, std::vector<zmq::message_t>&& payloads) {
+void RemoteStage::send(protocol::Builder& message, std::vector<zmq::message_t>&& payloads) {
   check_alive();
-  if (!net::send(socket_, nullptr, header, std::move(payloads))) fail("cannot queue a message (not connected)");
+  message.envelope().setSession(process_session());
+  if (!net::send(socket_, nullptr, message.encode(), std::move(payloads))) {
+    fail("cannot queue a message (not connected)");
+  }
 }
 
 std::optional<net::Received> RemoteStage::receive(int timeout_ms) {
@@ -303,7 +357,7 @@ net::Received RemoteStage::expect(Envelope::Body::Which which, const char* what)
     if (d.which() == Envelope::Body::LOGITS) continue;  // of a step abandoned earlier
     if (d.which() == Envelope::Body::ERROR) {
       const auto e = d.envelope().getBody().getError();
-      if (e.getStepId() != 0) continue;  // about a step abandoned earlier
+      if (e.getStepId() != 0 && e.getCode() != protocol::ErrorCode::BUSY) continue;  // an abandoned step's
       fail(std::string("refused ") + what + ": " + e.getText().cStr());
     }
     fail(std::string("answered ") + what + " with " + protocol::body_name(d.which()));
@@ -311,16 +365,18 @@ net::Received RemoteStage::expect(Envelope::Body::Which which, const char* what)
 }
 
 void RemoteStage::plan(Stage* next, Stage* chain_to, size_t index, size_t count) {
-  std::string next_address, chain_address;
+  std::string next_address, chain_address, next_key, chain_key;
   if (next) {
     auto* remote = dynamic_cast<RemoteStage*>(next);
     if (!remote) fail("a remote stage can only be followed by another remote stage");
     next_address = remote->address();
+    next_key = remote->public_key();
   }
   if (chain_to) {
     auto* remote = dynamic_cast<RemoteStage*>(chain_to);
     if (!remote) fail("chained steps go to a remote first stage only");
     chain_address = remote->address();
+    chain_key = remote->public_key();
   }
   protocol::Builder b;
   auto p = b.envelope().getBody().initPlan();
@@ -328,8 +384,22 @@ void RemoteStage::plan(Stage* next, Stage* chain_to, size_t index, size_t count)
   p.setChainTo(chain_address);
   p.setStageIndex(static_cast<uint32_t>(index));
   p.setStageCount(static_cast<uint32_t>(count));
-  send(b.encode());
+  p.setNextPublicKey(next_key);
+  p.setChainToPublicKey(chain_key);
+  if (options_.curve) {
+    // Its own key too: a lone stage's chain connects to itself.
+    const auto& accept = options_.cluster_keys;
+    auto list = p.initAcceptKeys(static_cast<unsigned>(accept.size()));
+    for (unsigned i = 0; i < accept.size(); ++i) list.set(i, accept[i]);
+  }
+  p.setTakeOver(options_.take_over && !planned_);
+  // Plans go out with nothing in flight: whatever is queued here is stale (late logits,
+  // the notice of an earlier take-over) and must not be read as the plan's answer.
+  while (net::receive(socket_, false, 0)) {
+  }
+  send(b);
   expect(Envelope::Body::PLAN_ACK, "the plan");
+  planned_ = true;
 }
 
 void RemoteStage::submit(uint64_t step, std::span<const model::BatchToken> batch,
@@ -363,7 +433,7 @@ void RemoteStage::submit(uint64_t step, std::span<const model::BatchToken> batch
     for (unsigned i = 0; i < chain.stop_tokens.size(); ++i) stop.set(i, chain.stop_tokens[i]);
   }
   f.setSentNanos(protocol::steady_nanos());
-  send(b.encode());
+  send(b);
 }
 
 void RemoteStage::close(int32_t seq_id) {
@@ -373,7 +443,7 @@ void RemoteStage::close(int32_t seq_id) {
   }
   protocol::Builder b;
   b.envelope().getBody().initClose().setSeqId(seq_id);
-  send(b.encode());
+  send(b);
 }
 
 std::optional<StepOutput> RemoteStage::poll(int timeout_ms) {
@@ -383,6 +453,13 @@ std::optional<StepOutput> RemoteStage::poll(int timeout_ms) {
   protocol::Decoded d(msg->header_bytes());
   if (d.which() == Envelope::Body::ERROR) {
     const auto e = d.envelope().getBody().getError();
+    // This session planned the worker, so a busy worker now serves someone else.
+    // It counts as lost: once that coordinator is gone, it rejoins (hello checks the owner).
+    if (e.getCode() == protocol::ErrorCode::BUSY && planned_) {
+      up_ = false;
+      lost_reason_ = std::string("taken over by another coordinator (") + e.getText().cStr() + ")";
+      fail(lost_reason_, e.getStepId());
+    }
     fail(std::string(e.getText().cStr()) +
              (e.getStepId() ? " (step " + std::to_string(e.getStepId()) + ")" : std::string()),
          e.getStepId());
@@ -435,7 +512,7 @@ std::optional<StepOutput> RemoteStage::poll(int timeout_ms) {
 StageStats RemoteStage::stats() {
   protocol::Builder b;
   b.envelope().getBody().setStatsRequest();
-  send(b.encode());
+  send(b);
   const auto msg = expect(Envelope::Body::STATS, "a stats request");
   protocol::Decoded d(msg.header_bytes());
   const auto s = d.envelope().getBody().getStats();
@@ -445,14 +522,16 @@ StageStats RemoteStage::stats() {
 std::optional<std::vector<uint8_t>> RemoteStage::snapshot(int32_t seq_id) {
   protocol::Builder b;
   b.envelope().getBody().initSnapshotRequest().setSeqId(seq_id);
-  send(b.encode());
+  send(b);
   while (true) {
     auto msg = receive(options_.connect_timeout_ms);
     if (!msg) fail("no answer to a snapshot request");
     protocol::Decoded d(msg->header_bytes());
     if (d.which() == Envelope::Body::LOGITS) continue;  // of a step abandoned earlier
     if (d.which() == Envelope::Body::ERROR) {
-      if (d.envelope().getBody().getError().getStepId() != 0) continue;
+      const auto e = d.envelope().getBody().getError();
+      if (e.getStepId() != 0) continue;
+      if (e.getCode() == protocol::ErrorCode::BUSY) fail(std::string("refused a snapshot request: ") + e.getText().cStr());
       return std::nullopt;  // not open there
     }
     if (d.which() != Envelope::Body::SNAPSHOT) fail(std::string("answered a snapshot request with ") +
@@ -475,7 +554,7 @@ void RemoteStage::restore(int32_t seq_id, std::span<const uint8_t> state) {
   r.setBytes(state.size());
   std::vector<zmq::message_t> payload;
   payload.emplace_back(state.data(), state.size());
-  send(b.encode(), std::move(payload));
+  send(b, std::move(payload));
   const auto msg = expect(Envelope::Body::RESTORED, "a restore");
   protocol::Decoded d(msg.header_bytes());
   if (d.envelope().getBody().getRestored().getSeqId() != seq_id) fail("restored another sequence");

@@ -183,7 +183,20 @@ struct RemoteOptions {
   int rejoin_answer_ms = 1000;
   protocol::DType activations = protocol::DType::F32;
   net::Timing timing;
+  // Take the worker over even when another live coordinator's session owns it
+  // (Plan.takeOver; only the first plan: a coordinator taken over later stays so).
+  bool take_over = false;
+  // CURVE: this coordinator's key pair and the worker's public key (server_key);
+  // nullopt: an open link.
+  std::optional<net::Curve> curve;
+  // Public keys of every worker of the pipeline: each stage accepts their connections
+  // for this session (Plan.acceptKeys), besides its own authorized keys.
+  std::vector<std::string> cluster_keys;
 };
+
+// This process's session (random, never 0): stamped on every message to the workers;
+// a plan makes it a worker's owner (see worker/server.hpp).
+uint64_t process_session();
 
 // A pico-worker. A lost worker (killed, hung past the heartbeat timeout) makes every
 // call fail with a StageError naming it until rejoin() gets it back: a fresh
@@ -211,12 +224,15 @@ class RemoteStage final : public Stage {
   // the worker when it is not back, or came back serving another model or layers.
   void rejoin() override;
   const std::string& address() const { return address_; }
+  // The worker's CURVE public key (empty: an open link).
+  std::string public_key() const { return options_.curve ? options_.curve->server_key : std::string(); }
 
  private:
   void connect();  // a fresh socket and monitor
   void hello(int timeout_ms);  // hello/capabilities into info_, then the clock offset
   void estimate_clock_offset();
-  void send(const std::vector<uint8_t>& header, std::vector<zmq::message_t>&& payloads = {});
+  // Stamps this process's session on the envelope and sends it.
+  void send(protocol::Builder& message, std::vector<zmq::message_t>&& payloads = {});
   // The next message other than heartbeats within timeout_ms (throws on lost/timeout).
   std::optional<net::Received> receive(int timeout_ms);
   // The next message of kind `which`, skipping stale answers (logits and errors of
@@ -234,6 +250,7 @@ class RemoteStage final : public Stage {
   std::string lost_reason_;
   int64_t clock_offset_ = 0;
   std::vector<int32_t> pending_closes_;
+  bool planned_ = false;  // a plan was acknowledged: this session owned the worker
 };
 
 }  // namespace pico::coordinator

@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <cerrno>
+#include <cstdio>
 #include <stdexcept>
 
 namespace pico::net {
@@ -38,10 +39,11 @@ void configure(zmq::socket_t& s, const Timing& t) {
 
 }  // namespace
 
-zmq::socket_t make_router(const std::string& bind_address, const Timing& timing) {
+zmq::socket_t make_router(const std::string& bind_address, const Timing& timing, const KeyPair* curve) {
   check_address(bind_address);
   zmq::socket_t s(context(), zmq::socket_type::router);
   configure(s, timing);
+  if (curve) set_curve_server(s, *curve);
   s.set(zmq::sockopt::router_mandatory, 1);
   // A peer that reconnects under the same routing id (a coordinator whose worker was
   // hung, then came back) takes its id over instead of being ignored.
@@ -51,10 +53,11 @@ zmq::socket_t make_router(const std::string& bind_address, const Timing& timing)
 }
 
 zmq::socket_t make_dealer(const std::string& address, const std::string& routing_id, const Timing& timing,
-                          ConnectionMonitor* monitor) {
+                          ConnectionMonitor* monitor, const Curve* curve) {
   check_address(address);
   zmq::socket_t s(context(), zmq::socket_type::dealer);
   configure(s, timing);
+  if (curve) set_curve_client(s, *curve);
   if (!routing_id.empty()) s.set(zmq::sockopt::routing_id, zmq::buffer(routing_id));
   if (monitor) monitor->watch(s, routing_id.empty() ? std::string("dealer") : routing_id);
   s.connect(address);
@@ -101,6 +104,16 @@ bool send(zmq::socket_t& socket, const std::string* peer, std::span<const uint8_
   }
 }
 
+bool routable(zmq::socket_t& router, const std::string& peer, std::span<const uint8_t> probe) {
+  try {
+    if (!router.send(zmq::buffer(peer), zmq::send_flags::sndmore | zmq::send_flags::dontwait)) return true;
+    (void)router.send(zmq::buffer(probe.data(), probe.size()), zmq::send_flags::dontwait);
+    return true;
+  } catch (const zmq::error_t& e) {
+    return e.num() != EHOSTUNREACH;
+  }
+}
+
 std::optional<Received> receive(zmq::socket_t& socket, bool from_router, int timeout_ms) {
   std::vector<zmq::message_t> frames;
   try {
@@ -133,7 +146,50 @@ std::optional<Received> receive(zmq::socket_t& socket, bool from_router, int tim
 void ConnectionMonitor::watch(zmq::socket_t& socket, const std::string& name) {
   static std::atomic<int> counter{0};
   init(socket, "inproc://monitor-" + name + "-" + std::to_string(counter++),
-       ZMQ_EVENT_CONNECTED | ZMQ_EVENT_DISCONNECTED);
+       ZMQ_EVENT_CONNECTED | ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_HANDSHAKE_SUCCEEDED |
+           ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
+           ZMQ_EVENT_HANDSHAKE_FAILED_AUTH);
+}
+
+// A client sees these (checked with libzmq 4.3.4): a CURVE server refusing its key
+// (ZAP 400) as an auth failure, without reconnecting; a server key that does not match
+// the server's secret as a failure without detail (the server drops the connection),
+// retried at every reconnect; mechanisms that differ (CURVE against none) as a
+// protocol error, or, when the server dropped the connection before the client read
+// why, as a failure without detail.
+void ConnectionMonitor::on_event_handshake_failed_no_detail(const zmq_event_t& e, const char*) {
+  if (handshake_failure_.empty()) {
+    handshake_kind_ = Handshake::dropped;
+    handshake_failure_ = "the peer dropped the connection during the handshake (" +
+                         std::string(zmq_strerror(e.value)) + ")";
+  }
+}
+
+void ConnectionMonitor::on_event_handshake_failed_protocol(const zmq_event_t& e, const char*) {
+  if (!handshake_failure_.empty()) return;
+  handshake_kind_ = e.value == ZMQ_PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH ? Handshake::mechanism_mismatch
+                                                                          : Handshake::protocol_error;
+  switch (e.value) {
+    case ZMQ_PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH:
+      handshake_failure_ = "the two sides' security does not match (CURVE keys on one side only)";
+      break;
+    case ZMQ_PROTOCOL_ERROR_ZMTP_CRYPTOGRAPHIC:
+      handshake_failure_ = "a CURVE cryptographic error (the keys do not belong together)";
+      break;
+    default: {
+      char code[16];
+      std::snprintf(code, sizeof code, "0x%x", static_cast<unsigned>(e.value));
+      handshake_failure_ = std::string("a ZMTP protocol error during the handshake (") + code + ")";
+    }
+  }
+}
+
+void ConnectionMonitor::on_event_handshake_failed_auth(const zmq_event_t& e, const char*) {
+  if (handshake_failure_.empty()) {
+    handshake_kind_ = Handshake::key_refused;
+    handshake_failure_ = "the peer refused this side's CURVE key (status " + std::to_string(e.value) +
+                         "): it is not among the peer's authorized keys";
+  }
 }
 
 void ConnectionMonitor::update(int timeout_ms) {

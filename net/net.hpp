@@ -14,6 +14,8 @@
 #include <vector>
 #include <zmq.hpp>
 
+#include "curve.hpp"
+
 namespace pico::net {
 
 // Timings shared by both sides.
@@ -35,12 +37,22 @@ int64_t max_message_bytes();
 void check_address(const std::string& address);
 
 // A bound ROUTER that reports unroutable sends (ROUTER_MANDATORY) instead of dropping them.
-zmq::socket_t make_router(const std::string& bind_address, const Timing& timing = {});
+// With `curve` it is a CURVE server with that key pair (a ZapAuthenticator decides
+// which clients get in).
+zmq::socket_t make_router(const std::string& bind_address, const Timing& timing = {},
+                          const KeyPair* curve = nullptr);
 class ConnectionMonitor;
 // A DEALER connected to `address`; `routing_id` names it to the ROUTER (empty: zmq's).
-// A monitor given here watches the socket from before it connects.
+// A monitor given here watches the socket from before it connects. With `curve` it is
+// a CURVE client.
 zmq::socket_t make_dealer(const std::string& address, const std::string& routing_id = {}, const Timing& timing = {},
-                          ConnectionMonitor* monitor = nullptr);
+                          ConnectionMonitor* monitor = nullptr, const Curve* curve = nullptr);
+
+// Whether a ROUTER still has a connection to `peer`: sends it `probe` (a message the
+// peer ignores) and reports false only when the routing id is unknown (EHOSTUNREACH:
+// the peer disconnected, or its heartbeats stopped past the timeout). A peer whose
+// queue is full counts as connected.
+bool routable(zmq::socket_t& router, const std::string& peer, std::span<const uint8_t> probe);
 
 // A received message: the sender (ROUTER sockets only), the header frame, payloads.
 struct Received {
@@ -81,7 +93,8 @@ bool send(zmq::socket_t& socket, const std::string* peer, std::span<const uint8_
 std::optional<Received> receive(zmq::socket_t& socket, bool from_router, int timeout_ms);
 
 // Watches a socket's connection: connected() once a peer is up, lost() once it went
-// down after that.
+// down after that; handshake_failure() once a ZMTP handshake failed (security
+// mechanisms that do not match, a wrong server key, a client key the server refused).
 class ConnectionMonitor : private zmq::monitor_t {
  public:
   void watch(zmq::socket_t& socket, const std::string& name);
@@ -89,14 +102,26 @@ class ConnectionMonitor : private zmq::monitor_t {
   void update(int timeout_ms = 0);
   bool connected() const { return connected_; }
   bool lost() const { return lost_; }
+  bool handshake_succeeded() const { return handshake_succeeded_; }
+  enum class Handshake { ok, mechanism_mismatch, key_refused, dropped, protocol_error };
+  // The first failed handshake: what kind, and in words (empty while none failed).
+  Handshake handshake_failure_kind() const { return handshake_kind_; }
+  const std::string& handshake_failure() const { return handshake_failure_; }
 
  private:
   void on_event_connected(const zmq_event_t&, const char*) override { connected_ = true; }
   void on_event_disconnected(const zmq_event_t&, const char*) override {
     if (connected_) lost_ = true;
   }
+  void on_event_handshake_succeeded(const zmq_event_t&, const char*) override { handshake_succeeded_ = true; }
+  void on_event_handshake_failed_no_detail(const zmq_event_t& e, const char*) override;
+  void on_event_handshake_failed_protocol(const zmq_event_t& e, const char*) override;
+  void on_event_handshake_failed_auth(const zmq_event_t& e, const char*) override;
   bool connected_ = false;
   bool lost_ = false;
+  bool handshake_succeeded_ = false;
+  Handshake handshake_kind_ = Handshake::ok;
+  std::string handshake_failure_;
 };
 
 }  // namespace pico::net

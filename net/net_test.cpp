@@ -4,6 +4,10 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <mutex>
 #include <cstring>
 #include <thread>
 
@@ -135,6 +139,176 @@ TEST(Net, OwnedFramesRoundTripAndAreReleased) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   EXPECT_EQ(Tracked::destroyed.load(), 100);
+}
+
+// ---- CURVE -------------------------------------------------------------------
+
+// libzmq's CURVE test vectors (tests/testutil_security.cpp): key pairs that belong together.
+const char* const kServerPublic = "rq:rM>}U?@Lns47E1%kR.o@n%FcmmsL/@{H8]yf7";
+const char* const kServerSecret = "JTKVSB%%)wK0E.X)V>+}o?pNmC{O&4W4b!Ni{Lh6";
+const char* const kClientPublic = "Yne@$w-vo<fVvi]a<NY6T1ed:M$fCG*[IaLV{hID";
+const char* const kClientSecret = "D:)Q[IlAW!ahhC2ac:9*A}h:p?([4%wOTJ%JR%cs";
+
+class KeyFiles : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() / ("pico-keys-" + std::to_string(::getpid()));
+    std::filesystem::create_directories(dir_);
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+  std::string write(const std::string& name, const std::string& text, std::filesystem::perms mode =
+                                                                           std::filesystem::perms::owner_read |
+                                                                           std::filesystem::perms::owner_write) {
+    const auto path = dir_ / name;
+    std::ofstream(path) << text;
+    std::filesystem::permissions(path, mode);
+    return path.string();
+  }
+  std::filesystem::path dir_;
+};
+
+std::string what_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "(no exception)";
+}
+
+TEST(Curve, Z85Keys) {
+  EXPECT_TRUE(is_z85_key(kServerPublic));
+  EXPECT_FALSE(is_z85_key(std::string(kServerPublic).substr(0, 39)));
+  EXPECT_FALSE(is_z85_key(std::string(kServerPublic) + "x"));
+  EXPECT_FALSE(is_z85_key(std::string(39, 'a') + "\""));  // '"' is not in the alphabet
+  EXPECT_EQ(public_key_of(kServerSecret), kServerPublic);
+  EXPECT_EQ(public_key_of(kClientSecret), kClientPublic);
+  EXPECT_THROW(public_key_of("short"), std::invalid_argument);
+  const KeyPair a = generate_key_pair(), b = generate_key_pair();
+  EXPECT_NE(a.secret_key, b.secret_key);
+  EXPECT_EQ(public_key_of(a.secret_key), a.public_key);
+}
+
+TEST_F(KeyFiles, ReadsKeyFilesAndNamesTheBadOnes) {
+  const KeyPair k = read_secret_key_file(write("c.secret", std::string(kClientSecret) + "\n"));
+  EXPECT_EQ(k.secret_key, kClientSecret);
+  EXPECT_EQ(k.public_key, kClientPublic);
+  EXPECT_EQ(read_public_key_file(write("s.public", std::string("  ") + kServerPublic + "\r\n")), kServerPublic);
+  const std::string open_secret = write("open.secret", kClientSecret, std::filesystem::perms::owner_read |
+                                                                       std::filesystem::perms::group_read);
+  EXPECT_NE(what_of([&] { read_secret_key_file(open_secret); }).find("readable by other users"), std::string::npos);
+  const std::string bad = write("bad.public", "not a key");
+  EXPECT_NE(what_of([&] { read_public_key_file(bad); }).find(bad), std::string::npos);
+  EXPECT_NE(what_of([&] { read_public_key_file((dir_ / "missing").string()); }).find("cannot read"), std::string::npos);
+  const std::string big = write("big.public", std::string(10000, 'a'));
+  EXPECT_NE(what_of([&] { read_public_key_file(big); }).find("not a key file"), std::string::npos);
+  // A command-line value: the key itself or a file holding it.
+  EXPECT_EQ(public_key_from(kServerPublic), kServerPublic);
+  EXPECT_EQ(public_key_from((dir_ / "s.public").string()), kServerPublic);
+}
+
+TEST_F(KeyFiles, AuthorizedKeysSkipCommentsAndBlankLines) {
+  const std::string path = write("authorized", std::string("# the coordinator\n") + kClientPublic + "\n\n   \n" +
+                                                   "  " + kServerPublic + "  \n# end");
+  EXPECT_EQ(read_authorized_keys(path), (std::vector<std::string>{kClientPublic, kServerPublic}));
+  const std::string bad = write("bad", std::string(kClientPublic) + "\nnot-a-key\n");
+  EXPECT_NE(what_of([&] { read_authorized_keys(bad); }).find(bad + ":2:"), std::string::npos);
+  const std::string none = write("none", "# nobody\n\n");
+  EXPECT_NE(what_of([&] { read_authorized_keys(none); }).find("lists no key"), std::string::npos);
+}
+
+TEST_F(KeyFiles, WritesKeyPairsWithoutOverwriting) {
+  const std::string name = (dir_ / "node").string();
+  const KeyPair k = write_key_files(name);
+  EXPECT_EQ(read_secret_key_file(name + ".secret").secret_key, k.secret_key);
+  EXPECT_EQ(read_public_key_file(name + ".public"), k.public_key);
+  EXPECT_EQ(public_key_of(k.secret_key), k.public_key);
+  const auto mode = std::filesystem::status(name + ".secret").permissions();
+  EXPECT_EQ(mode & (std::filesystem::perms::group_all | std::filesystem::perms::others_all),
+            std::filesystem::perms::none);
+  EXPECT_NE(what_of([&] { write_key_files(name); }).find("exists"), std::string::npos);
+  EXPECT_EQ(read_secret_key_file(name + ".secret").secret_key, k.secret_key);  // untouched
+}
+
+// A keyed ROUTER with its ZAP handler, and clients of every kind against it.
+class CurveLink : public ::testing::Test {
+ protected:
+  // Connects a client (null: no CURVE) and says one message; true when the ROUTER got it.
+  bool reaches(const Curve* curve, ConnectionMonitor& monitor, const std::string& tag) {
+    zmq::socket_t dealer = make_dealer(address_, tag, {}, &monitor, curve);
+    EXPECT_TRUE(send(dealer, nullptr, protocol::make_heartbeat()));
+    auto got = receive(router_, true, 1500);
+    monitor.update(100);
+    return got.has_value();
+  }
+  std::vector<std::string> refused_;
+  std::mutex refused_mutex_;
+  ZapAuthenticator zap_{{kClientPublic}, [this](const std::string&, const std::string& key) {
+                          std::lock_guard lock(refused_mutex_);
+                          refused_.push_back(key);
+                        }};
+  KeyPair server_{kServerPublic, kServerSecret};
+  zmq::socket_t router_ = make_router("tcp://127.0.0.1:*", {}, &server_);
+  std::string address_ = router_.get(zmq::sockopt::last_endpoint);
+};
+
+TEST_F(CurveLink, AcceptsAuthorizedKeysOnly) {
+  ConnectionMonitor ok;
+  const Curve client{{kClientPublic, kClientSecret}, kServerPublic};
+  EXPECT_TRUE(reaches(&client, ok, "authorized"));
+  EXPECT_TRUE(ok.handshake_succeeded());
+  EXPECT_EQ(ok.handshake_failure_kind(), ConnectionMonitor::Handshake::ok);
+
+  ConnectionMonitor stranger;
+  const Curve other{generate_key_pair(), kServerPublic};
+  EXPECT_FALSE(reaches(&other, stranger, "stranger"));
+  EXPECT_EQ(stranger.handshake_failure_kind(), ConnectionMonitor::Handshake::key_refused);
+  {
+    std::lock_guard lock(refused_mutex_);
+    EXPECT_EQ(refused_, std::vector<std::string>{other.own.public_key});
+  }
+  // A session may add keys (Plan.acceptKeys); a fresh connection with one gets in.
+  zap_.set_session_keys({other.own.public_key});
+  ConnectionMonitor admitted;
+  EXPECT_TRUE(reaches(&other, admitted, "admitted"));
+  zap_.set_session_keys({});
+  EXPECT_FALSE(zap_.accepts(other.own.public_key));
+  EXPECT_TRUE(zap_.accepts(kClientPublic));
+}
+
+TEST_F(CurveLink, ReportsMismatchedSecurityAndWrongServerKeys) {
+  ConnectionMonitor open;
+  EXPECT_FALSE(reaches(nullptr, open, "open"));
+  // The server reports the mismatch and drops the connection: the client reads the
+  // report, or sees the connection dropped first (a race, mostly the former over TCP).
+  const auto kind = open.handshake_failure_kind();
+  EXPECT_TRUE(kind == ConnectionMonitor::Handshake::mechanism_mismatch ||
+              kind == ConnectionMonitor::Handshake::dropped)
+      << open.handshake_failure();
+  EXPECT_FALSE(open.handshake_succeeded());
+
+  ConnectionMonitor wrong;
+  const Curve misled{{kClientPublic, kClientSecret}, generate_key_pair().public_key};
+  EXPECT_FALSE(reaches(&misled, wrong, "misled"));
+  EXPECT_EQ(wrong.handshake_failure_kind(), ConnectionMonitor::Handshake::dropped);
+}
+
+TEST(Net, RoutableSeesAPeerGo) {
+  const std::string address = ipc_address("routable");
+  zmq::socket_t router = make_router(address);
+  auto dealer = std::make_unique<zmq::socket_t>(make_dealer(address, "peer"));
+  ASSERT_TRUE(send(*dealer, nullptr, protocol::make_heartbeat()));
+  ASSERT_TRUE(receive(router, true, 2000).has_value());
+  const auto probe = protocol::make_heartbeat();
+  EXPECT_TRUE(routable(router, "peer", probe));
+  EXPECT_FALSE(routable(router, "someone-else", probe));
+  dealer.reset();
+  bool gone = false;
+  for (int i = 0; i < 200 && !gone; ++i) {
+    gone = !routable(router, "peer", probe);
+    if (!gone) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_TRUE(gone);
 }
 
 }  // namespace

@@ -12,7 +12,7 @@ $Cxx.namespace("pico::protocol::schema");
 # 2: timings in forward/logits, heartbeat echo, snapshot/restore of a sequence.
 # 3: per-row logits output (full row or arg max only) in forward/logits.
 # 4: greedy chains (plan.chainTo, forward.chainSteps / stopTokens / chained, logits.chained).
-# 5: sessions (Envelope.session, Hello.takeOver, Capabilities.session / ownerConnected),
+# 5: sessions (Envelope.session, Plan.takeOver, Capabilities.session / ownerConnected),
 #    the worker's limits (Capabilities.limits), CURVE public keys in plans, busy / limit errors.
 const protocolVersion :UInt32 = 5;
 

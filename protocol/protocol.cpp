@@ -72,8 +72,9 @@ const char* body_name(Envelope::Body::Which which) {
   return "unknown";
 }
 
-std::vector<uint8_t> make_error(ErrorCode code, const std::string& text, uint64_t step_id) {
+std::vector<uint8_t> make_error(ErrorCode code, const std::string& text, uint64_t step_id, uint64_t session) {
   Builder b;
+  b.envelope().setSession(session);
   auto e = b.envelope().getBody().initError();
   e.setCode(code);
   e.setText(text);

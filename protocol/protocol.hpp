@@ -73,8 +73,9 @@ class Decoded {
 // Name of a body kind, for logs and errors.
 const char* body_name(Envelope::Body::Which which);
 
-// One-call builders of the small messages.
-std::vector<uint8_t> make_error(ErrorCode code, const std::string& text, uint64_t step_id = 0);
+// One-call builders of the small messages. `session`: Envelope.session (a worker
+// stamps the session of the message it answers).
+std::vector<uint8_t> make_error(ErrorCode code, const std::string& text, uint64_t step_id = 0, uint64_t session = 0);
 // A heartbeat stamped with steady_nanos(); an answer echoes the request's stamp.
 std::vector<uint8_t> make_heartbeat(uint64_t echo_nanos = 0);
 // This host's steady clock in nanoseconds (the clock of every *Nanos field).

@@ -1,5 +1,6 @@
 // pico-worker -m MODEL --layers A-B --listen tcp://*:PORT [-t N]
 //             [--ctx N] [--max-rows N] [--max-sequences N] [--kv-memory BYTES]
+//             [--secret-key W.secret --authorized-keys FILE]
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
@@ -35,15 +36,28 @@ int main(int argc, char** argv) {
   app.add_option("--kv-memory", kv_memory,
                  "KV bytes over all sequences, e.g. 512M, 4G (default: available memory less the stage's weights, "
                  "less a tenth)");
+  std::string secret_key_path, authorized_keys_path;
+  auto* secret_opt = app.add_option("--secret-key", secret_key_path,
+                                    "CURVE: this worker's secret key file (pico keygen); links are then encrypted");
+  app.add_option("--authorized-keys", authorized_keys_path,
+                 "CURVE: file of the public keys that may connect, one per line (the coordinator's, the previous "
+                 "stage's)")
+      ->needs(secret_opt);
+  secret_opt->needs(app.get_option("--authorized-keys"));
   CLI11_PARSE(app, argc, argv);
   try {
+    pico::worker::Security security;
+    if (!secret_key_path.empty()) {
+      security.keys = pico::net::read_secret_key_file(secret_key_path);
+      security.authorized_keys = pico::net::read_authorized_keys(authorized_keys_path);
+    }
     std::optional<pico::model::LayerRange> range;
     if (!layers.empty()) range = pico::worker::parse_layers(layers);
     if (!kv_memory.empty()) limits.kv_memory = pico::worker::parse_byte_size(kv_memory);
     pico::worker::StageEngine engine(model_path, range, threads, limits);
     // The largest legal frame (StageLimits::max_message_bytes), before the socket is made.
     pico::net::set_max_message_bytes(static_cast<int64_t>(engine.limits().max_message_bytes));
-    pico::worker::Server server(engine, listen);
+    pico::worker::Server server(engine, listen, {}, security);
     std::signal(SIGINT, on_signal);
     std::signal(SIGTERM, on_signal);
     spdlog::info("layers {}-{} of {} ({}), listening on {}", engine.layers().first, engine.layers().last - 1,

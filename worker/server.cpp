@@ -4,7 +4,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <fstream>
+#include <tuple>
 #include <thread>
 
 #include "sample/argmax.hpp"
@@ -30,8 +32,50 @@ uint64_t physical_memory_bytes() {
   return pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) : 0;
 }
 
-Server::Server(StageEngine& engine, const std::string& listen_address, const net::Timing& timing)
-    : engine_(engine), timing_(timing), router_(net::make_router(listen_address, timing)) {}
+namespace {
+
+std::string hex(uint64_t v) {
+  char text[17];
+  std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(v));
+  return text;
+}
+
+// Loopback and local sockets are reachable from this host only.
+bool local_only(const std::string& address) {
+  if (address.rfind("ipc://", 0) == 0) return true;
+  for (const char* prefix : {"tcp://127.", "tcp://localhost:", "tcp://[::1]:"}) {
+    if (address.rfind(prefix, 0) == 0) return true;
+  }
+  return false;
+}
+
+std::unique_ptr<net::ZapAuthenticator> make_authenticator(const Security& security) {
+  if (!security.keys) return nullptr;
+  return std::make_unique<net::ZapAuthenticator>(
+      security.authorized_keys, [](const std::string& address, const std::string& key) {
+        spdlog::warn("refused a connection from {}: {}", address.empty() ? "(unknown address)" : address,
+                     key.empty() ? std::string("not a CURVE client")
+                                 : "its key " + key + " is not authorized (--authorized-keys, or the plan's stages)");
+      });
+}
+
+}  // namespace
+
+Server::Server(StageEngine& engine, const std::string& listen_address, const net::Timing& timing,
+               const Security& security)
+    : engine_(engine),
+      timing_(timing),
+      keys_(security.keys),
+      zap_(make_authenticator(security)),
+      router_(net::make_router(listen_address, timing, keys_ ? &*keys_ : nullptr)) {
+  if (keys_) {
+    spdlog::info("CURVE: public key {}, {} authorized key(s)", keys_->public_key, security.authorized_keys.size());
+  } else if (!local_only(listen_address)) {
+    spdlog::warn("{} is not a loopback address and this worker has no keys (--secret-key, --authorized-keys): the "
+                 "link is unencrypted and anyone who reaches the port can use this worker",
+                 listen_address);
+  }
+}
 
 void Server::run(const std::atomic<bool>& stop) {
   idle_since_nanos_ = protocol::steady_nanos();
@@ -58,7 +102,7 @@ void Server::reply(const std::string& peer, const std::vector<uint8_t>& header) 
 void Server::report(const std::string& peer, ErrorCode code, const std::string& text, uint64_t step) {
   spdlog::warn("refused: {}", text);
   const std::string& to = coordinator_.empty() ? peer : coordinator_;
-  reply(to, protocol::make_error(code, text, step));
+  reply(to, protocol::make_error(code, text, step, message_session_));
 }
 
 void Server::handle(net::Received& msg) {
@@ -73,7 +117,23 @@ void Server::handle(net::Received& msg) {
   }
   const auto env = decoded->envelope();
   const auto body = env.getBody();
+  message_session_ = env.getSession();
   try {
+    switch (decoded->which()) {
+      case Envelope::Body::OPEN:
+      case Envelope::Body::CLOSE:
+      case Envelope::Body::TRUNCATE:
+      case Envelope::Body::SNAPSHOT_REQUEST:
+      case Envelope::Body::RESTORE:
+      case Envelope::Body::FORWARD:
+        if (!admit(msg.peer, decoded->which(),
+                   decoded->which() == Envelope::Body::FORWARD ? body.getForward().getStepId() : 0)) {
+          return;
+        }
+        break;
+      default:
+        break;  // hello, heartbeat and stats are open to any peer; a plan checks itself
+    }
     switch (decoded->which()) {
       case Envelope::Body::HELLO: {
         protocol::Builder b;
@@ -96,44 +156,15 @@ void Server::handle(net::Received& msg) {
         limits.setStateBytesPerSequence(l.state_bytes_per_sequence);
         limits.setPagePositions(static_cast<uint32_t>(l.page_positions));
         limits.setMaxMessageBytes(l.max_message_bytes);
+        caps.setSession(session_);
+        caps.setOwnerConnected(owner_connected());
+        caps.setCurve(keys_.has_value());
         reply(msg.peer, b.encode());
         break;
       }
-      case Envelope::Body::PLAN: {
-        const auto plan = body.getPlan();
-        const std::string next = plan.getNext().cStr();
-        if (next.empty() != engine_.is_last()) {
-          reply(msg.peer, protocol::make_error(ErrorCode::BAD_REQUEST,
-                                               engine_.is_last() ? "this stage holds the last layer: no next stage"
-                                                                 : "this stage ends at layer " +
-                                                                       std::to_string(engine_.layers().last) +
-                                                                       " and needs a next stage"));
-          break;
-        }
-        coordinator_ = msg.peer;
-        stage_index_ = plan.getStageIndex();
-        // Every plan connects afresh: after a rejoin, batches queued toward the old
-        // next stage are dropped rather than delivered to its successor.
-        next_.reset();
-        next_address_.clear();
-        chain_to_.reset();
-        const std::string chain_to = plan.getChainTo().cStr();
-        if (!chain_to.empty() && engine_.is_last()) {
-          chain_to_.emplace(net::make_dealer(chain_to, "chain-" + std::to_string(::getpid()), timing_));
-        }
-        if (!next.empty()) {
-          next_.emplace(net::make_dealer(next, "stage-" + std::to_string(engine_.layers().first) + "-" +
-                                                   std::to_string(::getpid()),
-                                         timing_));
-          next_address_ = next;
-        }
-        spdlog::info("plan: stage {} of {}, next {}", plan.getStageIndex() + 1, plan.getStageCount(),
-                     next.empty() ? "(coordinator)" : next);
-        protocol::Builder b;
-        b.envelope().getBody().setPlanAck();
-        reply(msg.peer, b.encode());
+      case Envelope::Body::PLAN:
+        handle_plan(msg.peer, body.getPlan());
         break;
-      }
       case Envelope::Body::OPEN:
         break;  // state is created on the first forward
       case Envelope::Body::CLOSE:
@@ -143,6 +174,17 @@ void Server::handle(net::Received& msg) {
         engine_.truncate(body.getTruncate().getSeqId(), body.getTruncate().getPos());
         break;
       case Envelope::Body::FORWARD:
+        // The chain toward the first stage connects once its plan is surely there.
+        if (!chain_to_ && !chain_address_.empty()) connect_chain();
+        if (next_monitor_ && !next_monitor_->handshake_succeeded()) {
+          next_monitor_->update(0);  // until the link is up: no poll per forward after that
+          if (!next_monitor_->handshake_failure().empty()) {
+            report(msg.peer, ErrorCode::UNAVAILABLE,
+                   "the link to the next stage (" + next_address_ + ") failed: " + next_monitor_->handshake_failure(),
+                   body.getForward().getStepId());
+            break;
+          }
+        }
         handle_forward(msg.peer, env, msg);
         break;
       case Envelope::Body::STATS_REQUEST: {
@@ -172,9 +214,9 @@ void Server::handle(net::Received& msg) {
                                                                          protocol::body_name(decoded->which())));
     }
   } catch (const kj::Exception& e) {
-    reply(msg.peer, protocol::make_error(ErrorCode::MALFORMED, e.getDescription().cStr()));
+    reply(msg.peer, protocol::make_error(ErrorCode::MALFORMED, e.getDescription().cStr(), 0, message_session_));
   } catch (const std::exception& e) {
-    reply(msg.peer, protocol::make_error(ErrorCode::BAD_REQUEST, e.what()));
+    reply(msg.peer, protocol::make_error(ErrorCode::BAD_REQUEST, e.what(), 0, message_session_));
   }
 }
 
@@ -183,6 +225,128 @@ static uint64_t message_bytes(const net::Received& msg) {
   uint64_t total = msg.header.size();
   for (const auto& p : msg.payloads) total += p.size();
   return total;
+}
+
+bool Server::owner_connected() {
+  return !coordinator_.empty() && net::routable(router_, coordinator_, protocol::make_heartbeat());
+}
+
+bool Server::admit(const std::string& peer, Envelope::Body::Which which, uint64_t step) {
+  if (session_ == 0 || message_session_ == session_) return true;
+  // A previous stage (or the last stage's chain) still planned by the old session:
+  // nobody there reads answers, so the step is dropped.
+  if (which == Envelope::Body::FORWARD && (peer.rfind("stage-", 0) == 0 || peer.rfind("chain-", 0) == 0)) {
+    spdlog::info("dropped step {} of session {} from {}: this worker serves session {}", step, hex(message_session_),
+                 peer, hex(session_));
+    return false;
+  }
+  // Open, close and truncate have no answer: an error would reach the sender unasked,
+  // in the middle of its next exchange (a taken-over coordinator closing its sequences
+  // just before it plans again), so they are dropped; its next forward hears busy.
+  if (which == Envelope::Body::OPEN || which == Envelope::Body::CLOSE || which == Envelope::Body::TRUNCATE) {
+    spdlog::info("dropped a {} of session {} from {}: this worker serves session {}", protocol::body_name(which),
+                 hex(message_session_), peer, hex(session_));
+    return false;
+  }
+  const std::string text = std::string("busy: this worker serves another coordinator's session (") + hex(session_) +
+                           "), not this " + protocol::body_name(which) + "'s session (" + hex(message_session_) + ")";
+  spdlog::warn("refused: {} (from {})", text, peer);
+  reply(peer, protocol::make_error(ErrorCode::BUSY, text, step, message_session_));
+  return false;
+}
+
+void Server::handle_plan(const std::string& peer, protocol::schema::Plan::Reader plan) {
+  auto refuse = [&](ErrorCode code, const std::string& text) {
+    spdlog::warn("refused a plan from {}: {}", peer, text);
+    reply(peer, protocol::make_error(code, text, 0, message_session_));
+  };
+  const uint64_t session = message_session_;
+  if (session == 0) return refuse(ErrorCode::BAD_REQUEST, "a plan must carry its coordinator's session (Envelope.session)");
+  const bool new_owner = session != session_;
+  if (new_owner && session_ != 0 && !plan.getTakeOver() && owner_connected()) {
+    return refuse(ErrorCode::BUSY, "busy: this worker serves another coordinator's session (" + hex(session_) +
+                                       "), which is still connected (pico-coord --take-over takes it over)");
+  }
+  const std::string next = plan.getNext().cStr();
+  if (next.empty() != engine_.is_last()) {
+    return refuse(ErrorCode::BAD_REQUEST, engine_.is_last() ? "this stage holds the last layer: no next stage"
+                                                            : "this stage ends at layer " +
+                                                                  std::to_string(engine_.layers().last) +
+                                                                  " and needs a next stage");
+  }
+  const std::string chain_to = engine_.is_last() ? plan.getChainTo().cStr() : "";
+  std::vector<std::string> accept;
+  for (auto key : plan.getAcceptKeys()) accept.emplace_back(key.cStr());
+  const std::string next_key = plan.getNextPublicKey().cStr();
+  const std::string chain_key = plan.getChainToPublicKey().cStr();
+  // The keys a plan names must fit this worker: a keyed worker talks CURVE only, an
+  // open one has no key pair to talk it with.
+  const std::tuple<const std::string&, const char*, const std::string&> links[] = {
+      {next_key, "next stage", next}, {chain_key, "chain", chain_to}};
+  for (const auto& [key, link, address] : links) {
+    if (address.empty()) continue;
+    if (keys_ && !net::is_z85_key(key)) {
+      return refuse(ErrorCode::BAD_REQUEST, std::string("this worker uses CURVE: the plan needs the ") + link + " (" +
+                                                address + ")'s Z85 public key");
+    }
+    if (!keys_ && !key.empty()) {
+      return refuse(ErrorCode::BAD_REQUEST, std::string("the plan names a CURVE key for the ") + link +
+                                                ", but this worker has no key pair (--secret-key)");
+    }
+  }
+  for (const auto& key : accept) {
+    if (!net::is_z85_key(key)) return refuse(ErrorCode::BAD_REQUEST, "plan: acceptKeys holds a key that is not Z85");
+  }
+  if (new_owner) {
+    if (session_ != 0) {
+      spdlog::warn("session {} takes this worker over from session {}{}: {} sequence(s) dropped", hex(session),
+                   hex(session_), plan.getTakeOver() ? " (take-over)" : " (its coordinator is gone)",
+                   engine_.sequences());
+    }
+    engine_.close_all();  // sequence ids are per session
+    // The old owner, if still there, hears it at once rather than at its next step.
+    if (session_ != 0 && !coordinator_.empty() && coordinator_ != peer) {
+      (void)net::send(router_, &coordinator_,
+                      protocol::make_error(ErrorCode::BUSY, "busy: taken over by another coordinator's session (" +
+                                                                hex(session) + ")",
+                                           0, session_));
+    }
+  }
+  session_ = session;
+  coordinator_ = peer;
+  stage_index_ = plan.getStageIndex();
+  if (zap_) zap_->set_session_keys(accept);
+  // Every plan connects afresh: after a rejoin, batches queued toward the old next
+  // stage are dropped rather than delivered to its successor.
+  next_monitor_.reset();  // before their sockets
+  chain_monitor_.reset();
+  chain_failure_logged_ = false;
+  next_.reset();
+  next_address_.clear();
+  chain_to_.reset();
+  chain_address_ = chain_to;
+  chain_key_ = chain_key;
+  if (!next.empty()) {
+    const net::Curve curve{keys_ ? *keys_ : net::KeyPair{}, next_key};
+    next_monitor_ = std::make_unique<net::ConnectionMonitor>();
+    next_.emplace(net::make_dealer(
+        next, "stage-" + std::to_string(engine_.layers().first) + "-" + std::to_string(::getpid()), timing_,
+        next_monitor_.get(), keys_ ? &curve : nullptr));
+    next_address_ = next;
+  }
+  spdlog::info("plan: stage {} of {}, next {}, session {}", plan.getStageIndex() + 1, plan.getStageCount(),
+               next.empty() ? "(coordinator)" : next, hex(session));
+  protocol::Builder b;
+  b.envelope().setSession(session);
+  b.envelope().getBody().setPlanAck();
+  reply(peer, b.encode());
+}
+
+void Server::connect_chain() {
+  const net::Curve curve{keys_ ? *keys_ : net::KeyPair{}, chain_key_};
+  chain_monitor_ = std::make_unique<net::ConnectionMonitor>();
+  chain_to_.emplace(net::make_dealer(chain_address_, "chain-" + std::to_string(::getpid()), timing_,
+                                     chain_monitor_.get(), keys_ ? &curve : nullptr));
 }
 
 void Server::handle_forward(const std::string& peer, Envelope::Reader env, net::Received& msg) {
@@ -261,6 +425,7 @@ void Server::handle_forward(const std::string& peer, Envelope::Reader env, net::
     return t;
   };
   protocol::Builder b;
+  b.envelope().setSession(message_session_);  // everything sent for a step carries its session
   std::vector<zmq::message_t> payload;
   if (engine_.is_last()) {
     auto l = b.envelope().getBody().initLogits();
@@ -366,6 +531,17 @@ bool Server::start_chained_step(protocol::schema::Forward::Reader f, std::span<c
   if (!chain_to_ || f.getChainSteps() == 0 || ids.size() != batch.size() || outputs.size() != batch.size()) {
     return false;
   }
+  // A step sent before the link is up could be lost on it (a refused handshake): the
+  // coordinator then sends the step itself.
+  if (!chain_monitor_->handshake_succeeded()) chain_monitor_->update(0);  // no poll once up
+  if (!chain_monitor_->handshake_succeeded()) {
+    if (!chain_monitor_->handshake_failure().empty() && !chain_failure_logged_) {
+      spdlog::warn("no greedy chains: the link to the first stage ({}) failed: {}", chain_address_,
+                   chain_monitor_->handshake_failure());
+      chain_failure_logged_ = true;
+    }
+    return false;
+  }
   const auto stop = f.getStopTokens();
   for (unsigned i = 0; i < batch.size(); ++i) {
     if (!batch[i].logits || outputs[i] != LogitsOutput::ARGMAX || ids[i] < 0) return false;
@@ -375,6 +551,7 @@ bool Server::start_chained_step(protocol::schema::Forward::Reader f, std::span<c
   }
   const auto rows = static_cast<unsigned>(batch.size());
   protocol::Builder b;
+  b.envelope().setSession(message_session_);
   auto fw = b.envelope().getBody().initForward();
   fw.setStepId(f.getStepId() + 1);
   fw.setSeqIds(f.getSeqIds());

@@ -5,9 +5,17 @@
 // sends logits, and every stage its errors, to the coordinator (the peer that sent
 // the plan) through the ROUTER. One thread; ZeroMQ's I/O thread answers the ZMTP
 // heartbeats while a batch runs.
+//
+// Sessions: a plan makes its Envelope.session the worker's owner; sequence messages
+// of any other session are refused with `busy` (forwards passed on by a previous
+// stage, and open/close/truncate, which have no answer, are dropped), and a plan of another session is refused while the owner is
+// still connected, unless it asks to take over. A new owner's plan drops every
+// sequence of the old one. With keys, the ROUTER is a CURVE server that accepts the
+// authorized keys plus those the owner's plan names (Plan.acceptKeys).
 #pragma once
 
 #include <atomic>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -18,9 +26,16 @@
 
 namespace pico::worker {
 
+// CURVE on this worker's links (none: open links).
+struct Security {
+  std::optional<net::KeyPair> keys;          // --secret-key: the ROUTER's and the DEALERs' key pair
+  std::vector<std::string> authorized_keys;  // --authorized-keys: clients accepted in any session
+};
+
 class Server {
  public:
-  Server(StageEngine& engine, const std::string& listen_address, const net::Timing& timing = {});
+  Server(StageEngine& engine, const std::string& listen_address, const net::Timing& timing = {},
+         const Security& security = {});
   // Serves until `stop` is set (checked every 100 ms).
   void run(const std::atomic<bool>& stop);
   // One turn of run(): waits up to timeout_ms for a message and handles it; false when
@@ -29,6 +44,13 @@ class Server {
 
  private:
   void handle(net::Received& msg);
+  void handle_plan(const std::string& peer, protocol::schema::Plan::Reader plan);
+  // Whether a sequence message of `message_session_` may be served; answers busy (or
+  // drops a forward passed on by a worker) when not.
+  bool admit(const std::string& peer, protocol::Envelope::Body::Which which, uint64_t step);
+  // The owner's connection is still up (a probe through the ROUTER, see net::routable).
+  bool owner_connected();
+  void connect_chain();
   void handle_forward(const std::string& peer, protocol::Envelope::Reader env, net::Received& msg);
   void handle_restore(const std::string& peer, protocol::Envelope::Reader env, net::Received& msg);
   void answer_snapshot(const std::string& peer, int32_t seq_id);
@@ -48,10 +70,23 @@ class Server {
 
   StageEngine& engine_;
   net::Timing timing_;
+  std::optional<net::KeyPair> keys_;
+  std::unique_ptr<net::ZapAuthenticator> zap_;  // before router_: it must exist when the ROUTER binds
   zmq::socket_t router_;
   std::optional<zmq::socket_t> next_;
   std::string next_address_;
   std::optional<zmq::socket_t> chain_to_;  // the last stage: toward the first (Plan.chainTo)
+  // Connected at the first forward after the plan, once the coordinator has planned the
+  // first stage too (a CURVE server refuses a key it does not know yet for good).
+  std::string chain_address_;
+  std::string chain_key_;
+  // Their handshakes: a forward is refused once the next link's failed (rather than
+  // lost on it), and steps are chained only once the chain's succeeded.
+  std::unique_ptr<net::ConnectionMonitor> next_monitor_;
+  std::unique_ptr<net::ConnectionMonitor> chain_monitor_;
+  bool chain_failure_logged_ = false;
+  uint64_t session_ = 0;          // the owner's session (0: no plan yet)
+  uint64_t message_session_ = 0;  // Envelope.session of the message being handled
   uint64_t chained_steps_ = 0;
   std::string coordinator_;
   uint32_t stage_index_ = 0;

@@ -104,6 +104,7 @@ class StageEngine {
   void restore(int32_t seq_id, std::span<const uint8_t> bytes);
 
   void close(int32_t seq_id) { cache_->remove(seq_id); }
+  void close_all() { cache_->clear(); }  // a new session's plan: the old one's sequences go
   void truncate(int32_t seq_id, int64_t pos) { cache_->truncate(seq_id, pos); }
   size_t kv_bytes() const { return cache_->bytes_used(); }
   size_t sequences() const { return cache_->size(); }

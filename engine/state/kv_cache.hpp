@@ -124,6 +124,7 @@ class KvCache {
   KvState& sequence(int32_t seq_id);
   bool contains(int32_t seq_id) const { return sequences_.count(seq_id) != 0; }
   void remove(int32_t seq_id) { sequences_.erase(seq_id); }
+  void clear() { sequences_.clear(); }
   void truncate(int32_t seq_id, int64_t pos);
   size_t bytes_used() const;
   size_t size() const { return sequences_.size(); }

@@ -14,6 +14,8 @@
 #include <filesystem>
 #include <optional>
 #include <string>
+#include <thread>
+#include <utility>
 
 #include "net.hpp"
 #include "protocol.hpp"
@@ -77,10 +79,26 @@ class WorkerProtocol : public ::testing::Test {
 
   std::unique_ptr<protocol::Decoded> ask(std::span<const uint8_t> header, int timeout_ms = 5000,
                                          std::span<const std::vector<uint8_t>> payloads = {}) {
-    EXPECT_TRUE(net::send(socket_, nullptr, header, payloads));
-    last_ = net::receive(socket_, false, timeout_ms);
-    if (!last_) return nullptr;
-    return std::make_unique<protocol::Decoded>(last_->header_bytes());
+    return ask_on(socket_, header, timeout_ms, payloads);
+  }
+  // The next answer on `socket`, past the heartbeats a worker sends its owner to see
+  // whether it is still connected (echoNanos 0; an answer echoes a stamp).
+  std::unique_ptr<protocol::Decoded> next_answer_on(zmq::socket_t& socket, int timeout_ms = 5000) {
+    while (true) {
+      last_ = net::receive(socket, false, timeout_ms);
+      if (!last_) return nullptr;
+      auto d = std::make_unique<protocol::Decoded>(last_->header_bytes());
+      if (d->which() == Envelope::Body::HEARTBEAT && d->envelope().getBody().getHeartbeat().getEchoNanos() == 0) {
+        continue;
+      }
+      return d;
+    }
+  }
+  std::unique_ptr<protocol::Decoded> ask_on(zmq::socket_t& socket, std::span<const uint8_t> header,
+                                            int timeout_ms = 5000,
+                                            std::span<const std::vector<uint8_t>> payloads = {}) {
+    EXPECT_TRUE(net::send(socket, nullptr, header, payloads));
+    return next_answer_on(socket, timeout_ms);
   }
 
   ErrorCode refused_with(std::span<const uint8_t> header, std::span<const std::vector<uint8_t>> payloads = {}) {
@@ -216,12 +234,20 @@ struct ForwardAsk {
   std::optional<protocol::LogitsOutput> output;  // of the last row (unset: full rows, no list)
   uint32_t chain_steps = 0;
   std::vector<int32_t> stop_tokens;
+  uint64_t session = 0;  // Envelope.session
 };
+
+ForwardAsk in_session(uint64_t session) {
+  ForwardAsk a;
+  a.session = session;
+  return a;
+}
 
 // One forward of `tokens` at positions first_pos.. for seq; the logits of the last one.
 std::vector<uint8_t> forward_message(int32_t seq, int32_t first_pos, const std::vector<int32_t>& tokens,
                                      const ForwardAsk& ask = {}) {
   protocol::Builder b;
+  b.envelope().setSession(ask.session);
   auto f = b.envelope().getBody().initForward();
   const auto n = static_cast<unsigned>(tokens.size());
   f.setStepId(ask.step ? ask.step : 100 + static_cast<uint64_t>(seq));
@@ -348,7 +374,9 @@ class WorkerChain : public WorkerProtocol {};
 
 TEST_F(WorkerChain, AGreedyChainRunsOnWithoutTheCoordinator) {
   using protocol::LogitsOutput;
+  constexpr uint64_t kSession = 0x5e55;  // the plan's; every forward carries it
   protocol::Builder plan;
+  plan.envelope().setSession(kSession);
   auto p = plan.envelope().getBody().initPlan();
   p.setStageCount(1);
   p.setChainTo(address_);  // this worker is first and last
@@ -360,7 +388,7 @@ TEST_F(WorkerChain, AGreedyChainRunsOnWithoutTheCoordinator) {
   // One decode step of seq at pos with token; chain_steps > 0 asks for a chain.
   auto decode = [&](uint64_t step, int32_t seq, int32_t pos, int32_t token, uint32_t chain_steps,
                     const std::vector<int32_t>& stop, LogitsOutput output) {
-    return forward_message(seq, pos, {token}, {step, output, chain_steps, stop});
+    return forward_message(seq, pos, {token}, {step, output, chain_steps, stop, kSession});
   };
   struct Answer {
     uint64_t step;
@@ -368,9 +396,9 @@ TEST_F(WorkerChain, AGreedyChainRunsOnWithoutTheCoordinator) {
     bool chained, sent_by_last;
   };
   auto next_answer = [&]() -> std::optional<Answer> {
-    auto m = net::receive(socket_, false, 5000);
-    if (!m) return std::nullopt;
-    protocol::Decoded d(m->header_bytes());
+    auto answer = next_answer_on(socket_);
+    if (!answer) return std::nullopt;
+    const protocol::Decoded& d = *answer;
     EXPECT_EQ(d.which(), Envelope::Body::LOGITS);
     if (d.which() != Envelope::Body::LOGITS) return std::nullopt;
     const auto l = d.envelope().getBody().getLogits();
@@ -379,7 +407,7 @@ TEST_F(WorkerChain, AGreedyChainRunsOnWithoutTheCoordinator) {
     return Answer{l.getStepId(), l.getPositions()[0], id, l.getChained(), l.getSentByLast()};
   };
   auto prefill = [&](int32_t seq) {
-    auto r = ask(forward_message(seq, 0, prompt));
+    auto r = ask(forward_message(seq, 0, prompt, in_session(kSession)));
     EXPECT_TRUE(r && r->which() == Envelope::Body::LOGITS);
     std::vector<float> row(last_->payloads.at(0).size() / 4);
     std::memcpy(row.data(), last_->payloads[0].data(), row.size() * 4);
@@ -437,12 +465,20 @@ TEST_F(WorkerChain, AGreedyChainRunsOnWithoutTheCoordinator) {
   EXPECT_FALSE(r->envelope().getBody().getLogits().getChained());
   EXPECT_FALSE(net::receive(socket_, false, 300));
 
+  // Each chained answer carries the session of the step that started the chain.
+  ASSERT_TRUE(net::send(socket_, nullptr, decode(900, 93, 4, greedy[1], 1, {}, LogitsOutput::ARGMAX)));
+  for (int k = 0; k < 2; ++k) {
+    auto a = next_answer_on(socket_);
+    ASSERT_TRUE(a);
+    EXPECT_EQ(a->which(), Envelope::Body::LOGITS);
+    EXPECT_EQ(a->envelope().getSession(), kSession) << "answer " << k;
+  }
   protocol::Builder stats_request;
   stats_request.envelope().getBody().setStatsRequest();
   auto stats = ask(stats_request.encode());
   ASSERT_TRUE(stats);
   ASSERT_EQ(stats->which(), Envelope::Body::STATS);
-  EXPECT_EQ(stats->envelope().getBody().getStats().getChainedSteps(), 4u + answers - 1);
+  EXPECT_EQ(stats->envelope().getBody().getStats().getChainedSteps(), 4u + answers - 1 + 1);
   expect_still_serving();
 }
 
@@ -703,6 +739,131 @@ TEST_F(WorkerLimits, RefusesARestoreClaimingMoreThanItCarries) {
   EXPECT_EQ(r->which(), Envelope::Body::RESTORED);
   EXPECT_EQ(kv_bytes(), 256 * kPositionBytes);
   close(4);
+// One coordinator owns a worker at a time: a plan makes its session the owner; another
+// session's sequence messages are refused with busy (dropped: those that have no
+// answer), and so is its plan while the owner is connected, unless it takes over,
+// which drops the owner's sequences.
+class WorkerSessions : public WorkerProtocol {
+ protected:
+  static std::vector<uint8_t> plan(uint64_t session, bool take_over = false) {
+    protocol::Builder b;
+    b.envelope().setSession(session);
+    auto p = b.envelope().getBody().initPlan();
+    p.setStageCount(1);
+    p.setTakeOver(take_over);
+    return b.encode();
+  }
+  // Every sequence message kind, of `session`, about sequence `seq`.
+  static std::vector<std::pair<std::string, std::vector<uint8_t>>> sequence_messages(uint64_t session, int32_t seq) {
+    std::vector<std::pair<std::string, std::vector<uint8_t>>> out;
+    auto add = [&](const char* name, auto fill) {
+      protocol::Builder b;
+      b.envelope().setSession(session);
+      fill(b.envelope().getBody());
+      out.emplace_back(name, b.encode());
+    };
+    out.emplace_back("forward", forward_message(seq, 2, {306}, in_session(session)));
+    add("close", [&](auto body) { body.initClose().setSeqId(seq); });
+    add("open", [&](auto body) { body.initOpen().setSeqId(seq); });
+    add("truncate", [&](auto body) {
+      auto t = body.initTruncate();
+      t.setSeqId(seq);
+      t.setPos(1);
+    });
+    add("snapshotRequest", [&](auto body) { body.initSnapshotRequest().setSeqId(seq); });
+    add("restore", [&](auto body) {
+      auto r = body.initRestore();
+      r.setSeqId(seq);
+      r.setFirstLayer(0);
+      r.setLastLayer(2);
+    });
+    return out;
+  }
+  zmq::socket_t connect(const std::string& id) {
+    zmq::socket_t s = net::make_dealer(address_, id);
+    auto r = ask_on(s, hello(), 20000);
+    EXPECT_TRUE(r && r->which() == Envelope::Body::CAPABILITIES);
+    return s;
+  }
+};
+
+TEST_F(WorkerSessions, OneCoordinatorOwnsTheWorker) {
+  constexpr uint64_t kOwner = 0x0a0a0a0a, kOther = 0x0b0b0b0b, kThird = 0x0c0c0c0c;
+  EXPECT_EQ(refused_with(plan(0)), ErrorCode::BAD_REQUEST) << "a plan without a session";
+  auto ack = ask(plan(kOwner));
+  ASSERT_TRUE(ack);
+  ASSERT_EQ(ack->which(), Envelope::Body::PLAN_ACK);
+  auto r = ask(forward_message(7, 0, {1, 450}, in_session(kOwner)));
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->which(), Envelope::Body::LOGITS);
+  EXPECT_EQ(r->envelope().getSession(), kOwner);
+
+  zmq::socket_t other = connect("other-coordinator");
+  auto caps = ask_on(other, hello());
+  ASSERT_TRUE(caps);
+  ASSERT_EQ(caps->which(), Envelope::Body::CAPABILITIES);
+  EXPECT_EQ(caps->envelope().getBody().getCapabilities().getSession(), kOwner);
+  EXPECT_TRUE(caps->envelope().getBody().getCapabilities().getOwnerConnected());
+  EXPECT_FALSE(caps->envelope().getBody().getCapabilities().getCurve());
+  for (const auto& [name, message] : sequence_messages(kOther, 7)) {
+    if (name == "close" || name == "open" || name == "truncate") {
+      // No answer to these (none on success either): dropped; the next answer is hello's.
+      ASSERT_TRUE(net::send(other, nullptr, message));
+      auto next = ask_on(other, hello());
+      ASSERT_TRUE(next) << name;
+      EXPECT_EQ(next->which(), Envelope::Body::CAPABILITIES) << name << " of another session was answered";
+      continue;
+    }
+    auto a = ask_on(other, message);
+    ASSERT_TRUE(a) << name;
+    ASSERT_EQ(a->which(), Envelope::Body::ERROR) << name << " of another session was served";
+    EXPECT_EQ(a->envelope().getBody().getError().getCode(), ErrorCode::BUSY) << name;
+    EXPECT_NE(std::string(a->envelope().getBody().getError().getText().cStr()).find("another coordinator's session"),
+              std::string::npos)
+        << name;
+  }
+  auto refused_plan = ask_on(other, plan(kOther));
+  ASSERT_TRUE(refused_plan);
+  ASSERT_EQ(refused_plan->which(), Envelope::Body::ERROR);
+  EXPECT_EQ(refused_plan->envelope().getBody().getError().getCode(), ErrorCode::BUSY);
+  EXPECT_NE(std::string(refused_plan->envelope().getBody().getError().getText().cStr()).find("--take-over"),
+            std::string::npos);
+  // None of that touched the owner's sequence: it goes on where it was.
+  r = ask(forward_message(7, 2, {306}, in_session(kOwner)));
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->which(), Envelope::Body::LOGITS);
+
+  // Taking over: the old owner hears it at once, and its sequences are gone.
+  ack = ask_on(other, plan(kOther, true));
+  ASSERT_TRUE(ack);
+  ASSERT_EQ(ack->which(), Envelope::Body::PLAN_ACK);
+  auto notice = next_answer_on(socket_);
+  ASSERT_TRUE(notice) << "the old owner was not told";
+  ASSERT_EQ(notice->which(), Envelope::Body::ERROR);
+  EXPECT_EQ(notice->envelope().getBody().getError().getCode(), ErrorCode::BUSY);
+  EXPECT_NE(std::string(notice->envelope().getBody().getError().getText().cStr()).find("taken over"),
+            std::string::npos);
+  EXPECT_EQ(refused_with(forward_message(7, 3, {338}, in_session(kOwner))), ErrorCode::BUSY);
+  // Sequence 7 of the new session does not exist: its position 3 leaves a gap.
+  auto gap = ask_on(other, forward_message(7, 3, {338}, in_session(kOther)));
+  ASSERT_TRUE(gap);
+  ASSERT_EQ(gap->which(), Envelope::Body::ERROR);
+  EXPECT_EQ(gap->envelope().getBody().getError().getCode(), ErrorCode::FORWARD_FAILED);
+  auto fresh = ask_on(other, forward_message(7, 0, {1}, in_session(kOther)));
+  ASSERT_TRUE(fresh);
+  EXPECT_EQ(fresh->which(), Envelope::Body::LOGITS);
+
+  // Once the owner is gone, a new session plans without taking over.
+  other.close();
+  zmq::socket_t third = connect("third-coordinator");
+  std::unique_ptr<protocol::Decoded> third_ack;
+  for (int attempt = 0; attempt < 50; ++attempt) {
+    third_ack = ask_on(third, plan(kThird));
+    if (third_ack && third_ack->which() == Envelope::Body::PLAN_ACK) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));  // the disconnect is not seen yet
+  }
+  ASSERT_TRUE(third_ack);
+  EXPECT_EQ(third_ack->which(), Envelope::Body::PLAN_ACK) << "a gone owner's session still holds the worker";
   expect_still_serving();
 }
 
