@@ -739,6 +739,9 @@ TEST_F(WorkerLimits, RefusesARestoreClaimingMoreThanItCarries) {
   EXPECT_EQ(r->which(), Envelope::Body::RESTORED);
   EXPECT_EQ(kv_bytes(), 256 * kPositionBytes);
   close(4);
+  expect_still_serving();
+}
+
 // One coordinator owns a worker at a time: a plan makes its session the owner; another
 // session's sequence messages are refused with busy (dropped: those that have no
 // answer), and so is its plan while the owner is connected, unless it takes over,
