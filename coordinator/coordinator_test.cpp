@@ -730,11 +730,22 @@ TEST(GreedyChain, OnlyForASingleBatchOfPlainGreedyRequests) {
     EXPECT_EQ(out.text, "aaaaaa") << variant;
     for (const auto& g : c.f.first->grants) EXPECT_EQ(g.steps, 0u) << variant;
   }
-  // Two sequences on two stages decode in two groups: neither chains.
+  // Two sequences on two stages decode in two groups: neither chains. The first step
+  // waits until both requests are queued: a lone first request would rightly chain
+  // (the second arriving meanwhile waits for the chain's end).
   ChainingPipeline c;
   std::mutex mutex;
   std::condition_variable cv;
   int done = 0;
+  bool both_queued = false;
+  const auto compute = c.f.first->on_submit;
+  c.f.first->on_submit = [&](uint64_t step, std::span<const model::BatchToken> batch) {
+    {
+      std::unique_lock lock(mutex);
+      cv.wait(lock, [&] { return both_queued; });
+    }
+    compute(step, batch);
+  };
   {
     Engine engine(*c.f.pipeline, *tok, SchedulerOptions{});
     for (int i = 0; i < 2; ++i) {
@@ -757,6 +768,8 @@ TEST(GreedyChain, OnlyForASingleBatchOfPlainGreedyRequests) {
       engine.submit(std::move(r), std::move(cb));
     }
     std::unique_lock lock(mutex);
+    both_queued = true;
+    cv.notify_all();
     ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(10), [&] { return done == 2; }));
   }
   // The prompts (one step or two, as they arrive), then 5 decode steps per sequence,
