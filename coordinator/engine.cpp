@@ -127,7 +127,12 @@ Engine::Handle Engine::submit(OnlineRequest request, Callbacks callbacks) {
   s->callbacks = std::move(callbacks);
   std::lock_guard lock(mutex_);
   if (stopping_) throw std::runtime_error("the engine is stopping");
-  if (max_queued_ > 0 && incoming_.size() >= max_queued_) {
+  // Waiting: the requests that will not find a place in the batch when the engine
+  // admits the incoming ones.
+  const size_t free_places = options_.max_sequences > 0
+                                 ? static_cast<size_t>(std::max<int64_t>(0, options_.max_sequences - running_))
+                                 : incoming_.size() + 1;
+  if (max_queued_ > 0 && incoming_.size() >= free_places && incoming_.size() - free_places >= max_queued_) {
     throw QueueFull("the request queue is full (" + std::to_string(max_queued_) + " requests wait)");
   }
   s->id = next_id_++;
@@ -356,6 +361,7 @@ void Engine::fail_all(const std::string& message) {
   std::lock_guard lock(mutex_);
   metrics_.requests_failed += active_.size();
   active_.clear();
+  running_ = 0;
 }
 
 void Engine::update_slots() {
@@ -404,6 +410,7 @@ void Engine::admit() {
       --metrics_.queued;
       ++metrics_.requests;
       active_.push_back(std::move(s));
+      running_ = static_cast<int64_t>(active_.size());
     }
   }
   // A lost stage comes back (Pipeline::submit rejoins it) without the KV of the kept
@@ -500,6 +507,11 @@ void Engine::loop() {
   // A sequence leaves active_ once done and no step in flight holds its tokens (steps
   // keep pointers to their sequences).
   auto finished_and_released = [](const std::unique_ptr<Seq>& s) { return s->done && s->steps_inflight == 0; };
+  auto erase_finished = [&] {
+    std::erase_if(active_, finished_and_released);
+    std::lock_guard lock(mutex_);
+    running_ = static_cast<int64_t>(active_.size());
+  };
   size_t rr = 0;
   auto last_done = Clock::now();
   bool stats_stale = options_.stage_stats;
@@ -611,7 +623,7 @@ void Engine::loop() {
     }
     admit();
     stats_stale = options_.stage_stats;  // a cancel may have closed a sequence without a step
-    std::erase_if(active_, finished_and_released);
+    erase_finished();
 
     fill();
     update_slots();
@@ -636,7 +648,7 @@ void Engine::loop() {
         fail(*sp, std::string("a stage refused the step: ") + e.what());
         if (sp->done && sp->steps_inflight == 0) release_kv(*sp);
       }
-      std::erase_if(active_, finished_and_released);
+      erase_finished();
       update_slots();
       continue;
     } catch (const std::exception& e) {
@@ -788,7 +800,7 @@ void Engine::loop() {
       std::lock_guard lock(mutex_);
       metrics_.generated_tokens += static_cast<uint64_t>(generated);
     }
-    std::erase_if(active_, finished_and_released);
+    erase_finished();
     update_slots();
   }
   // Stopping: whatever is left fails.

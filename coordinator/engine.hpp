@@ -198,6 +198,7 @@ class Engine {
   std::vector<SlotInfo> slots_;
   EngineMetrics metrics_;
   std::string lost_stage_;
+  int64_t running_ = 0;  // sequences in active_ (the places taken in the batch)
 
   // Engine thread only.
   std::vector<std::unique_ptr<Seq>> active_;

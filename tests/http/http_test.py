@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """HTTP API tests of pico-coord (python3 stdlib only).
 
-    http_test.py BUILD_DIR MODE      MODE: local | cluster | auth | openai | prefill
+    http_test.py BUILD_DIR MODE      MODE: local | cluster | auth | openai | prefill | limits
 
 openai: the official npm client (tests/conformance/node_modules/openai) via
 openai_client_test.mjs; fails without node or the package (scripts/setup.sh installs both).
@@ -12,7 +12,10 @@ equal to `pico run`, streaming ([DONE]), 32 concurrent streams, stop strings, n 
 prompt-prefix reuse (cached counts, replies equal to a fresh computation), clients that
 disconnect (streaming or not, in decode, queued: their sequences are freed on every
 stage), malformed requests, --api-key. prefill: a larger model (seconds of prefill) on 2
-workers, clients that disconnect during prefill.
+workers, clients that disconnect during prefill. limits: request validation per endpoint,
+the HTTP limits (connections, queue, body, header, stop strings, write deadline, accept
+back-off, Expect: 100-continue), --api-key-file and PICO_API_KEY, CORS on and off,
+n_predict 0, the context reached during decode, logit_bias and n_probs.
 """
 import http.client
 import json
@@ -209,6 +212,10 @@ def prefill_main():
 def main():
     if MODE == "prefill":
         prefill_main()
+        return
+    if MODE == "limits":
+        import limits_test
+        limits_test.run(sys.modules[__name__])
         return
     model = os.path.join(tmp, "M.gguf")
     subprocess.run([PICO, "mkmodel", "--arch", "qwen3", "--vocab", "qwen3", "--layers", "2", "--embd", "64", "--ff",
@@ -431,10 +438,19 @@ def restarted_worker_tests(api, worker):
     proc, args = worker
     proc.terminate()
     proc.wait(10)
-    time.sleep(0.5)  # the coordinator notices the lost connection
+    # /health answers 503 naming the lost stage, noticed while idle (no request needed).
+    lost = [None]
+
+    def health_lost():
+        s, b = api.json("GET", "/health")
+        lost[0] = (s, b)
+        return s == 503
+    check(wait_until(health_lost, 20) and "stage 1" in lost[0][1]["error"]["message"] and
+          lost[0][1]["error"]["type"] == "unavailable_error", "/health: 503 naming the lost stage (%s)" % str(lost[0])[:160])
     start(args, "worker-restarted.log")
     check(wait_until(lambda: "listening" in open(os.path.join(tmp, "worker-restarted.log")).read(), 30),
           "the worker restarted")
+    check(wait_until(lambda: api.json("GET", "/health")[0] == 200, 30), "/health: 200 once the worker rejoined")
     s, after = api.json("POST", "/completion", body)
     check(s == 200 and after["timings"]["cache_n"] == 0 and after["content"] == first["content"],
           "after the restart: nothing reused, the same reply (%d %s)" % (s, str(after)[:100]))

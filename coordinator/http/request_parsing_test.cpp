@@ -1,0 +1,348 @@
+// The HTTP API's request parsing, without a server: each endpoint's base request
+// parses; each row of the table breaks it in one field and must give 400 (or 404)
+// naming that field.
+#include "http/request_parsing.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+
+#include "gguf/value.hpp"
+
+namespace pico::coordinator::http_api {
+namespace {
+
+// A tokenizer of 6 tokens: <unk>, <s>, </s>, and three words.
+std::unique_ptr<tokenizer::Tokenizer> small_tokenizer() {
+  gguf::Metadata m;
+  m.set("tokenizer.ggml.model", std::string("llama"));
+  m.set("tokenizer.ggml.tokens", gguf::string_array({"<unk>", "<s>", "</s>", "\xE2\x96\x81" "a", "\xE2\x96\x81" "b", "c"}));
+  std::vector<gguf::Value> scores(6, gguf::Value(0.0f));
+  std::vector<gguf::Value> types{gguf::Value(int32_t{2}), gguf::Value(int32_t{3}), gguf::Value(int32_t{3}),
+                                 gguf::Value(int32_t{1}), gguf::Value(int32_t{1}), gguf::Value(int32_t{1})};
+  m.set("tokenizer.ggml.scores", gguf::make_array(gguf::ValueType::Float32, scores));
+  m.set("tokenizer.ggml.token_type", gguf::make_array(gguf::ValueType::Int32, types));
+  return std::make_unique<tokenizer::Tokenizer>(tokenizer::Vocabulary::from_metadata(m));
+}
+
+struct Fixture {
+  std::unique_ptr<tokenizer::Tokenizer> tok = small_tokenizer();
+  tokenizer::ChatTemplate chat{tokenizer::ChatFormat::ChatML};
+  ParseContext ctx{*tok, &chat, 64, "M", "/models/M.gguf", 16, 4, 8};
+};
+
+const json kMessages = json::array({{{"role", "user"}, {"content", "a b"}}});
+
+json base(Endpoint e) {
+  if (e == Endpoint::ChatCompletions) return {{"messages", kMessages}, {"max_tokens", 4}};
+  return {{"prompt", "a b"}, {"max_tokens", 4}};
+}
+
+const char* endpoint_name(Endpoint e) {
+  return e == Endpoint::LlamaCompletion ? "/completion" : e == Endpoint::Completions ? "/v1/completions" : "/v1/chat/completions";
+}
+
+TEST(RequestParsing, TheBaseRequestsParse) {
+  Fixture f;
+  for (Endpoint e : {Endpoint::LlamaCompletion, Endpoint::Completions, Endpoint::ChatCompletions}) {
+    const ParsedGeneration g = parse_generation_request(f.ctx, e, base(e));
+    ASSERT_EQ(g.choices.size(), 1u) << endpoint_name(e);
+    EXPECT_EQ(g.choices[0].max_tokens, 4);
+    EXPECT_FALSE(g.choices[0].prompt.empty());
+  }
+}
+
+struct Row {
+  unsigned endpoints;  // 1 /completion, 2 /v1/completions, 4 chat
+  const char* field;   // set to value over the base request (a path into messages for chat rows)
+  json value;
+  const char* named;   // the message must name this
+  int status = 400;
+};
+
+TEST(RequestParsing, EachInvalidFieldIsRefusedByName) {
+  Fixture f;
+  const double inf = std::numeric_limits<double>::infinity();
+  const std::vector<Row> rows = {
+      {7, "temperature", "hot", "temperature"},
+      {7, "temperature", -1, "temperature"},
+      {7, "temperature", inf, "temperature"},
+      {7, "top_p", 1.5, "top_p"},
+      {7, "top_p", -0.1, "top_p"},
+      {7, "min_p", 2, "min_p"},
+      {7, "typical_p", -1, "typical_p"},
+      {7, "top_k", -2, "top_k"},
+      {7, "top_k", 1.5, "top_k"},
+      {7, "repeat_penalty", 0, "repeat_penalty"},
+      {7, "repeat_penalty", -1, "repeat_penalty"},
+      {7, "repeat_penalty", inf, "repeat_penalty"},
+      {7, "repeat_last_n", -2, "repeat_last_n"},
+      {7, "presence_penalty", 2.5, "presence_penalty"},
+      {7, "frequency_penalty", -3, "frequency_penalty"},
+      {7, "frequency_penalty", inf, "frequency_penalty"},
+      {7, "seed", -2, "seed"},
+      {7, "seed", 1ll << 33, "seed"},
+      {7, "seed", "x", "seed"},
+      {7, "max_tokens", "ten", "max_tokens"},
+      {6, "max_tokens", 0, "max_tokens"},
+      {7, "max_tokens", -2, "max_tokens"},
+      {7, "max_completion_tokens", 1ll << 40, "max_completion_tokens"},
+      {1, "n_predict", -5, "n_predict"},
+      {7, "stop", 5, "stop"},
+      {7, "stop", json::array({1}), "stop"},
+      {7, "stop", json::array({"a", "b", "c", "d", "e"}), "stop"},   // 5 > 4
+      {7, "stop", "123456789", "stop"},                               // 9 bytes > 8
+      {7, "stream", "yes", "stream"},
+      {7, "stream_options", 5, "stream_options"},
+      {7, "stream_options", {{"include_usage", 1}}, "stream_options.include_usage"},
+      {7, "ignore_eos", 1, "ignore_eos"},
+      {7, "cache_prompt", 1, "cache_prompt"},
+      {6, "n", 0, "n"},
+      {6, "n", 17, "n"},
+      {7, "n", "two", "n"},
+      {1, "n", 2, "n"},
+      {6, "model", "gpt-nope", "gpt-nope", 404},
+      {7, "model", 5, "model"},
+      {7, "logit_bias", 5, "logit_bias"},
+      {7, "logit_bias", {{"6", 1}}, "logit_bias"},      // outside [0, 6)
+      {7, "logit_bias", {{"-1", 1}}, "logit_bias"},
+      {7, "logit_bias", {{"3", 101}}, "logit_bias"},
+      {7, "logit_bias", {{"3", true}}, "logit_bias"},
+      {7, "logit_bias", {{"3", "x"}}, "logit_bias"},
+      {6, "logit_bias", {{"a", 1}}, "logit_bias"},      // OpenAI: ids only
+      {6, "logit_bias", json::array({json::array({3, 1})}), "logit_bias"},
+      {1, "logit_bias", json::array({json::array({3})}), "logit_bias"},
+      {1, "logit_bias", json::array({json::array({99, 1})}), "logit_bias"},
+      {1, "n_probs", 21, "n_probs"},
+      {1, "n_probs", -1, "n_probs"},
+      {1, "post_sampling_probs", true, "post_sampling_probs"},
+      {2, "logprobs", 21, "logprobs"},
+      {4, "logprobs", 1, "logprobs"},
+      {4, "top_logprobs", 3, "top_logprobs"},  // without logprobs: true
+      {2, "echo", true, "echo"},
+      {2, "suffix", "x", "suffix"},
+      {2, "best_of", 3, "best_of"},
+      {7, "mirostat", 2, "mirostat"},
+      {7, "dry_multiplier", 0.8, "dry_multiplier"},
+      {7, "xtc_probability", 0.5, "xtc_probability"},
+      {7, "dynatemp_range", 0.5, "dynatemp_range"},
+      {7, "top_n_sigma", 1, "top_n_sigma"},
+      {7, "grammar", "root ::= \"a\"", "grammar"},
+      {7, "json_schema", json::object(), "json_schema"},
+      {7, "lora", json::array({{{"id", 0}, {"scale", 1}}}), "lora"},
+      {7, "n_keep", 4, "n_keep"},
+      {7, "id_slot", 2, "id_slot"},
+      {7, "samplers", json::array({"bogus"}), "samplers"},
+      {7, "samplers", "kt", "samplers"},
+      {7, "min_keep", -1, "min_keep"},
+      {7, "response_format", "text", "response_format"},
+      {7, "response_format", {{"type", "xml"}}, "response_format"},
+      {7, "response_format", {{"type", "json_object"}}, "response_format"},
+      {7, "response_format", {{"type", "json_schema"}}, "response_format"},
+      {4, "tools", json::array({{{"type", "function"}, {"function", {{"name", "f"}}}}}), "tools"},
+      {4, "tools", "none", "tools"},
+      {4, "tool_choice", "sometimes", "tool_choice"},
+      {4, "tool_choice", {{"type", "function"}}, "tool_choice"},
+      {4, "tool_choice", "required", "tool_choice"},
+      {4, "functions", json::array({{{"name", "f"}}}), "functions"},
+      {4, "function_call", 5, "function_call"},
+      {4, "modalities", json::array({"text", "audio"}), "modalities"},
+      {4, "audio", {{"voice", "x"}}, "audio"},
+      {4, "store", true, "store"},
+      {4, "messages", json::array(), "messages"},
+      {4, "messages", "hi", "messages"},
+      {4, "messages", json::array({"hi"}), "messages[0]"},
+      {4, "messages", json::array({{{"content", "hi"}}}), "messages[0].role"},
+      {4, "messages", json::array({{{"role", 5}, {"content", "hi"}}}), "messages[0].role"},
+      {4, "messages", json::array({{{"role", "robot"}, {"content", "hi"}}}), "messages[0].role"},
+      {4, "messages", json::array({{{"role", "tool"}, {"content", "hi"}}}), "messages[0].role"},
+      {4, "messages", json::array({{{"role", "user"}}}), "messages[0].content"},
+      {4, "messages", json::array({{{"role", "user"}, {"content", 5}}}), "messages[0].content"},
+      {4, "messages", json::array({{{"role", "user"}, {"content", json::array({{{"type", "image_url"}}})}}}),
+       "messages[0].content[0]"},
+      {4, "messages", json::array({{{"role", "user"}, {"content", json::array({{{"type", "text"}}})}}}),
+       "messages[0].content[0].text"},
+      {4, "messages", json::array({{{"role", "assistant"}, {"content", "x"}, {"tool_calls", json::array({1})}}}),
+       "messages[0].tool_calls"},
+      {4, "messages", json::array({{{"role", "user"}, {"content", "x"}, {"name", 5}}}), "messages[0].name"},
+      {3, "prompt", 5, "prompt"},
+      {3, "prompt", json::array(), "prompt"},
+      {3, "prompt", json::array({6}), "prompt"},   // n_vocab 6
+      {3, "prompt", json::array({-1}), "prompt"},
+      {3, "prompt", json::array({1ll << 40}), "prompt"},
+      {3, "prompt", json::array({"a", "b"}), "prompt"},  // two prompts
+      {3, "prompt", json::array({1.5}), "prompt"},
+  };
+  for (const Row& row : rows) {
+    for (Endpoint e : {Endpoint::LlamaCompletion, Endpoint::Completions, Endpoint::ChatCompletions}) {
+      const unsigned bit = e == Endpoint::LlamaCompletion ? 1 : e == Endpoint::Completions ? 2 : 4;
+      if (!(row.endpoints & bit)) continue;
+      json body = base(e);
+      body[row.field] = row.value;
+      const std::string what = std::string(endpoint_name(e)) + " " + row.field + "=" + row.value.dump();
+      try {
+        parse_generation_request(f.ctx, e, body);
+        ADD_FAILURE() << what << ": accepted";
+      } catch (const ApiError& err) {
+        EXPECT_EQ(err.status, row.status) << what << ": " << err.what();
+        EXPECT_NE(std::string(err.what()).find(row.named), std::string::npos) << what << ": " << err.what();
+      }
+    }
+  }
+}
+
+TEST(RequestParsing, APromptOverTheContextGetsLlamaServersError) {
+  Fixture f;
+  json body = base(Endpoint::Completions);
+  body["prompt"] = json(std::vector<int>(64, 3));  // ctx 64: one position too many
+  try {
+    parse_generation_request(f.ctx, Endpoint::Completions, body);
+    ADD_FAILURE() << "accepted";
+  } catch (const ApiError& e) {
+    EXPECT_EQ(e.status, 400);
+    EXPECT_EQ(e.type, "exceed_context_size_error");
+    EXPECT_STREQ(e.what(), "request (64 tokens) exceeds the available context size (64 tokens), try increasing it");
+  }
+  body["prompt"] = json(std::vector<int>(63, 3));
+  EXPECT_EQ(parse_generation_request(f.ctx, Endpoint::Completions, body).choices[0].prompt.size(), 63u);
+}
+
+TEST(RequestParsing, NeutralValuesOfUnsupportedFieldsAreAccepted) {
+  Fixture f;
+  json body = base(Endpoint::ChatCompletions);
+  body.update({{"tools", json::array()},
+               {"tool_choice", "none"},
+               {"response_format", {{"type", "text"}}},
+               {"mirostat", 0},
+               {"grammar", ""},
+               {"lora", json::array()},
+               {"n_keep", 0},
+               {"id_slot", -1},
+               {"dry_multiplier", 0},
+               {"top_n_sigma", -1},
+               {"modalities", json::array({"text"})},
+               {"store", false},
+               {"samplers", json::array({"top_k", "dry", "temperature"})},
+               {"unknown_field", "ignored as llama-server does"},
+               {"temperature", nullptr}});  // null: the default
+  const ParsedGeneration g = parse_generation_request(f.ctx, Endpoint::ChatCompletions, body);
+  using sample::Stage;
+  EXPECT_EQ(g.choices[0].sampling.stages, (std::vector<Stage>{Stage::TopK, Stage::Temperature}));
+  EXPECT_EQ(g.choices[0].sampling.temperature, sample::SamplingParams{}.temperature);
+}
+
+TEST(RequestParsing, ReadsTheFieldsItAccepts) {
+  Fixture f;
+  json body = base(Endpoint::LlamaCompletion);
+  body.update({{"n_predict", 0},
+               {"max_tokens", 9},  // n_predict wins
+               {"temperature", 0.5},
+               {"top_k", 7},
+               {"top_p", 0.5},
+               {"min_p", 0.1},
+               {"typical_p", 0.9},
+               {"repeat_penalty", 1.1},
+               {"repeat_last_n", 32},
+               {"presence_penalty", 0.5},
+               {"frequency_penalty", -0.5},
+               {"seed", 5},
+               {"min_keep", 2},
+               {"stop", json::array({"x", ""})},
+               {"n_probs", 3},
+               {"stream", true},
+               {"logit_bias", json::array({json::array({3, false}), json::array({"b", 2.5})})}});
+  const ParsedGeneration g = parse_generation_request(f.ctx, Endpoint::LlamaCompletion, body);
+  const OnlineRequest& r = g.choices.at(0);
+  EXPECT_EQ(r.max_tokens, 0);
+  EXPECT_EQ(r.sampling.temperature, 0.5f);
+  EXPECT_EQ(r.sampling.top_k, 7);
+  EXPECT_EQ(r.sampling.top_p, 0.5f);
+  EXPECT_EQ(r.sampling.min_p, 0.1f);
+  EXPECT_EQ(r.sampling.typical_p, 0.9f);
+  EXPECT_EQ(r.sampling.repeat_penalty, 1.1f);
+  EXPECT_EQ(r.sampling.penalty_last_n, 32);
+  EXPECT_EQ(r.sampling.presence_penalty, 0.5f);
+  EXPECT_EQ(r.sampling.frequency_penalty, -0.5f);
+  EXPECT_EQ(r.sampling.seed, 5u);
+  EXPECT_EQ(r.sampling.min_keep, 2u);
+  EXPECT_EQ(r.stop, std::vector<std::string>{"x"});
+  EXPECT_EQ(g.n_probs, 3);
+  EXPECT_EQ(r.logprobs, 3);
+  EXPECT_TRUE(g.stream);
+  const auto b_tokens = f.tok->encode("b", false, false);
+  ASSERT_EQ(r.sampling.logit_bias.size(), 1 + b_tokens.size());
+  EXPECT_EQ(r.sampling.logit_bias[0].token, 3);
+  EXPECT_TRUE(std::isinf(r.sampling.logit_bias[0].bias) && r.sampling.logit_bias[0].bias < 0);
+  EXPECT_EQ(r.sampling.logit_bias[1].token, b_tokens[0]);
+  EXPECT_EQ(r.sampling.logit_bias[1].bias, 2.5f);
+
+  // OpenAI: logit_bias by id, n choices with seeds seed + i, logprobs.
+  json chat = base(Endpoint::ChatCompletions);
+  chat.update({{"logit_bias", {{"4", -100}}},
+               {"n", 3},
+               {"seed", 9},
+               {"logprobs", true},
+               {"top_logprobs", 2},
+               {"stream", true},
+               {"stream_options", {{"include_usage", true}}}});
+  const ParsedGeneration c = parse_generation_request(f.ctx, Endpoint::ChatCompletions, chat);
+  ASSERT_EQ(c.choices.size(), 3u);
+  for (uint32_t i = 0; i < 3; ++i) EXPECT_EQ(c.choices[i].sampling.seed, 9 + i);
+  ASSERT_EQ(c.choices[0].sampling.logit_bias.size(), 1u);
+  EXPECT_EQ(c.choices[0].sampling.logit_bias[0].token, 4);
+  EXPECT_EQ(c.choices[0].sampling.logit_bias[0].bias, -100.0f);
+  EXPECT_TRUE(c.logprobs && c.include_usage);
+  EXPECT_EQ(c.choices[0].logprobs, 2);
+}
+
+TEST(RequestParsing, DeveloperMessagesAreSystemMessages) {
+  Fixture f;
+  f.ctx.ctx = 4096;  // the template's text takes a token per byte with this vocabulary
+  json a = base(Endpoint::ChatCompletions), b = a;
+  a["messages"] = json::array({{{"role", "developer"}, {"content", "a"}}, {{"role", "user"}, {"content", "b"}}});
+  b["messages"] = json::array({{{"role", "system"}, {"content", json::array({{{"type", "text"}, {"text", "a"}}})}},
+                               {{"role", "user"}, {"content", "b"}}});
+  const auto pa = parse_generation_request(f.ctx, Endpoint::ChatCompletions, a).choices[0].prompt;
+  const auto pb = parse_generation_request(f.ctx, Endpoint::ChatCompletions, b).choices[0].prompt;
+  EXPECT_EQ(pa, pb);
+  EXPECT_EQ(pa, f.tok->encode(f.chat.apply({{"system", "a"}, {"user", "b"}}, true), true, true));
+}
+
+TEST(RequestParsing, TokenizeAndDetokenize) {
+  Fixture f;
+  EXPECT_EQ(parse_detokenize_request(f.ctx, {{"tokens", {1, 5}}}), (std::vector<int32_t>{1, 5}));
+  for (const json& bad : {json::object(), json{{"tokens", "abc"}}, json{{"tokens", {6}}}, json{{"tokens", {-1}}},
+                          json{{"tokens", {1ll << 40}}}, json{{"tokens", {1.5}}}}) {
+    try {
+      parse_detokenize_request(f.ctx, bad);
+      ADD_FAILURE() << bad.dump() << ": accepted";
+    } catch (const ApiError& e) {
+      EXPECT_EQ(e.status, 400);
+      EXPECT_NE(std::string(e.what()).find("tokens"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_EQ(parse_tokenize_request({{"content", "a"}, {"with_pieces", true}}).with_pieces, true);
+  for (const json& bad : {json::object(), json{{"content", 5}}, json{{"content", "a"}, {"add_special", "yes"}},
+                          json{{"content", "a"}, {"with_pieces", 1}}}) {
+    EXPECT_THROW(parse_tokenize_request(bad), ApiError) << bad.dump();
+  }
+}
+
+TEST(RequestParsing, ParseRequestDispatchesByPath) {
+  Fixture f;
+  EXPECT_NO_THROW(parse_request(f.ctx, "/completion", R"({"prompt": "a"})"));
+  EXPECT_NO_THROW(parse_request(f.ctx, "/detokenize", R"({"tokens": [1]})"));
+  EXPECT_THROW(parse_request(f.ctx, "/completion", "{not json"), ApiError);
+  EXPECT_THROW(parse_request(f.ctx, "/completion", "[]"), ApiError);
+  EXPECT_THROW(parse_request(f.ctx, "/v1/chat/completions", R"({"messages": []})"), ApiError);
+  try {
+    parse_request(f.ctx, "/nope", "{}");
+    ADD_FAILURE();
+  } catch (const ApiError& e) {
+    EXPECT_EQ(e.status, 404);
+  }
+}
+
+}  // namespace
+}  // namespace pico::coordinator::http_api
