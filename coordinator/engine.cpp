@@ -293,7 +293,9 @@ void Engine::close_sequence(int32_t kv_id) {
 }
 
 void Engine::evict_kept() {
-  const auto running = std::count_if(active_.begin(), active_.end(), [](const auto& s) { return !s->done; });
+  // Every sequence that holds KV on the stages or is about to: a finished one whose last
+  // step is still in flight holds it until release_kv.
+  const auto running = std::count_if(active_.begin(), active_.end(), [](const auto& s) { return !s->kv_released; });
   auto over = [&] {
     if (kept_.empty()) return false;
     if (static_cast<int>(kept_.size()) > options_.cache_sequences) return true;
