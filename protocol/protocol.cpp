@@ -182,6 +182,9 @@ size_t payload_bytes(DType dtype, size_t rows, size_t width) {
       per_row = (width / t.block_size) * t.block_bytes;
       break;
     }
+    default:  // a dtype from a newer schema, or noise: no size fits it
+      throw ProtocolError(ErrorCode::BAD_REQUEST,
+                          "unknown payload dtype " + std::to_string(static_cast<unsigned>(dtype)));
   }
   if (width > SIZE_MAX / 4 || __builtin_mul_overflow(rows, per_row, &bytes)) {
     throw ProtocolError(ErrorCode::BAD_REQUEST, "payload of " + std::to_string(rows) + " x " +

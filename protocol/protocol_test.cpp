@@ -152,6 +152,17 @@ TEST(Protocol, PayloadShapesThatOverflowAreRefused) {
   EXPECT_THROW(payload_bytes(DType::Q80, SIZE_MAX, 64), ProtocolError);
 }
 
+// A dtype the schema does not name (any 16-bit value travels) is refused: it has no
+// byte size, so an empty frame must not pass for rows x width of it.
+TEST(Protocol, UnknownPayloadDtypeIsRefused) {
+  std::vector<float> scratch;
+  alignas(4) static const uint8_t nothing[4] = {};
+  const std::span<const uint8_t> empty(nothing, 0);
+  const auto unknown = static_cast<DType>(7);
+  EXPECT_THROW(payload_floats(unknown, empty, 2, 64, scratch), ProtocolError);
+  EXPECT_THROW(decode_payload(unknown, empty, 2, 64), ProtocolError);
+}
+
 TEST(Protocol, HeartbeatEchoesTheSendersClock) {
   const uint64_t before = steady_nanos();
   Decoded d(make_heartbeat(4242));
