@@ -23,14 +23,14 @@ import http.client
 import json
 import os
 import re
-import shutil
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
+
+from processes import Processes, free_port
 
 build, models, case = sys.argv[1], sys.argv[2], sys.argv[3]
 PICO = os.path.join(build, "tools", "pico", "pico")
@@ -38,45 +38,14 @@ WORKER = os.path.join(build, "worker", "pico-worker")
 COORD = os.path.join(build, "coordinator", "pico-coord")
 MODEL = os.path.join(models, "llama.gguf")
 PROMPT = "The quick brown fox jumps over the lazy dog, and then"
-tmp = tempfile.mkdtemp(prefix="pico-security-test.")
-procs = []
+run = Processes("pico-security-test.")
+tmp, procs = run.tmp, run.procs
+fail, start, read_log, wait_log = run.fail, run.start, run.read_log, run.wait_log
 
 
-def fail(what):
-    print("FAIL:", what)
-    for name in sorted(os.listdir(tmp)):
-        if name.endswith(".log"):
-            print("---", name)
-            print("".join(open(os.path.join(tmp, name)).readlines()[-8:]))
-    raise SystemExit(1)
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
-
-def start(args, log):
-    p = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=open(os.path.join(tmp, log), "w"))
-    procs.append(p)
-    return p
-
-
-def read_log(log):
-    return open(os.path.join(tmp, log)).read()
-
-
-def wait_log(log, pattern, proc, timeout=60):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        m = re.search(pattern, read_log(log))
-        if m:
-            return m
-        if proc.poll() is not None:
-            break
-        time.sleep(0.05)
-    fail("%s: no '%s'" % (log, pattern))
 
 
 def start_worker(address, layers, log, keys=None):
@@ -349,8 +318,4 @@ try:
         raise SystemExit(2)
     print("PASS")
 finally:
-    for p in procs:
-        if p.poll() is None:
-            p.kill()
-        p.wait()
-    shutil.rmtree(tmp, ignore_errors=True)
+    run.close()
