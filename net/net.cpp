@@ -193,8 +193,12 @@ void ConnectionMonitor::on_event_handshake_failed_auth(const zmq_event_t& e, con
 }
 
 void ConnectionMonitor::update(int timeout_ms) {
+  // Bounded: a peer that keeps connecting and failing (an address that refuses, a
+  // handshake that keeps failing) queues events as fast as they are read, and an
+  // unbounded drain would never return. The rest waits for the next call.
+  constexpr int kMaxEventsPerUpdate = 64;
   if (!check_event(timeout_ms)) return;
-  while (check_event(0)) {
+  for (int events = 1; events < kMaxEventsPerUpdate && check_event(0); ++events) {
   }
 }
 

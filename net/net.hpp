@@ -98,7 +98,7 @@ std::optional<Received> receive(zmq::socket_t& socket, bool from_router, int tim
 class ConnectionMonitor : private zmq::monitor_t {
  public:
   void watch(zmq::socket_t& socket, const std::string& name);
-  // Drains pending events (waits up to timeout_ms for the first).
+  // Reads pending events, at most 64 a call (waits up to timeout_ms for the first).
   void update(int timeout_ms = 0);
   bool connected() const { return connected_; }
   bool lost() const { return lost_; }
