@@ -5,6 +5,7 @@
 #include <functional>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <memory>
 #include <cmath>
 #include <algorithm>
@@ -1116,6 +1117,77 @@ TEST(EngineFailures, MaxTokensZeroEvaluatesThePromptOnly) {
   ASSERT_EQ(usages.size(), 2u);
   EXPECT_EQ(usages[1].cached_tokens, 3);
   EXPECT_EQ(usages[1].completion_tokens, 2);
+}
+
+// Runs one request on `engine` to its end; its usage (cached_tokens says whether it
+// continued a kept sequence).
+Usage run_to_end(Engine& engine, std::vector<int32_t> prompt, int max_tokens) {
+  auto done = std::make_shared<std::promise<Usage>>();
+  auto result = done->get_future();
+  Callbacks cb;
+  cb.on_done = [done](const std::string&, const Usage& u) { done->set_value(u); };
+  cb.on_error = [done](const std::string& e) {
+    ADD_FAILURE() << e;
+    done->set_value(Usage{});
+  };
+  engine.submit(plain_request(std::move(prompt), max_tokens), std::move(cb));
+  if (result.wait_for(std::chrono::seconds(10)) != std::future_status::ready) {
+    ADD_FAILURE() << "the request did not end";
+    return Usage{};
+  }
+  return result.get();
+}
+
+// Three prompts with nothing in common (first tokens 0, 1, 2) and room for two kept
+// sequences: the least recently used one goes, the other two are reused.
+TEST(EngineCache, KeepsAtMostCacheSlotsSequencesEvictingTheLeastRecentlyUsed) {
+  AnsweringPipeline p;
+  const auto tok = tiny_tokenizer();
+  SchedulerOptions options;
+  options.cache_sequences = 2;
+  Engine engine(*p.f.pipeline, *tok, options);
+  const std::vector<int32_t> a{0, 3, 3, 3}, b{1, 3, 3, 3}, c{2, 3, 3, 3};
+  EXPECT_EQ(run_to_end(engine, a, 1).cached_tokens, 0);
+  EXPECT_EQ(run_to_end(engine, b, 1).cached_tokens, 0);
+  EXPECT_EQ(run_to_end(engine, c, 1).cached_tokens, 0);  // a evicted: b and c kept
+  EXPECT_EQ(run_to_end(engine, c, 1).cached_tokens, 3);
+  EXPECT_EQ(run_to_end(engine, b, 1).cached_tokens, 3);
+  EXPECT_EQ(run_to_end(engine, a, 1).cached_tokens, 0);  // gone; c (least recent) evicted now
+  EXPECT_EQ(run_to_end(engine, b, 1).cached_tokens, 3);
+  EXPECT_EQ(run_to_end(engine, c, 1).cached_tokens, 0);
+}
+
+// --cache-tokens: the kept sequences hold at most that many positions together; one
+// sequence (4 or 5 positions) fits under 6, two do not, so each new one evicts the other.
+TEST(EngineCache, KeepsAtMostCacheTokensPositions) {
+  AnsweringPipeline p;
+  const auto tok = tiny_tokenizer();
+  SchedulerOptions options;
+  options.cache_sequences = 8;
+  options.cache_tokens = 6;
+  Engine engine(*p.f.pipeline, *tok, options);
+  const std::vector<int32_t> a{0, 3, 3, 3}, b{1, 3, 3, 3};
+  EXPECT_EQ(run_to_end(engine, a, 1).cached_tokens, 0);
+  EXPECT_EQ(run_to_end(engine, a, 1).cached_tokens, 3);  // one kept sequence fits
+  EXPECT_EQ(run_to_end(engine, b, 1).cached_tokens, 0);  // b kept: a evicted
+  EXPECT_EQ(run_to_end(engine, a, 1).cached_tokens, 0);
+  EXPECT_EQ(run_to_end(engine, a, 1).cached_tokens, 3);
+}
+
+// With max_sequences, kept sequences never crowd out running ones: a full batch of
+// running sequences leaves no kept one behind.
+TEST(EngineCache, KeptSequencesMakeRoomForRunningOnes) {
+  AnsweringPipeline p;
+  const auto tok = tiny_tokenizer();
+  SchedulerOptions options;
+  options.cache_sequences = 4;
+  options.max_sequences = 1;
+  Engine engine(*p.f.pipeline, *tok, options);
+  const std::vector<int32_t> a{0, 3, 3, 3}, b{1, 3, 3, 3};
+  EXPECT_EQ(run_to_end(engine, a, 1).cached_tokens, 0);
+  EXPECT_EQ(run_to_end(engine, b, 1).cached_tokens, 0);  // running b: a must go
+  EXPECT_EQ(run_to_end(engine, a, 1).cached_tokens, 0);
+  EXPECT_EQ(run_to_end(engine, a, 1).cached_tokens, 3);
 }
 
 // A stage lost while the engine is idle shows in lost_stage() (for /health) without any
