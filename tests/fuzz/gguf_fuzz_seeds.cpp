@@ -2,14 +2,13 @@
 // the Writer, covering both byte orders, both versions, alignments, nested arrays,
 // quantized types and split parts.
 //   gguf_fuzz_seeds DIR
-#include <cstdio>
-#include <exception>
 #include <filesystem>
 #include <limits>
 #include <string>
 #include <vector>
 
 #include "gguf/writer.hpp"
+#include "seed_corpus.hpp"
 
 namespace {
 
@@ -69,13 +68,7 @@ Writer quantized_model() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 2) {
-    std::fprintf(stderr, "usage: %s CORPUS_DIR\n", argv[0]);
-    return 2;
-  }
-  try {
-    const std::filesystem::path dir = argv[1];
-    std::filesystem::create_directories(dir);
+  return pico::fuzz::seed_corpus_main(argc, argv, [](const std::filesystem::path& dir) {
     small_model().write(dir / "seed-small-le.gguf");
     small_model().write(dir / "seed-small-be.gguf", {.big_endian = true});
     small_model().write(dir / "seed-small-v2.gguf", {.version = 2});
@@ -85,9 +78,5 @@ int main(int argc, char** argv) {
     quantized_model().write(dir / "seed-quantized-be.gguf", {.big_endian = true, .alignment = 1});
     Writer().write(dir / "seed-empty.gguf");
     small_model().write_split(dir / "seed-split", 1);
-  } catch (const std::exception& error) {
-    std::fprintf(stderr, "gguf_fuzz_seeds: %s\n", error.what());
-    return 1;
-  }
-  return 0;
+  });
 }

@@ -2,7 +2,6 @@
 // field family (sampling, logit_bias in both forms, stop, n, logprobs, messages with
 // content parts, token-id prompts), behind the byte that selects the endpoint.
 //   http_request_fuzz_seeds DIR
-#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -10,35 +9,31 @@
 #include <vector>
 
 #include "http_request_paths.hpp"
+#include "seed_corpus.hpp"
 
 int main(int argc, char** argv) {
-  if (argc != 2) {
-    std::fprintf(stderr, "usage: %s CORPUS_DIR\n", argv[0]);
-    return 2;
-  }
-  const std::filesystem::path dir = argv[1];
-  std::filesystem::create_directories(dir);
-  const std::vector<std::pair<int, std::string>> seeds = {
-      {0, R"({"prompt":"t3 t4","n_predict":4,"temperature":0})"},
-      {0, R"({"prompt":[1,3,4,5],"n_predict":0,"cache_prompt":false})"},
-      {0, R"({"prompt":"t5","n_probs":3,"top_k":5,"top_p":0.9,"min_p":0.1,"typical_p":0.8,"repeat_penalty":1.1,)"
-          R"("repeat_last_n":16,"presence_penalty":0.5,"frequency_penalty":0.2,"seed":7,"stop":["t6","\n"],)"
-          R"("logit_bias":[[3,-1.5],[4,false],["t5",2]],"ignore_eos":true,"stream":true,"mirostat":0})"},
-      {1, R"({"model":"fuzz-model","prompt":"t3","max_tokens":3,"n":2,"logprobs":2,"logit_bias":{"4":-100},)"
-          R"("stop":"t7","stream":true,"stream_options":{"include_usage":true}})"},
-      {2, R"({"messages":[{"role":"system","content":"be brief"},{"role":"user","content":[{"type":"text",)"
-          R"("text":"t3 t4"}]},{"role":"assistant","content":"t5"},{"role":"developer","content":"t6"}],)"
-          R"("max_completion_tokens":5,"logprobs":true,"top_logprobs":3,"response_format":{"type":"text"},)"
-          R"("tool_choice":"none","tools":[],"temperature":0.7})"},
-      {3, R"({"content":"t3 t4 t5","add_special":true,"with_pieces":true})"},
-      {4, R"({"tokens":[1,3,4,63]})"},
-      {5, R"({})"},
-  };
-  for (size_t i = 0; i < seeds.size(); ++i) {
-    const auto& [endpoint, body] = seeds[i];
-    std::string input(1, static_cast<char>(endpoint % pico::fuzz::kHttpRequestPaths.size()));
-    input += body;
-    std::ofstream(dir / ("seed-" + std::to_string(i)), std::ios::binary) << input;
-  }
-  return 0;
+  return pico::fuzz::seed_corpus_main(argc, argv, [](const std::filesystem::path& dir) {
+    const std::vector<std::pair<int, std::string>> seeds = {
+        {0, R"({"prompt":"t3 t4","n_predict":4,"temperature":0})"},
+        {0, R"({"prompt":[1,3,4,5],"n_predict":0,"cache_prompt":false})"},
+        {0, R"({"prompt":"t5","n_probs":3,"top_k":5,"top_p":0.9,"min_p":0.1,"typical_p":0.8,"repeat_penalty":1.1,)"
+            R"("repeat_last_n":16,"presence_penalty":0.5,"frequency_penalty":0.2,"seed":7,"stop":["t6","\n"],)"
+            R"("logit_bias":[[3,-1.5],[4,false],["t5",2]],"ignore_eos":true,"stream":true,"mirostat":0})"},
+        {1, R"({"model":"fuzz-model","prompt":"t3","max_tokens":3,"n":2,"logprobs":2,"logit_bias":{"4":-100},)"
+            R"("stop":"t7","stream":true,"stream_options":{"include_usage":true}})"},
+        {2, R"({"messages":[{"role":"system","content":"be brief"},{"role":"user","content":[{"type":"text",)"
+            R"("text":"t3 t4"}]},{"role":"assistant","content":"t5"},{"role":"developer","content":"t6"}],)"
+            R"("max_completion_tokens":5,"logprobs":true,"top_logprobs":3,"response_format":{"type":"text"},)"
+            R"("tool_choice":"none","tools":[],"temperature":0.7})"},
+        {3, R"({"content":"t3 t4 t5","add_special":true,"with_pieces":true})"},
+        {4, R"({"tokens":[1,3,4,63]})"},
+        {5, R"({})"},
+    };
+    for (size_t i = 0; i < seeds.size(); ++i) {
+      const auto& [endpoint, body] = seeds[i];
+      std::string input(1, static_cast<char>(endpoint % pico::fuzz::kHttpRequestPaths.size()));
+      input += body;
+      std::ofstream(dir / ("seed-" + std::to_string(i)), std::ios::binary) << input;
+    }
+  });
 }

@@ -2,23 +2,15 @@
 // the snapshot of an empty state and of one with a few positions (layers of unequal
 // lengths too), behind the byte that selects the configuration.
 //   kv_restore_fuzz_seeds DIR
-#include <cstdio>
-#include <exception>
 #include <filesystem>
-#include <fstream>
 #include <string>
 #include <vector>
 
 #include "kv_fuzz_configs.hpp"
+#include "seed_corpus.hpp"
 
 int main(int argc, char** argv) {
-  if (argc != 2) {
-    std::fprintf(stderr, "usage: %s CORPUS_DIR\n", argv[0]);
-    return 2;
-  }
-  try {
-    const std::filesystem::path dir = argv[1];
-    std::filesystem::create_directories(dir);
+  return pico::fuzz::seed_corpus_main(argc, argv, [](const std::filesystem::path& dir) {
     const auto& configs = pico::fuzz::kv_configs();
     for (size_t c = 0; c < configs.size(); ++c) {
       const auto& config = configs[c];
@@ -37,13 +29,8 @@ int main(int argc, char** argv) {
         }
         std::vector<uint8_t> input = state.snapshot();
         input.insert(input.begin(), static_cast<uint8_t>(c));
-        std::ofstream(dir / ("seed-config" + std::to_string(c) + "-" + std::to_string(positions)), std::ios::binary)
-            .write(reinterpret_cast<const char*>(input.data()), static_cast<std::streamsize>(input.size()));
+        pico::fuzz::write_seed(dir / ("seed-config" + std::to_string(c) + "-" + std::to_string(positions)), input);
       }
     }
-  } catch (const std::exception& error) {
-    std::fprintf(stderr, "kv_restore_fuzz_seeds: %s\n", error.what());
-    return 1;
-  }
-  return 0;
+  });
 }

@@ -4,26 +4,18 @@
 // model after a short forward.
 #pragma once
 
-#include <cstdio>
-#include <exception>
 #include <filesystem>
-#include <fstream>
 #include <string>
 
 #include "fuzz_frames.hpp"
 #include "message_seeds.hpp"
+#include "seed_corpus.hpp"
 #include "stage_engine.hpp"
 
 namespace pico::fuzz {
 
 inline int write_message_seeds(int argc, char** argv, bool stage_byte) {
-  if (argc != 2) {
-    std::fprintf(stderr, "usage: %s CORPUS_DIR\n", argv[0]);
-    return 2;
-  }
-  try {
-    const std::filesystem::path dir = argv[1];
-    std::filesystem::create_directories(dir);
+  return seed_corpus_main(argc, argv, [stage_byte](const std::filesystem::path& dir) {
     const auto model_dir = std::filesystem::temp_directory_path() / ("pico-fuzz-seeds-" + std::to_string(::getpid()));
     const std::string model = write_fuzz_model(model_dir).string();
     std::vector<uint8_t> snapshots[2];
@@ -38,14 +30,9 @@ inline int write_message_seeds(int argc, char** argv, bool stage_byte) {
     for (const SeedMessage& m : seed_messages(snapshots)) {
       std::vector<uint8_t> input = encode_frames(m.frames);
       if (stage_byte) input.insert(input.begin(), static_cast<uint8_t>(m.stage));
-      std::ofstream(dir / ("seed-" + m.name), std::ios::binary)
-          .write(reinterpret_cast<const char*>(input.data()), static_cast<std::streamsize>(input.size()));
+      write_seed(dir / ("seed-" + m.name), input);
     }
-  } catch (const std::exception& error) {
-    std::fprintf(stderr, "%s: %s\n", argv[0], error.what());
-    return 1;
-  }
-  return 0;
+  });
 }
 
 }  // namespace pico::fuzz
