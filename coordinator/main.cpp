@@ -210,6 +210,9 @@ int main(int argc, char** argv) {
     want.max_batch_tokens = sched.max_batch_tokens;
     const Sizing sized = size_for_stages(infos, want);
     for (const auto& note : sized.notes) spdlog::warn("{}", note);
+    for (size_t i = 0; i < pipeline.size(); ++i) {
+      pipeline.stage(i).set_rejoin_check([sized](const StageInfo& now) { return rejoin_shortfall(now, sized); });
+    }
     spdlog::info("ctx {}, {} parallel sequences, {} tokens per step", sized.ctx, sized.parallel,
                  sized.max_batch_tokens);
     sched.ctx = sized.ctx;

@@ -83,6 +83,21 @@ Sizing size_for_stages(const std::vector<StageInfo>& stages, const SizingRequest
   return s;
 }
 
+std::string rejoin_shortfall(const StageInfo& stage, const Sizing& sized) {
+  SizingRequest request;
+  request.ctx = sized.ctx;
+  request.parallel = sized.parallel;
+  request.max_batch_tokens = sized.max_batch_tokens;
+  try {
+    const Sizing again = size_for_stages({stage}, request);
+    std::string why;
+    for (const auto& note : again.notes) why += (why.empty() ? "" : "; ") + note;
+    return why;
+  } catch (const SizingError& e) {
+    return e.what();
+  }
+}
+
 uint64_t coordinator_max_message_bytes(int64_t max_batch_tokens, int64_t n_vocab, int64_t ctx,
                                        uint64_t bytes_per_position) {
   const uint64_t logits = static_cast<uint64_t>(std::max<int64_t>(max_batch_tokens, 1)) *

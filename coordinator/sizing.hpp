@@ -41,6 +41,11 @@ uint64_t sequence_bytes(const worker::StageLimits& limits, int64_t ctx);
 // Throws SizingError when one sequence of the (cut) context does not fit a stage.
 Sizing size_for_stages(const std::vector<StageInfo>& stages, const SizingRequest& request);
 
+// Empty when `stage` (a stage rejoining, with the limits it has now) still holds what
+// `sized` serves; else why not, in words (the cut size_for_stages would make, or its
+// SizingError).
+std::string rejoin_shortfall(const StageInfo& stage, const Sizing& sized);
+
 // The coordinator's ZMQ_MAXMSGSIZE: its largest legal answer, the logits of
 // max_batch_tokens rows of n_vocab F32 values or the snapshot of one sequence of ctx
 // positions (bytes_per_position: the whole model's KV per position, a bound for any

@@ -127,6 +127,30 @@ TEST(Sizing, CoordinatorMessagesFitTheLargestAnswer) {
   EXPECT_GE(coordinator_max_message_bytes(8, 32000, 4096, 100000), 4096ull * 100000);
 }
 
+// A stage back after a restart must still hold what the coordinator serves: the same
+// or larger limits pass (a budget a little different from before, as MemAvailable
+// moves, too), each smaller one is named.
+TEST(Sizing, ARejoiningStageMustStillHoldWhatWasSized) {
+  const Sizing sized = size_for_stages({stage("b", 4, 7, 10 * 1024 * 1000 + 500 * 1000)}, request(1024, 32));
+  ASSERT_EQ(sized.parallel, 10);
+  EXPECT_EQ(rejoin_shortfall(stage("b", 4, 7, 10 * 1024 * 1000 + 100 * 1000), sized), "");
+  EXPECT_EQ(rejoin_shortfall(stage("b", 4, 7, 1ull << 40), sized), "");
+
+  const std::string budget = rejoin_shortfall(stage("b", 4, 7, 9 * 1024 * 1000), sized);
+  EXPECT_NE(budget.find("parallel 10 cut to 9"), std::string::npos) << budget;
+  StageInfo fewer = stage("b", 4, 7, 1ull << 40);
+  fewer.limits.max_sequences = 4;
+  EXPECT_NE(rejoin_shortfall(fewer, sized).find("--max-sequences"), std::string::npos);
+  StageInfo shorter = stage("b", 4, 7, 1ull << 40);
+  shorter.limits.max_positions = 512;
+  EXPECT_NE(rejoin_shortfall(shorter, sized).find("--ctx"), std::string::npos);
+  StageInfo narrower = stage("b", 4, 7, 1ull << 40);
+  narrower.limits.max_rows = 64;
+  EXPECT_NE(rejoin_shortfall(narrower, sized).find("--max-rows"), std::string::npos);
+  const std::string none = rejoin_shortfall(stage("b", 4, 7, 1000), sized);
+  EXPECT_NE(none.find("more than its budget"), std::string::npos) << none;
+}
+
 TEST(ClusterConfig, ReadsCtxAndParallel) {
   const auto path = std::filesystem::temp_directory_path() / "pico-sizing-config-test.toml";
   auto load = [&](const std::string& text) {

@@ -312,6 +312,14 @@ void RemoteStage::rejoin() {
                    std::to_string(before.layers.first) + "-" + std::to_string(before.layers.last - 1) + ")";
     fail(lost_reason_);
   }
+  if (rejoin_check_) {
+    if (const std::string short_of = rejoin_check_(info_); !short_of.empty()) {
+      up_ = false;
+      info_ = before;
+      lost_reason_ = "came back with smaller limits than the coordinator was sized for: " + short_of;
+      fail(lost_reason_);
+    }
+  }
   // Sequences closed while it was away (a worker that was only hung still holds them).
   for (int32_t seq : std::exchange(pending_closes_, {})) close(seq);
   spdlog::info("worker {} rejoined (layers {}-{})", address_, info_.layers.first, info_.layers.last - 1);

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -144,6 +145,11 @@ class Stage {
   // to get it back (see RemoteStage), throwing StageError when it is not back.
   virtual bool up() { return true; }
   virtual void rejoin() {}
+  // What a stage coming back must still hold: the coordinator sized ctx x parallel
+  // against the limits it had at connect (sizing.hpp). The check says why a stage's
+  // new limits fall short (empty: they do not); rejoin() then refuses it.
+  using RejoinCheck = std::function<std::string(const StageInfo&)>;
+  virtual void set_rejoin_check(RejoinCheck) {}
 };
 
 class LocalStage final : public Stage {
@@ -223,6 +229,7 @@ class RemoteStage final : public Stage {
   // rejoin_connect_ms when nothing listens at the address; throws StageError naming
   // the worker when it is not back, or came back serving another model or layers.
   void rejoin() override;
+  void set_rejoin_check(RejoinCheck check) override { rejoin_check_ = std::move(check); }
   const std::string& address() const { return address_; }
   // The worker's CURVE public key (empty: an open link).
   std::string public_key() const { return options_.curve ? options_.curve->server_key : std::string(); }
@@ -243,6 +250,7 @@ class RemoteStage final : public Stage {
 
   std::string address_;
   RemoteOptions options_;
+  RejoinCheck rejoin_check_;
   std::unique_ptr<net::ConnectionMonitor> monitor_;
   zmq::socket_t socket_;
   StageInfo info_;

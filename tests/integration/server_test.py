@@ -8,7 +8,8 @@ CASE:
   rejoin   kill -9 a worker under a running server: the next request fails at once
            naming the worker; restart the worker at the same address: the next request
            succeeds with the same greedy text as before, without restarting the server.
-           A worker back with another model or other layers is refused, naming it.
+           A worker back with another model, other layers or smaller limits than the
+           coordinator was sized for is refused, naming it.
            The same with a worker stopped (SIGSTOP) past the heartbeat timeout, then
            resumed.
   metrics  /metrics has the per-stage timing counters (compute, transfer, batches,
@@ -38,8 +39,8 @@ fail, start, read_log, wait_log = run.fail, run.start, run.read_log, run.wait_lo
 
 
 
-def start_worker(address, layers, log, model=MODEL):
-    p = start([WORKER, "-m", model, "--layers", layers, "--listen", address, "-t", "1"], log)
+def start_worker(address, layers, log, model=MODEL, extra=()):
+    p = start([WORKER, "-m", model, "--layers", layers, "--listen", address, "-t", "1", *extra], log)
     wait_log(log, r"listening on", p)
     return p
 
@@ -147,10 +148,13 @@ try:
             if elapsed > 2.0:
                 fail("the failure took %.1f s (limit 2 s)" % elapsed)
             if victim == 1:
-                # Back with another model, then with other layers: refused, named.
-                for model, layers, why in ((os.path.join(models, "qwen3.gguf"), "2-3", "serving qwen3"),
-                                           (MODEL, "3-3", "layers 3-3")):
-                    wrong = start_worker(addresses[1], layers, "worker-1-wrong.log", model)
+                # Back with another model, with other layers, then with fewer sequences
+                # than the coordinator serves (its default 32): refused, named.
+                for model, layers, extra, why in (
+                        (os.path.join(models, "qwen3.gguf"), "2-3", (), "serving qwen3"),
+                        (MODEL, "3-3", (), "layers 3-3"),
+                        (MODEL, "2-3", ("--max-sequences", "4"), "smaller limits than the coordinator was sized for")):
+                    wrong = start_worker(addresses[1], layers, "worker-1-wrong.log", model, extra)
                     status, text = complete(port)
                     if status == 200 or why not in text or addresses[1] not in text:
                         fail("worker 1 back with %s: %d %s" % (why, status, text))
