@@ -219,6 +219,30 @@ TEST(SyntheticModel, Qwen3HeadDimAndQkNorms) {
   EXPECT_EQ(model->find_tensor("blk.0.attn_q.bias"), nullptr);
 }
 
+TEST(SyntheticModel, Qwen3MoeExpertsAndRouter) {
+  TempDir dir;
+  SyntheticSpec spec = small_spec(Architecture::qwen3moe, VocabKind::gpt2);
+  spec.head_dim = 16;
+  spec.n_expert = 4;
+  spec.n_expert_used = 2;
+  spec.n_ff_exp = 48;
+  spec.weight_type = GgmlType::F16;
+  auto model = build_and_open(spec, dir / "qwen3moe.gguf");
+  const gguf::Metadata& md = model->metadata();
+  EXPECT_EQ(md.get_int("qwen3moe.expert_count"), 4);
+  EXPECT_EQ(md.get_int("qwen3moe.expert_used_count"), 2);
+  EXPECT_EQ(md.get_int("qwen3moe.expert_feed_forward_length"), 48);
+  EXPECT_EQ(md.get_int("qwen3moe.attention.key_length"), 16);
+  expect_tensor(*model, "blk.0.attn_q_norm.weight", GgmlType::F32, {16});
+  expect_tensor(*model, "blk.1.ffn_gate_inp.weight", GgmlType::F32, {32, 4});  // routers stay F32
+  expect_tensor(*model, "blk.1.ffn_gate_exps.weight", GgmlType::F16, {32, 48, 4});
+  expect_tensor(*model, "blk.1.ffn_up_exps.weight", GgmlType::F16, {32, 48, 4});
+  expect_tensor(*model, "blk.1.ffn_down_exps.weight", GgmlType::F16, {48, 32, 4});
+  EXPECT_EQ(model->find_tensor("blk.0.ffn_gate.weight"), nullptr);
+  spec.n_expert_used = 5;
+  EXPECT_THROW(validate(spec), std::invalid_argument);
+}
+
 TEST(SyntheticModel, Gpt2FusedQkvAndBiases) {
   TempDir dir;
   auto model = build_and_open(small_spec(Architecture::gpt2, VocabKind::gpt2), dir / "gpt2.gguf");
