@@ -110,8 +110,8 @@ std::pair<double, double> mean_std(const std::vector<float>& v) {
 }
 
 TEST(Architecture, NamesRoundTrip) {
-  for (Architecture a : {Architecture::llama, Architecture::qwen2, Architecture::qwen3, Architecture::gpt2,
-                         Architecture::gemma3}) {
+  for (Architecture a : {Architecture::llama, Architecture::qwen2, Architecture::qwen3, Architecture::qwen3moe,
+                         Architecture::gpt2, Architecture::gemma3}) {
     EXPECT_EQ(parse_architecture(architecture_name(a)), a);
   }
   EXPECT_FALSE(parse_architecture("mamba").has_value());
