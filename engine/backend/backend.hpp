@@ -11,6 +11,7 @@
 // BatchNumerics for the one exception llama.cpp itself makes).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -34,6 +35,8 @@ enum class Op {
   gelu,
   gelu_erf,
   softmax,
+  moe_route,  // router softmax, top-k, renormalisation
+  moe_ffn,    // the experts' SwiGLU FFNs (type: the expert matrices')
 };
 
 // A weight matrix: `rows` rows of `cols` values of `type`, row after row.
@@ -43,6 +46,29 @@ struct Weight {
   int64_t cols = 0;
   int64_t rows = 0;
   explicit operator bool() const { return data != nullptr; }
+};
+
+// n_expert matrices of one shape stored one after another: a 3-D GGUF tensor
+// {cols, rows, n_expert} (ffn_gate_exps, ffn_up_exps, ffn_down_exps).
+struct ExpertStack {
+  GgmlType type = GgmlType::F32;
+  const void* data = nullptr;
+  int64_t cols = 0;
+  int64_t rows = 0;
+  int64_t n_expert = 0;
+  explicit operator bool() const { return data != nullptr; }
+  size_t expert_bytes() const {
+    return static_cast<size_t>(bytes_of(type_traits(type), static_cast<uint64_t>(cols)).value()) * static_cast<size_t>(rows);
+  }
+  // Expert e's matrix: a view into the stack, nothing copied.
+  Weight expert(int64_t e) const {
+    return Weight{type, static_cast<const uint8_t*>(data) + static_cast<size_t>(e) * expert_bytes(), cols, rows};
+  }
+};
+
+// A mixture-of-experts FFN's experts: down(SiLU(gate x) * up x) per expert.
+struct ExpertWeights {
+  ExpertStack gate, up, down;  // gate/up {n_embd, n_ff_exp, E}, down {n_ff_exp, n_embd, E}
 };
 
 struct RopeParams {
@@ -117,6 +143,21 @@ class Backend {
   virtual void gelu_erf(const float* x, int64_t count, float* y) = 0;
   // In place, rows of n.
   virtual void softmax(float* x, int64_t n, int64_t rows) = 0;
+
+  // Mixture-of-experts routing of `tokens` rows of n_expert router logits: the
+  // softmax over all experts (as softmax()), the k most probable experts in
+  // descending order of probability (ties: the lower index first) into experts[t*k + j],
+  // and their probabilities into weights[t*k + j], divided by their sum (in double,
+  // clamped below at 2^-14, as llama.cpp) when `normalize`.
+  virtual void moe_route(const float* logits, int64_t n_expert, int64_t tokens, int64_t k, bool normalize,
+                         int32_t* experts, float* weights) = 0;
+  // out row t = sum over j = 0..k-1, in that order, of weights[t*k + j] * FFN_e(x_t)
+  // with e = experts[t*k + j] and FFN_e(x) = down_e(SiLU(gate_e x) * up_e x): each
+  // product rounded, then added left to right (llama.cpp's order). Tokens are grouped
+  // by expert, one matmul per chosen expert over just its tokens, and only the chosen
+  // experts' matrices are read. A row's result does not depend on the other rows.
+  virtual void moe_ffn(const ExpertWeights& w, const float* x, int64_t tokens, const int32_t* experts,
+                       const float* weights, int64_t k, float* out) = 0;
 };
 
 // How results may depend on the batch. llama.cpp adds attention's products in one

@@ -238,7 +238,7 @@ class CpuBackend final : public Backend {
   const char* name() const override { return "cpu"; }
 
   bool supports(Op op, GgmlType type) const override {
-    if (op == Op::matmul) {
+    if (op == Op::matmul || op == Op::moe_ffn) {
       try {
         return type_traits(type).dot_partner.has_value();
       } catch (const std::exception&) {
@@ -446,6 +446,87 @@ class CpuBackend final : public Backend {
       const float inv = static_cast<float>(1.0 / exponentiate_from_max(xr, n, xr));
       for (int64_t i = 0; i < n; ++i) xr[i] *= inv;
     }
+  }
+
+  void moe_route(const float* logits, int64_t n_expert, int64_t tokens, int64_t k, bool normalize, int32_t* experts,
+                 float* weights) override {
+    if (k <= 0 || k > n_expert) throw std::invalid_argument("moe_route: k must be in 1..n_expert");
+    std::vector<float> probs(static_cast<size_t>(n_expert));
+    std::vector<int32_t> order(static_cast<size_t>(n_expert));
+    for (int64_t t = 0; t < tokens; ++t) {
+      std::memcpy(probs.data(), logits + t * n_expert, probs.size() * sizeof(float));
+      softmax(probs.data(), n_expert, 1);
+      for (int32_t e = 0; e < n_expert; ++e) order[static_cast<size_t>(e)] = e;
+      std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int32_t a, int32_t b) {
+        const float pa = probs[static_cast<size_t>(a)], pb = probs[static_cast<size_t>(b)];
+        return pa > pb || (pa == pb && a < b);
+      });
+      double sum = 0.0;  // ggml's sum_rows adds in double
+      for (int64_t j = 0; j < k; ++j) sum += static_cast<double>(probs[static_cast<size_t>(order[static_cast<size_t>(j)])]);
+      const float divisor = std::max(static_cast<float>(sum), 6.103515625e-5f);
+      for (int64_t j = 0; j < k; ++j) {
+        const int32_t e = order[static_cast<size_t>(j)];
+        experts[t * k + j] = e;
+        weights[t * k + j] = normalize ? probs[static_cast<size_t>(e)] / divisor : probs[static_cast<size_t>(e)];
+      }
+    }
+  }
+
+  void moe_ffn(const ExpertWeights& w, const float* x, int64_t tokens, const int32_t* experts, const float* weights,
+               int64_t k, float* out) override {
+    const int64_t n_embd = w.gate.cols, n_ff = w.gate.rows, n_expert = w.gate.n_expert;
+    if (w.up.cols != n_embd || w.up.rows != n_ff || w.down.cols != n_ff || w.down.rows != n_embd ||
+        w.up.n_expert != n_expert || w.down.n_expert != n_expert) {
+      throw std::invalid_argument("moe_ffn: expert matrices of mismatched shapes");
+    }
+    // The (token, slot) pairs routed to each expert, in token order.
+    std::vector<std::vector<int64_t>> routed(static_cast<size_t>(n_expert));
+    for (int64_t i = 0; i < tokens * k; ++i) {
+      const int32_t e = experts[i];
+      if (e < 0 || e >= n_expert) throw std::out_of_range("moe_ffn: expert " + std::to_string(e) + " out of range");
+      routed[static_cast<size_t>(e)].push_back(i);
+    }
+    // Each pair's expert output before weighting: rows of n_embd by (token, slot).
+    thread_local std::vector<float> expert_out, rows_in, gate, up, rows_out;
+    expert_out.resize(static_cast<size_t>(tokens * k * n_embd));
+    for (int64_t e = 0; e < n_expert; ++e) {
+      const std::vector<int64_t>& pairs = routed[static_cast<size_t>(e)];
+      if (pairs.empty()) continue;  // an expert nobody chose is never read
+      const auto m = static_cast<int64_t>(pairs.size());
+      rows_in.resize(static_cast<size_t>(m * n_embd));
+      for (int64_t r = 0; r < m; ++r) {
+        std::memcpy(rows_in.data() + r * n_embd, x + (pairs[static_cast<size_t>(r)] / k) * n_embd,
+                    static_cast<size_t>(n_embd) * sizeof(float));
+      }
+      gate.resize(static_cast<size_t>(m * n_ff));
+      up.resize(static_cast<size_t>(m * n_ff));
+      rows_out.resize(static_cast<size_t>(m * n_embd));
+      const Weight gate_up[2] = {w.gate.expert(e), w.up.expert(e)};
+      float* const gate_up_out[2] = {gate.data(), up.data()};
+      matmul_many(gate_up, rows_in.data(), m, gate_up_out);
+      silu(gate.data(), n_ff, m, gate.data());
+      mul(gate.data(), up.data(), n_ff, m, m, gate.data());
+      matmul(w.down.expert(e), gate.data(), m, rows_out.data());
+      for (int64_t r = 0; r < m; ++r) {
+        std::memcpy(expert_out.data() + pairs[static_cast<size_t>(r)] * n_embd, rows_out.data() + r * n_embd,
+                    static_cast<size_t>(n_embd) * sizeof(float));
+      }
+    }
+    // Weighted sum in slot order, w_0 y_0 + w_1 y_1 + ..., each product rounded (as
+    // llama.cpp multiplies, then adds its per-slot views). The pool's threads have
+    // their own thread_locals: they get this thread's buffer by pointer.
+    const float* all_out = expert_out.data();
+    for_rows(tokens, n_embd * k, [&](int64_t t) {
+      float* o = out + t * n_embd;
+      const float* y = all_out + t * k * n_embd;
+      const float w0 = weights[t * k];
+      for (int64_t i = 0; i < n_embd; ++i) o[i] = y[i] * w0;
+      for (int64_t j = 1; j < k; ++j) {
+        const float wj = weights[t * k + j];
+        const float* yj = y + j * n_embd;
+        for (int64_t i = 0; i < n_embd; ++i) o[i] = o[i] + yj[i] * wj;
+      }
+    });
   }
 
  private:

@@ -32,6 +32,8 @@ Hparams read_hparams(const gguf::Metadata& md, int64_t n_vocab) {
     hp.arch = Arch::qwen2;
   } else if (hp.arch_name == "qwen3") {
     hp.arch = Arch::qwen3;
+  } else if (hp.arch_name == "qwen3moe") {
+    hp.arch = Arch::qwen3moe;
   } else if (hp.arch_name == "gpt2") {
     hp.arch = Arch::gpt2;
   } else if (hp.arch_name == "gemma3") {
@@ -42,7 +44,8 @@ Hparams read_hparams(const gguf::Metadata& md, int64_t n_vocab) {
   const Keys k{md, hp.arch_name + "."};
   hp.n_layer = k.need_i("block_count");
   hp.n_embd = k.need_i("embedding_length");
-  hp.n_ff = k.need_i("feed_forward_length");
+  // A MoE's dense width only provides the experts' default width.
+  hp.n_ff = hp.arch == Arch::qwen3moe ? k.i("feed_forward_length").value_or(0) : k.need_i("feed_forward_length");
   hp.n_head = k.need_i("attention.head_count");
   hp.n_head_kv = k.i("attention.head_count_kv").value_or(hp.n_head);
   hp.n_ctx_train = k.i("context_length").value_or(0);
@@ -61,7 +64,7 @@ Hparams read_hparams(const gguf::Metadata& md, int64_t n_vocab) {
     hp.norm_eps = static_cast<float>(rms_eps.value_or(ln_eps.value_or(1e-5)));
   }
 
-  hp.rope_neox = hp.arch == Arch::qwen2 || hp.arch == Arch::qwen3 || hp.arch == Arch::gemma3;
+  hp.rope_neox = hp.arch == Arch::qwen2 || hp.arch == Arch::qwen3 || hp.arch == Arch::qwen3moe || hp.arch == Arch::gemma3;
   hp.n_rot = static_cast<int32_t>(k.i("rope.dimension_count").value_or(hp.head_dim_k));
   hp.rope_freq_base = static_cast<float>(k.f("rope.freq_base").value_or(10000.0));
   float factor = static_cast<float>(k.f("rope.scale_linear").value_or(1.0));
@@ -102,6 +105,23 @@ Hparams read_hparams(const gguf::Metadata& md, int64_t n_vocab) {
     }
     hp.attn_scale = hp.n_layer == 62 ? 1.0f / std::sqrt(static_cast<float>(hp.n_embd / hp.n_head))
                                      : 1.0f / std::sqrt(static_cast<float>(hp.head_dim_k));
+  }
+  if (hp.arch == Arch::qwen3moe) {
+    // As llama.cpp: both counts required and positive, the expert width defaulting to
+    // n_ff / n_expert_used; routing always renormalises (it reads no
+    // expert_weights_norm key for this architecture).
+    hp.n_expert = k.need_i("expert_count");
+    hp.n_expert_used = k.need_i("expert_used_count");
+    if (hp.n_expert <= 0 || hp.n_expert_used <= 0 || hp.n_expert_used > hp.n_expert) {
+      throw std::invalid_argument("model metadata: bad expert counts");
+    }
+    hp.n_ff_exp = k.i("expert_feed_forward_length").value_or(0);
+    if (hp.n_ff_exp == 0) hp.n_ff_exp = hp.n_ff / hp.n_expert_used;
+    if (hp.n_ff_exp <= 0) throw std::invalid_argument("model metadata: no expert feed-forward length");
+    hp.expert_weights_norm = true;
+    if (!rms_eps) {
+      throw std::invalid_argument("model metadata lacks " + k.prefix + "attention.layer_norm_rms_epsilon");
+    }
   }
   if (hp.attn_scale == 0.0f) hp.attn_scale = 1.0f / std::sqrt(static_cast<float>(hp.head_dim_k));
   return hp;

@@ -10,7 +10,7 @@
 
 namespace pico::model {
 
-enum class Arch { llama, qwen2, qwen3, gpt2, gemma3 };
+enum class Arch { llama, qwen2, qwen3, qwen3moe, gpt2, gemma3 };
 enum class RopeScaling { none, linear, yarn };
 
 struct Hparams {
@@ -43,6 +43,12 @@ struct Hparams {
   std::vector<bool> swa_layers;
   float rope_freq_base_swa = 10000.0f;
   float rope_freq_scale_swa = 1.0f;
+  // Mixture of experts (qwen3moe): experts per layer, experts each token uses, their
+  // FFN width, and whether the chosen experts' weights are renormalised to sum 1.
+  int64_t n_expert = 0;
+  int64_t n_expert_used = 0;
+  int64_t n_ff_exp = 0;
+  bool expert_weights_norm = false;
 
   bool is_swa(int64_t layer) const {
     return n_swa > 0 && layer >= 0 && static_cast<size_t>(layer) < swa_layers.size() && swa_layers[static_cast<size_t>(layer)];

@@ -19,6 +19,7 @@ std::unique_ptr<Model> Model::load(const gguf::Model& file) {
     case Arch::llama: model = make_llama(file, std::move(hp)); break;
     case Arch::qwen2: model = make_qwen2(file, std::move(hp)); break;
     case Arch::qwen3: model = make_qwen3(file, std::move(hp)); break;
+    case Arch::qwen3moe: model = make_qwen3moe(file, std::move(hp)); break;
     case Arch::gpt2: model = make_gpt2(file, std::move(hp)); break;
     case Arch::gemma3: model = make_gemma3(file, std::move(hp)); break;
   }
@@ -48,6 +49,17 @@ Weight Model::matrix(const std::string& name, int64_t cols, int64_t rows, bool r
                                 std::to_string(rows) + "}");
   }
   return Weight{t->type, file_.tensor_data(*t).data(), cols, rows};
+}
+
+ExpertStack Model::expert_stack(const std::string& name, int64_t cols, int64_t rows, int64_t n_expert) const {
+  const gguf::TensorInfo* t = file_.find_tensor(name);
+  if (!t) throw std::invalid_argument("model lacks tensor " + name);
+  if (t->shape.size() != 3 || static_cast<int64_t>(t->shape[0]) != cols || static_cast<int64_t>(t->shape[1]) != rows ||
+      static_cast<int64_t>(t->shape[2]) != n_expert) {
+    throw std::invalid_argument("tensor " + name + " has shape other than {" + std::to_string(cols) + ", " +
+                                std::to_string(rows) + ", " + std::to_string(n_expert) + "}");
+  }
+  return ExpertStack{t->type, file_.tensor_data(*t).data(), cols, rows, n_expert};
 }
 
 Vec Model::vec(const std::string& name, int64_t n, bool required) {
@@ -188,6 +200,15 @@ void Model::gated_ffn(ForwardContext& ctx, const LayerWeights& lw, const float* 
   ctx.be.matmul(lw.ffn_down, gate, n, out);
 }
 
+void Model::moe_ffn(ForwardContext& ctx, const LayerWeights& lw, const float* xn, float* out) const {
+  const int64_t n = ctx.n_tokens(), n_expert = hp_.n_expert, k = hp_.n_expert_used;
+  std::vector<float> logits(static_cast<size_t>(n * n_expert)), weights(static_cast<size_t>(n * k));
+  std::vector<int32_t> experts(static_cast<size_t>(n * k));
+  ctx.be.matmul(lw.ffn_gate_inp, xn, n, logits.data());
+  ctx.be.moe_route(logits.data(), n_expert, n, k, hp_.expert_weights_norm, experts.data(), weights.data());
+  ctx.be.moe_ffn(lw.ffn_exps, xn, n, experts.data(), weights.data(), k, out);
+}
+
 void Model::residual(ForwardContext& ctx, float* x, const float* o) const {
   ctx.be.add(o, x, hp_.n_embd, ctx.n_tokens(), ctx.n_tokens(), x);
 }
@@ -221,6 +242,15 @@ void Model::load_gated_ffn(int32_t il, LayerWeights& l) {
   l.ffn_down = matrix(blk(il, "ffn_down.weight"), hp_.n_ff, e);
 }
 
+void Model::load_moe_ffn(int32_t il, LayerWeights& l) {
+  const int64_t e = hp_.n_embd, ff = hp_.n_ff_exp, n_expert = hp_.n_expert;
+  l.ffn_norm = vec(blk(il, "ffn_norm.weight"), e);
+  l.ffn_gate_inp = matrix(blk(il, "ffn_gate_inp.weight"), e, n_expert);
+  l.ffn_exps.gate = expert_stack(blk(il, "ffn_gate_exps.weight"), e, ff, n_expert);
+  l.ffn_exps.up = expert_stack(blk(il, "ffn_up_exps.weight"), e, ff, n_expert);
+  l.ffn_exps.down = expert_stack(blk(il, "ffn_down_exps.weight"), ff, e, n_expert);
+}
+
 void Model::pre_norm_layer(ForwardContext& ctx, int32_t il, float* x, const AttentionSpec& spec) const {
   const LayerWeights& lw = w_.layers[static_cast<size_t>(il)];
   const int64_t n = ctx.n_tokens(), e = hp_.n_embd;
@@ -233,7 +263,11 @@ void Model::pre_norm_layer(ForwardContext& ctx, int32_t il, float* x, const Atte
   residual(ctx, x, xn.data());
   ctx.be.rms_norm(x, lw.ffn_norm.data, e, n, hp_.norm_eps, xn.data());
   std::vector<float> ffn(static_cast<size_t>(n * e));
-  gated_ffn(ctx, lw, xn.data(), false, ffn.data());
+  if (lw.ffn_gate_inp) {
+    moe_ffn(ctx, lw, xn.data(), ffn.data());
+  } else {
+    gated_ffn(ctx, lw, xn.data(), false, ffn.data());
+  }
   residual(ctx, x, ffn.data());
 }
 

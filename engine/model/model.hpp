@@ -2,8 +2,8 @@
 // forward pass over a range of layers for a batch of tokens that may come from
 // several sequences at different positions.
 //
-// One file per architecture family (llama.cpp, qwen2.cpp, qwen3.cpp, gpt2.cpp,
-// gemma3.cpp) loads its layer weights and computes a layer; this file's Model runs
+// One file per architecture family (llama.cpp, qwen2.cpp, qwen3.cpp, qwen3moe.cpp,
+// gpt2.cpp, gemma3.cpp) loads its layer weights and computes a layer; this file's Model runs
 // the stage: embedding (the stage holding layer 0), the layers, then the output
 // norm and head (the stage holding the last layer). Every op goes through a
 // backend::Backend.
@@ -22,6 +22,8 @@
 
 namespace pico::model {
 
+using backend::ExpertStack;
+using backend::ExpertWeights;
 using backend::Weight;
 
 // A 1-D float vector (norm weights, biases): a view into the mapping for F32, else a
@@ -42,6 +44,9 @@ struct LayerWeights {
   Weight ffn_gate, ffn_up, ffn_down;
   Vec ffn_up_b, ffn_down_b;
   Vec ffn_post_norm;          // gemma3
+  // Mixture of experts (qwen3moe): the router {n_embd, n_expert} and the experts.
+  Weight ffn_gate_inp;
+  ExpertWeights ffn_exps;
 };
 
 struct Weights {
@@ -107,6 +112,8 @@ class Model {
 
   // Loading helpers: a matrix of `cols` x `rows` (shape checked), or a vector of n.
   Weight matrix(const std::string& name, int64_t cols, int64_t rows, bool required = true) const;
+  // A 3-D tensor {cols, rows, n_expert}: n_expert matrices, as a view.
+  ExpertStack expert_stack(const std::string& name, int64_t cols, int64_t rows, int64_t n_expert) const;
   Vec vec(const std::string& name, int64_t n, bool required = true);
   static std::string blk(int32_t il, const std::string& name) { return "blk." + std::to_string(il) + "." + name; }
   // The weights most families share: attn_norm and separate Q, K, V, output
@@ -115,6 +122,8 @@ class Model {
   void load_qkv_biases(int32_t il, LayerWeights& l, bool required);
   void load_qk_norms(int32_t il, LayerWeights& l);
   void load_gated_ffn(int32_t il, LayerWeights& l);
+  // ffn_norm, the router ffn_gate_inp and the experts ffn_{gate,up,down}_exps.
+  void load_moe_ffn(int32_t il, LayerWeights& l);
 
   // Shared blocks for the layer functions.
   struct AttentionSpec {
@@ -142,10 +151,14 @@ class Model {
                    std::vector<float>& k, std::vector<float>& v) const;
   // down(act(gate(xn)) * up(xn)) with act SiLU (gelu false) or ggml's GELU.
   void gated_ffn(ForwardContext& ctx, const LayerWeights& lw, const float* xn, bool gelu, float* out) const;
+  // The mixture of experts: router logits, top-k routing, then the chosen experts'
+  // SwiGLU FFNs weighted by their routing weights.
+  void moe_ffn(ForwardContext& ctx, const LayerWeights& lw, const float* xn, float* out) const;
   // x += o, rows of n_embd.
   void residual(ForwardContext& ctx, float* x, const float* o) const;
   // The llama-family layer: x += wo(attention(rms_norm(x))); x += ffn(rms_norm(x)),
-  // with SwiGLU; the families differ only in `spec` (Q/K norms, rope) and weights.
+  // with SwiGLU, or the mixture of experts when the layer has a router; the families
+  // differ only in `spec` (Q/K norms, rope) and weights.
   void pre_norm_layer(ForwardContext& ctx, int32_t il, float* x, const AttentionSpec& spec) const;
 
   const gguf::Model& file_;
@@ -161,6 +174,7 @@ class Model {
 std::unique_ptr<Model> make_llama(const gguf::Model& file, Hparams hp);
 std::unique_ptr<Model> make_qwen2(const gguf::Model& file, Hparams hp);
 std::unique_ptr<Model> make_qwen3(const gguf::Model& file, Hparams hp);
+std::unique_ptr<Model> make_qwen3moe(const gguf::Model& file, Hparams hp);
 std::unique_ptr<Model> make_gpt2(const gguf::Model& file, Hparams hp);
 std::unique_ptr<Model> make_gemma3(const gguf::Model& file, Hparams hp);
 

@@ -7,12 +7,15 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <ostream>
+#include <set>
 #include <string>
 #include <vector>
 
+#include "backend/recording_backend.hpp"
 #include "gguf/writer.hpp"
 #include "quant/float_convert.hpp"
 #include "quant/quantize.hpp"
@@ -23,6 +26,7 @@ namespace {
 namespace fs = std::filesystem;
 
 constexpr int64_t kVocab = 96, kEmbd = 64, kFf = 128, kHead = 4, kHeadKv = 2, kLayers = 3, kCtx = 64;
+constexpr int64_t kExperts = 6, kExpertsUsed = 2, kExpertFf = 32;  // qwen3moe
 
 struct Gen {
   gguf::Writer w;
@@ -70,6 +74,12 @@ fs::path write_model(const std::string& arch, GgmlType type) {
   md.set(a + (arch == "gpt2" ? ".attention.layer_norm_epsilon" : ".attention.layer_norm_rms_epsilon"), 1e-5f);
   md.set(a + ".rope.freq_base", 10000.0f);
   if (arch == "gemma3") md.set(a + ".attention.sliding_window", uint32_t{5});
+  const bool moe = arch == "qwen3moe";
+  if (moe) {
+    md.set(a + ".expert_count", static_cast<uint32_t>(kExperts));
+    md.set(a + ".expert_used_count", static_cast<uint32_t>(kExpertsUsed));
+    md.set(a + ".expert_feed_forward_length", static_cast<uint32_t>(kExpertFf));
+  }
   const int64_t nkv = (arch == "gpt2" ? kHead : kHeadKv) * hd;
   g.mat("token_embd.weight", kEmbd, kVocab);
   if (arch == "gpt2") g.mat("position_embd.weight", kEmbd, kCtx);
@@ -77,8 +87,17 @@ fs::path write_model(const std::string& arch, GgmlType type) {
     const std::string b = "blk." + std::to_string(il) + ".";
     g.vec(b + "attn_norm.weight", kEmbd);
     g.vec(b + "ffn_norm.weight", kEmbd);
-    g.mat(b + "ffn_up.weight", kEmbd, kFf);
-    g.mat(b + "ffn_down.weight", kFf, kEmbd);
+    if (moe) {
+      const auto e = static_cast<uint64_t>(kEmbd), f = static_cast<uint64_t>(kExpertFf), n = static_cast<uint64_t>(kExperts);
+      g.tensor(b + "ffn_gate_inp.weight", {e, n}, 3.0f / std::sqrt(static_cast<float>(kEmbd)), 0, GgmlType::F32);
+      g.tensor(b + "ffn_gate_exps.weight", {e, f, n}, 1.7f / std::sqrt(static_cast<float>(kEmbd)), 0, type);
+      g.tensor(b + "ffn_up_exps.weight", {e, f, n}, 1.7f / std::sqrt(static_cast<float>(kEmbd)), 0, type);
+      g.tensor(b + "ffn_down_exps.weight", {f, e, n}, 1.7f / std::sqrt(static_cast<float>(kExpertFf)), 0, type);
+    } else {
+      g.mat(b + "ffn_up.weight", kEmbd, kFf);
+      g.mat(b + "ffn_down.weight", kFf, kEmbd);
+      g.mat(b + "ffn_gate.weight", kEmbd, kFf);
+    }
     g.mat(b + "attn_output.weight", kHead * hd, kEmbd);
     if (arch == "gpt2") {
       g.vec(b + "attn_norm.bias", kEmbd, 0);
@@ -93,13 +112,12 @@ fs::path write_model(const std::string& arch, GgmlType type) {
     g.mat(b + "attn_q.weight", kEmbd, kHead * hd);
     g.mat(b + "attn_k.weight", kEmbd, nkv);
     g.mat(b + "attn_v.weight", kEmbd, nkv);
-    g.mat(b + "ffn_gate.weight", kEmbd, kFf);
     if (arch == "qwen2") {
       g.vec(b + "attn_q.bias", kHead * hd, 0);
       g.vec(b + "attn_k.bias", nkv, 0);
       g.vec(b + "attn_v.bias", nkv, 0);
     }
-    if (arch == "qwen3" || arch == "gemma3") {
+    if (arch == "qwen3" || moe || arch == "gemma3") {
       g.vec(b + "attn_q_norm.weight", hd);
       g.vec(b + "attn_k_norm.weight", hd);
     }
@@ -254,7 +272,8 @@ TEST_P(ModelTest, TruncateAndReevaluate) {
 INSTANTIATE_TEST_SUITE_P(Archs, ModelTest,
                          ::testing::Values(Param{"llama", GgmlType::F32}, Param{"llama", GgmlType::Q8_0},
                                            Param{"qwen2", GgmlType::F16}, Param{"qwen3", GgmlType::BF16},
-                                           Param{"gpt2", GgmlType::F32}, Param{"gemma3", GgmlType::Q8_0}),
+                                           Param{"gpt2", GgmlType::F32}, Param{"gemma3", GgmlType::Q8_0},
+                                           Param{"qwen3moe", GgmlType::F32}, Param{"qwen3moe", GgmlType::Q8_0}),
                          [](const ::testing::TestParamInfo<Param>& param_info) {
                            return param_info.param.arch + "_" + std::string(type_traits(param_info.param.type).name);
                          });
@@ -269,6 +288,79 @@ TEST(Hparams, ReadsMetadata) {
   EXPECT_TRUE(hp.is_swa(0));
   EXPECT_TRUE(hp.is_swa(1));
   EXPECT_EQ(m.model->weights().output.data, m.model->weights().tok_embd.data);  // tied
+}
+
+// A decode step hands the backend the attention and router matrices, one token
+// embedding row, the head, and per layer only the chosen experts' slices (moe_test
+// proves the CPU op reads no others): bytes per step = the dense part + layers x
+// experts used x one expert's gate, up and down, far below the file's matrices.
+TEST(Qwen3Moe, DecodeStepReadsOnlyTheChosenExperts) {
+  Loaded m("qwen3moe", GgmlType::Q8_0);
+  state::KvCache cache = m.cache(m.model->all_layers());
+  const auto ids = prompt(8, 6);
+  std::vector<BatchToken> batch;
+  for (size_t i = 0; i < ids.size(); ++i) batch.push_back({0, static_cast<int32_t>(i), ids[i]});
+  m.model->forward(*m.be, batch, nullptr, m.model->all_layers(), cache);
+  backend::RecordingBackend recording(*m.be);
+  const BatchToken step[1] = {{0, static_cast<int32_t>(ids.size()), 17}};
+  m.model->forward(recording, step, nullptr, m.model->all_layers(), cache);
+
+  uint64_t dense = 0, experts_all = 0, one_expert = 0;
+  for (const gguf::TensorInfo& t : m.file->tensors()) {
+    const uint64_t bytes = m.file->tensor_data(t).size();
+    if (t.name.find("_exps.") != std::string::npos) {
+      experts_all += bytes;
+      if (t.name.starts_with("blk.0.")) one_expert += bytes / static_cast<uint64_t>(kExperts);
+    } else if (t.name == "token_embd.weight") {
+      dense += bytes / static_cast<uint64_t>(kVocab);  // one row
+    } else if (t.shape.size() == 2) {
+      dense += bytes;  // attention, routers, head (norm vectors are not matmul weights)
+    }
+  }
+  const uint64_t want = dense + static_cast<uint64_t>(kLayers * kExpertsUsed) * one_expert;
+  EXPECT_EQ(recording.weight_bytes, want);
+  ASSERT_EQ(recording.routes.size(), static_cast<size_t>(kLayers));
+  for (const auto& route : recording.routes) {
+    EXPECT_EQ(std::set<int32_t>(route.begin(), route.end()).size(), static_cast<size_t>(kExpertsUsed));
+  }
+  EXPECT_LT(recording.weight_bytes, dense + experts_all / 2);
+  std::printf("qwen3moe decode step: %llu weight bytes, of which experts %llu of their %llu\n",
+              static_cast<unsigned long long>(recording.weight_bytes), static_cast<unsigned long long>(want - dense),
+              static_cast<unsigned long long>(experts_all));
+}
+
+TEST(Hparams, ReadsQwen3MoeExperts) {
+  Loaded m("qwen3moe", GgmlType::F32);
+  const Hparams& hp = m.model->hparams();
+  EXPECT_EQ(hp.arch, Arch::qwen3moe);
+  EXPECT_EQ(hp.n_expert, kExperts);
+  EXPECT_EQ(hp.n_expert_used, kExpertsUsed);
+  EXPECT_EQ(hp.n_ff_exp, kExpertFf);
+  EXPECT_TRUE(hp.expert_weights_norm);  // llama.cpp always renormalises qwen3moe's routing
+  EXPECT_TRUE(hp.rope_neox);
+  const LayerWeights& l = m.model->weights().layers[1];
+  EXPECT_EQ(l.ffn_exps.down.cols, kExpertFf);
+  EXPECT_EQ(l.ffn_exps.down.rows, kEmbd);
+  // Expert slices are views into the mapping, one matrix after another.
+  EXPECT_EQ(static_cast<const uint8_t*>(l.ffn_exps.gate.expert(2).data),
+            static_cast<const uint8_t*>(l.ffn_exps.gate.data) + 2 * kEmbd * kExpertFf * 4);
+  EXPECT_FALSE(l.ffn_gate);  // no dense FFN
+}
+
+// The expert width defaults to feed_forward_length / expert_used_count (llama.cpp).
+TEST(Hparams, Qwen3MoeExpertWidthDefault) {
+  gguf::Metadata md;
+  md.set("general.architecture", std::string("qwen3moe"));
+  md.set("qwen3moe.block_count", uint32_t{2});
+  md.set("qwen3moe.embedding_length", uint32_t{64});
+  md.set("qwen3moe.feed_forward_length", uint32_t{96});
+  md.set("qwen3moe.attention.head_count", uint32_t{4});
+  md.set("qwen3moe.attention.layer_norm_rms_epsilon", 1e-6f);
+  md.set("qwen3moe.expert_count", uint32_t{8});
+  md.set("qwen3moe.expert_used_count", uint32_t{3});
+  EXPECT_EQ(read_hparams(md, 100).n_ff_exp, 32);
+  md.set("qwen3moe.expert_used_count", uint32_t{0});
+  EXPECT_THROW(read_hparams(md, 100), std::invalid_argument);
 }
 
 }  // namespace

@@ -36,6 +36,14 @@ inline synthetic::SyntheticSpec matrix_model_spec(synthetic::Architecture arch) 
       spec.vocab = synthetic::VocabKind::qwen3;
       spec.tied_embeddings = true;
       break;
+    case synthetic::Architecture::qwen3moe:
+      spec.vocab = synthetic::VocabKind::qwen3;
+      spec.tied_embeddings = true;
+      // 8 experts of 256 (K-quant rows of ffn_down_exps are the expert width), 2 per token.
+      spec.n_expert = 8;
+      spec.n_expert_used = 2;
+      spec.n_ff_exp = 256;
+      break;
     case synthetic::Architecture::gpt2:
       spec.vocab = synthetic::VocabKind::gpt2;
       spec.n_head_kv = 4;

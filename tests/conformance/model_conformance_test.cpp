@@ -177,6 +177,9 @@ std::vector<Case> cases() {
       {"llama_llama2", "--arch llama --vocab llama2 --layers 2 --embd 64 --ff 128 --heads 4 --kv-heads 2"},
       {"qwen2_qwen3", "--arch qwen2 --vocab qwen3 --layers 2 --embd 64 --ff 128 --heads 4 --kv-heads 2"},
       {"qwen3_qwen3", "--arch qwen3 --vocab qwen3 --layers 2 --embd 64 --ff 128 --heads 4 --kv-heads 2 --head-dim 32"},
+      // 8 experts, 2 per token, each 64 wide.
+      {"qwen3moe_qwen3", "--arch qwen3moe --vocab qwen3 --layers 2 --embd 64 --ff 128 --heads 4 --kv-heads 2 "
+                         "--head-dim 32 --experts 8 --experts-used 2 --expert-ff 64"},
       {"gpt2_gpt2", "--arch gpt2 --vocab gpt2 --layers 2 --embd 64 --ff 256 --heads 4 --kv-heads 4 --tied"},
       // A window of 16 over ~100 positions: layer 0 slides, layer 1 (of a pattern of 6: the 6th is global) too.
       {"gemma3_gemma3", "--arch gemma3 --vocab gemma3 --layers 2 --embd 64 --ff 128 --heads 4 --kv-heads 2 "

@@ -95,10 +95,14 @@ void run_mkmodel(MkmodelOptions options) {
   }
   std::cerr << fmt::format(
       "pico mkmodel: wrote {}: {} with the {} vocabulary ({} tokens), {} layers, embd {}, ff {}, heads {}/{}, "
-      "head dim {}, ctx {}, {}, seed {}, {} embeddings, {} tensors, {}\n",
+      "head dim {}, ctx {}, {}, seed {}, {} embeddings, {} tensors, {}{}\n",
       options.output, options.arch, options.vocab, vocabulary.size(), spec.n_layers, spec.n_embd, spec.n_ff,
       spec.n_head, spec.n_head_kv, synthetic::head_dim_of(spec), spec.n_ctx_train, options.type, spec.seed,
-      spec.tied_embeddings ? "tied" : "untied", writer.tensors().size(), ec ? std::string("?") : human_bytes(size));
+      spec.tied_embeddings ? "tied" : "untied", writer.tensors().size(), ec ? std::string("?") : human_bytes(size),
+      spec.architecture == synthetic::Architecture::qwen3moe
+          ? fmt::format(", {} experts ({} used) of ff {}", spec.n_expert, spec.n_expert_used,
+                        spec.n_ff_exp > 0 ? spec.n_ff_exp : spec.n_ff)
+          : std::string());
 }
 
 }  // namespace
@@ -108,7 +112,7 @@ void add_mkmodel_command(CLI::App& app) {
   synthetic::SyntheticSpec& spec = options->spec;
   CLI::App* command =
       app.add_subcommand("mkmodel", "Write a seeded random GGUF model with a real vocabulary (for tests)");
-  command->add_option("--arch", options->arch, "Architecture: llama, qwen2, qwen3, gpt2, gemma3")
+  command->add_option("--arch", options->arch, "Architecture: llama, qwen2, qwen3, qwen3moe, gpt2, gemma3")
       ->default_val("llama");
   command->add_option("--vocab", options->vocab, "Vocabulary: llama2, gemma3, qwen3, llama3, gpt2")
       ->default_val("llama2");
@@ -125,6 +129,10 @@ void add_mkmodel_command(CLI::App& app) {
   command->add_option("--eps", spec.norm_eps, "Norm epsilon (default: the architecture's)")->default_val(0);
   command->add_option("--sliding-window", spec.sliding_window, "gemma3 sliding window (0: none)")
       ->default_val(512);
+  command->add_option("--experts", spec.n_expert, "qwen3moe: experts per layer")->default_val(8);
+  command->add_option("--experts-used", spec.n_expert_used, "qwen3moe: experts each token uses")->default_val(2);
+  command->add_option("--expert-ff", spec.n_ff_exp, "qwen3moe: expert feed-forward length (0: --ff)")
+      ->default_val(0);
   command->add_option("--type", options->type, "Matrix type: f32, f16, bf16 (norms and biases stay f32)")
       ->default_val("f32");
   command->add_option("--seed", spec.seed, "Random seed")->default_val(1);

@@ -79,10 +79,10 @@ std::optional<QuantizePlan> parse_quantize_type(std::string_view name) {
 
 GgmlType choose_tensor_type(const QuantizePlan& plan, std::string_view name, size_t dimensions, uint64_t row_length,
                             int layer, int layer_count, GgmlType current_type) {
-  // Vectors (norms, biases), norm weights, learned position embeddings and token-type
-  // embeddings keep their type, as in llama.cpp.
+  // Vectors (norms, biases), norm weights, learned position embeddings, token-type
+  // embeddings and MoE routers (ffn_gate_inp) keep their type, as in llama.cpp.
   if (dimensions < 2 || !ends_with(name, ".weight") || contains(name, "_norm") || name == "position_embd.weight" ||
-      name == "token_types.weight") {
+      name == "token_types.weight" || contains(name, "ffn_gate_inp.weight")) {
     return current_type;
   }
   GgmlType type = plan.base_type;

@@ -117,6 +117,13 @@ TEST(ChooseTensorType, KeepsPositionAndTokenTypeEmbeddingsAsLlamaCpp) {
   EXPECT_EQ(choose_tensor_type(q80, "token_embd.weight", 2, 256, -1, 2, GgmlType::F32), GgmlType::Q8_0);
 }
 
+TEST(ChooseTensorType, KeepsMoeRoutersAndQuantizesExpertsAsLlamaCpp) {
+  const auto q4k = *parse_quantize_type("q4_K");
+  EXPECT_EQ(choose_tensor_type(q4k, "blk.0.ffn_gate_inp.weight", 2, 256, 0, 2, GgmlType::F32), GgmlType::F32);
+  EXPECT_EQ(choose_tensor_type(q4k, "blk.0.ffn_gate_exps.weight", 3, 256, 0, 2, GgmlType::F32), GgmlType::Q4_K);
+  EXPECT_EQ(choose_tensor_type(q4k, "blk.0.ffn_down_exps.weight", 3, 256, 0, 2, GgmlType::F32), GgmlType::Q4_K);
+}
+
 TEST(ParseQuantizeType, KnowsLlamaCppNamesAndRefusesOthers) {
   EXPECT_EQ(parse_quantize_type("Q4_K_M")->file_type, 15u);
   EXPECT_EQ(parse_quantize_type("q8_0")->base_type, GgmlType::Q8_0);

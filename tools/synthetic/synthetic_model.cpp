@@ -90,6 +90,14 @@ class Builder {
   void matrix(const std::string& name, uint64_t cols, uint64_t rows, double std_dev) {
     add(name, spec_.weight_type, {cols, rows}, 0.0, std_dev);
   }
+  // n_expert matrices {cols, rows} as one 3-D tensor {cols, rows, n_expert}.
+  void experts(const std::string& name, uint64_t cols, uint64_t rows, uint64_t n_expert, double std_dev) {
+    add(name, spec_.weight_type, {cols, rows, n_expert}, 0.0, std_dev);
+  }
+  // A matrix kept in F32 whatever the spec's type (llama.cpp keeps MoE routers F32).
+  void f32_matrix(const std::string& name, uint64_t cols, uint64_t rows, double std_dev) {
+    add(name, GgmlType::F32, {cols, rows}, 0.0, std_dev);
+  }
   void norm(const std::string& name, uint64_t n) { add(name, GgmlType::F32, {n}, 1.0, kNormNoise); }
   // A norm whose weights have random signs: +-(1 + noise).
   void signed_norm(const std::string& name, uint64_t n) {
@@ -142,6 +150,7 @@ float default_freq_base(Architecture arch) {
     case Architecture::llama: return 10000.0f;
     case Architecture::qwen2:
     case Architecture::qwen3:
+    case Architecture::qwen3moe:
     case Architecture::gemma3: return 1000000.0f;
     case Architecture::gpt2: return 0.0f;
   }
@@ -163,6 +172,7 @@ std::string_view architecture_name(Architecture arch) {
     case Architecture::llama: return "llama";
     case Architecture::qwen2: return "qwen2";
     case Architecture::qwen3: return "qwen3";
+    case Architecture::qwen3moe: return "qwen3moe";
     case Architecture::gpt2: return "gpt2";
     case Architecture::gemma3: return "gemma3";
   }
@@ -170,8 +180,8 @@ std::string_view architecture_name(Architecture arch) {
 }
 
 std::optional<Architecture> parse_architecture(std::string_view name) {
-  for (Architecture arch : {Architecture::llama, Architecture::qwen2, Architecture::qwen3, Architecture::gpt2,
-                            Architecture::gemma3}) {
+  for (Architecture arch : {Architecture::llama, Architecture::qwen2, Architecture::qwen3, Architecture::qwen3moe,
+                            Architecture::gpt2, Architecture::gemma3}) {
     if (architecture_name(arch) == name) return arch;
   }
   return std::nullopt;
@@ -192,7 +202,7 @@ void validate(const SyntheticSpec& spec) {
   const uint32_t head_dim = head_dim_of(spec);
   if (uses_rope(spec.architecture) && head_dim % 2 != 0) fail("head dim must be even (rope)");
   const bool free_head_dim = spec.architecture == Architecture::llama || spec.architecture == Architecture::qwen3 ||
-                             spec.architecture == Architecture::gemma3;
+                             spec.architecture == Architecture::qwen3moe || spec.architecture == Architecture::gemma3;
   if (!free_head_dim && head_dim * spec.n_head != spec.n_embd) {
     fail(std::string(architecture_name(spec.architecture)) + " needs head dim = embd / heads");
   }
@@ -201,6 +211,10 @@ void validate(const SyntheticSpec& spec) {
     if (!uses_rope(spec.architecture)) fail("rope scaling needs an architecture with rope");
     if (spec.rope_scaling != "linear" && spec.rope_scaling != "yarn") fail("rope scaling must be linear or yarn");
     if (!(spec.rope_scaling_factor > 0)) fail("rope scaling factor must be positive");
+  }
+  if (spec.architecture == Architecture::qwen3moe &&
+      (spec.n_expert == 0 || spec.n_expert_used == 0 || spec.n_expert_used > spec.n_expert)) {
+    fail("qwen3moe needs 1 <= experts used <= experts");
   }
   file_type_of(spec.weight_type);
 }
@@ -242,7 +256,14 @@ gguf::Writer build_synthetic_model(const SyntheticSpec& spec, const Vocabulary& 
   } else {
     md.set(a + ".attention.layer_norm_rms_epsilon", eps);
   }
-  if (arch == Architecture::qwen3 || arch == Architecture::gemma3 || head_dim * spec.n_head != spec.n_embd) {
+  const bool qwen3_attention = arch == Architecture::qwen3 || arch == Architecture::qwen3moe;
+  const uint64_t n_expert = spec.n_expert, n_ff_exp = spec.n_ff_exp > 0 ? spec.n_ff_exp : spec.n_ff;
+  if (arch == Architecture::qwen3moe) {
+    md.set(a + ".expert_count", spec.n_expert);
+    md.set(a + ".expert_used_count", spec.n_expert_used);
+    md.set(a + ".expert_feed_forward_length", static_cast<uint32_t>(n_ff_exp));
+  }
+  if (qwen3_attention || arch == Architecture::gemma3 || head_dim * spec.n_head != spec.n_embd) {
     md.set(a + ".attention.key_length", head_dim);
     md.set(a + ".attention.value_length", head_dim);
   }
@@ -288,13 +309,21 @@ gguf::Writer build_synthetic_model(const SyntheticSpec& spec, const Vocabulary& 
       b.bias(blk(i, "attn_k.bias"), n_kv);
       b.bias(blk(i, "attn_v.bias"), n_kv);
     }
-    if (arch == Architecture::qwen3 || arch == Architecture::gemma3) {
+    if (qwen3_attention || arch == Architecture::gemma3) {
       b.norm(blk(i, "attn_q_norm.weight"), head_dim);
       b.norm(blk(i, "attn_k_norm.weight"), head_dim);
     }
     b.matrix(blk(i, "attn_output.weight"), n_q, n_embd, 1.0 / std::sqrt(static_cast<double>(n_q)) / depth);
     if (arch == Architecture::gemma3) b.norm(blk(i, "post_attention_norm.weight"), n_embd);
     b.norm(blk(i, "ffn_norm.weight"), n_embd);
+    if (arch == Architecture::qwen3moe) {
+      b.f32_matrix(blk(i, "ffn_gate_inp.weight"), n_embd, n_expert, kRouterLogitStd * in_std);
+      b.experts(blk(i, "ffn_gate_exps.weight"), n_embd, n_ff_exp, n_expert, in_std);
+      b.experts(blk(i, "ffn_up_exps.weight"), n_embd, n_ff_exp, n_expert, in_std);
+      b.experts(blk(i, "ffn_down_exps.weight"), n_ff_exp, n_embd, n_expert,
+                1.0 / std::sqrt(static_cast<double>(n_ff_exp)) / depth);
+      continue;
+    }
     b.matrix(blk(i, "ffn_gate.weight"), n_embd, n_ff, in_std);
     b.matrix(blk(i, "ffn_up.weight"), n_embd, n_ff, in_std);
     b.matrix(blk(i, "ffn_down.weight"), n_ff, n_embd, 1.0 / std::sqrt(static_cast<double>(n_ff)) / depth);

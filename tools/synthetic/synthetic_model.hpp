@@ -12,6 +12,8 @@
 //   norm weights                          1 + N(0, 0.1^2)
 //   output_norm when tied                 +-(1 + N(0, 0.1^2)), random signs
 //   biases                                N(0, 0.1^2)
+//   ffn_gate_inp (MoE router, F32)        N(0, 1/n_embd) * kRouterLogitStd^2
+//   ffn_{gate,up,down}_exps               as ffn_{gate,up,down}, per expert
 // The head's logits then have a standard deviation of about kLogitStd (3) over the
 // vocabulary whatever n_embd is: the final norm makes the hidden state's RMS 1.
 // With tied embeddings the final hidden state still points partly along the input
@@ -45,13 +47,17 @@
 
 namespace pico::synthetic {
 
-enum class Architecture { llama, qwen2, qwen3, gpt2, gemma3 };
+enum class Architecture { llama, qwen2, qwen3, qwen3moe, gpt2, gemma3 };
 
 std::string_view architecture_name(Architecture arch);
 std::optional<Architecture> parse_architecture(std::string_view name);
 
 // Standard deviation of the head's logits over the vocabulary.
 inline constexpr double kLogitStd = 3.0;
+// Standard deviation of a MoE router's logits over the experts (its input is RMS
+// normalised): wide enough that tokens choose different experts with clearly
+// different weights, not so wide that one expert takes all the weight.
+inline constexpr double kRouterLogitStd = 1.5;
 
 struct SyntheticSpec {
   Architecture architecture = Architecture::llama;
@@ -72,6 +78,10 @@ struct SyntheticSpec {
   float rope_scaling_factor = 1.0f;
   uint32_t rope_original_context = 0;
   uint32_t sliding_window = 512;  // gemma3 only (every 6th layer is global, llama.cpp's default)
+  // qwen3moe only: experts per layer, experts per token, expert FFN width (0: n_ff).
+  uint32_t n_expert = 8;
+  uint32_t n_expert_used = 2;
+  uint32_t n_ff_exp = 0;
   VocabKind vocab = VocabKind::llama2;
   std::filesystem::path node_modules;  // where the vocabulary packages are
   uint64_t seed = 1;

@@ -4,7 +4,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <bit>
+#include <cstdio>
 #include <cmath>
 #include <cstring>
 #include <fstream>
@@ -14,8 +16,11 @@
 #include <sstream>
 #include <unistd.h>
 
+#include "backend/recording_backend.hpp"
 #include "gguf/reader.hpp"
+#include "model/model.hpp"
 #include "quant/float_convert.hpp"
+#include "state/kv_cache.hpp"
 
 namespace pico::synthetic {
 namespace {
@@ -105,8 +110,8 @@ std::pair<double, double> mean_std(const std::vector<float>& v) {
 }
 
 TEST(Architecture, NamesRoundTrip) {
-  for (Architecture a : {Architecture::llama, Architecture::qwen2, Architecture::qwen3, Architecture::gpt2,
-                         Architecture::gemma3}) {
+  for (Architecture a : {Architecture::llama, Architecture::qwen2, Architecture::qwen3, Architecture::qwen3moe,
+                         Architecture::gpt2, Architecture::gemma3}) {
     EXPECT_EQ(parse_architecture(architecture_name(a)), a);
   }
   EXPECT_FALSE(parse_architecture("mamba").has_value());
@@ -217,6 +222,69 @@ TEST(SyntheticModel, Qwen3HeadDimAndQkNorms) {
   expect_tensor(*model, "blk.0.attn_q_norm.weight", GgmlType::F32, {16});
   expect_tensor(*model, "blk.0.attn_k_norm.weight", GgmlType::F32, {16});
   EXPECT_EQ(model->find_tensor("blk.0.attn_q.bias"), nullptr);
+}
+
+TEST(SyntheticModel, Qwen3MoeExpertsAndRouter) {
+  TempDir dir;
+  SyntheticSpec spec = small_spec(Architecture::qwen3moe, VocabKind::gpt2);
+  spec.head_dim = 16;
+  spec.n_expert = 4;
+  spec.n_expert_used = 2;
+  spec.n_ff_exp = 48;
+  spec.weight_type = GgmlType::F16;
+  auto model = build_and_open(spec, dir / "qwen3moe.gguf");
+  const gguf::Metadata& md = model->metadata();
+  EXPECT_EQ(md.get_int("qwen3moe.expert_count"), 4);
+  EXPECT_EQ(md.get_int("qwen3moe.expert_used_count"), 2);
+  EXPECT_EQ(md.get_int("qwen3moe.expert_feed_forward_length"), 48);
+  EXPECT_EQ(md.get_int("qwen3moe.attention.key_length"), 16);
+  expect_tensor(*model, "blk.0.attn_q_norm.weight", GgmlType::F32, {16});
+  expect_tensor(*model, "blk.1.ffn_gate_inp.weight", GgmlType::F32, {32, 4});  // routers stay F32
+  expect_tensor(*model, "blk.1.ffn_gate_exps.weight", GgmlType::F16, {32, 48, 4});
+  expect_tensor(*model, "blk.1.ffn_up_exps.weight", GgmlType::F16, {32, 48, 4});
+  expect_tensor(*model, "blk.1.ffn_down_exps.weight", GgmlType::F16, {48, 32, 4});
+  EXPECT_EQ(model->find_tensor("blk.0.ffn_gate.weight"), nullptr);
+  spec.n_expert_used = 5;
+  EXPECT_THROW(validate(spec), std::invalid_argument);
+}
+
+// The router's scale makes routing neither degenerate nor flat: over 48 tokens and 2
+// layers every expert gets a share of the choices, tokens pick many different expert
+// pairs, and the first expert's renormalised weight is well above 1/2 but never ~1.
+TEST(SyntheticModel, Qwen3MoeRoutingIsVaried) {
+  TempDir dir;
+  SyntheticSpec spec = small_spec(Architecture::qwen3moe, VocabKind::gpt2);
+  spec.n_embd = 64;
+  spec.n_expert = 8;
+  spec.n_expert_used = 2;
+  auto file = build_and_open(spec, dir / "qwen3moe.gguf");
+  auto model = model::Model::load(*file);
+  auto cpu = backend::make_cpu_backend(2);
+  backend::RecordingBackend be(*cpu);
+  state::KvCache cache(model->kv_config(model->all_layers()));
+  std::vector<model::BatchToken> batch;
+  for (int32_t i = 0; i < 48; ++i) batch.push_back({0, i, (i * 7919 + 13) % 50000, true});
+  model->forward(be, batch, nullptr, model->all_layers(), cache);
+  ASSERT_EQ(be.routes.size(), 2u * batch.size());
+  std::map<int32_t, int> per_expert;
+  std::set<std::vector<int32_t>> pairs;
+  std::vector<float> first_weights;
+  for (size_t r = 0; r < be.routes.size(); ++r) {
+    for (int32_t e : be.routes[r]) ++per_expert[e];
+    std::vector<int32_t> pair = be.routes[r];
+    std::sort(pair.begin(), pair.end());
+    pairs.insert(pair);
+    first_weights.push_back(be.route_weights[r][0]);
+  }
+  for (int32_t e = 0; e < 8; ++e) EXPECT_GE(per_expert[e], 5) << "expert " << e << " is (almost) never chosen";
+  EXPECT_GE(pairs.size(), 12u);
+  std::sort(first_weights.begin(), first_weights.end());
+  EXPECT_LT(first_weights.back(), 0.99f);
+  const float median = first_weights[first_weights.size() / 2];
+  EXPECT_GT(median, 0.55f);
+  EXPECT_LT(median, 0.9f);
+  std::printf("qwen3moe routing: %zu distinct pairs of 28, first weight median %.3f, max %.3f\n", pairs.size(), median,
+              first_weights.back());
 }
 
 TEST(SyntheticModel, Gpt2FusedQkvAndBiases) {

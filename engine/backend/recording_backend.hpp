@@ -1,0 +1,89 @@
+// Test support: a Backend that forwards every op to another one and records what the
+// model asked for: the weight bytes each op was handed (matmul weights whole, the
+// rows get_rows reads, and for moe_ffn only the chosen experts' matrices, which is
+// all moe_test proves the CPU op reads) and every routing decision.
+#pragma once
+
+#include <cstdint>
+#include <set>
+#include <vector>
+
+#include "backend/backend.hpp"
+
+namespace pico::backend {
+
+class RecordingBackend final : public Backend {
+ public:
+  explicit RecordingBackend(Backend& inner) : inner_(inner) {}
+
+  uint64_t weight_bytes = 0;
+  // Per moe_route call and token: the chosen experts and their weights.
+  std::vector<std::vector<int32_t>> routes;
+  std::vector<std::vector<float>> route_weights;
+
+  const char* name() const override { return "recording"; }
+  bool supports(Op op, GgmlType type) const override { return inner_.supports(op, type); }
+
+  void matmul(const Weight& w, const float* x, int64_t tokens, float* y) override {
+    weight_bytes += bytes(w);
+    inner_.matmul(w, x, tokens, y);
+  }
+  void matmul_many(std::span<const Weight> ws, const float* x, int64_t tokens, std::span<float* const> ys) override {
+    for (const Weight& w : ws) weight_bytes += bytes(w);
+    inner_.matmul_many(ws, x, tokens, ys);
+  }
+  void get_rows(const Weight& table, const int32_t* ids, int64_t count, float* out) override {
+    weight_bytes += static_cast<uint64_t>(count) * bytes(Weight{table.type, table.data, table.cols, 1});
+    inner_.get_rows(table, ids, count, out);
+  }
+  void rms_norm(const float* x, const float* w, int64_t n, int64_t rows, float eps, float* y) override {
+    inner_.rms_norm(x, w, n, rows, eps, y);
+  }
+  void layer_norm(const float* x, const float* w, const float* b, int64_t n, int64_t rows, float eps,
+                  float* y) override {
+    inner_.layer_norm(x, w, b, n, rows, eps, y);
+  }
+  void rope(float* x, int64_t tokens, int64_t row_stride, int64_t heads, int64_t head_dim, const int32_t* pos,
+            const RopeParams& params) override {
+    inner_.rope(x, tokens, row_stride, heads, head_dim, pos, params);
+  }
+  void attention(const float* q, int64_t q_row_stride, std::span<const AttentionQuery> queries,
+                 const AttentionParams& params, float* out) override {
+    inner_.attention(q, q_row_stride, queries, params, out);
+  }
+  void add(const float* a, const float* b, int64_t n, int64_t rows, int64_t b_rows, float* y) override {
+    inner_.add(a, b, n, rows, b_rows, y);
+  }
+  void mul(const float* a, const float* b, int64_t n, int64_t rows, int64_t b_rows, float* y) override {
+    inner_.mul(a, b, n, rows, b_rows, y);
+  }
+  void scale(float* x, int64_t count, float factor) override { inner_.scale(x, count, factor); }
+  void silu(const float* x, int64_t n, int64_t rows, float* y) override { inner_.silu(x, n, rows, y); }
+  void gelu(const float* x, int64_t count, float* y) override { inner_.gelu(x, count, y); }
+  void gelu_erf(const float* x, int64_t count, float* y) override { inner_.gelu_erf(x, count, y); }
+  void softmax(float* x, int64_t n, int64_t rows) override { inner_.softmax(x, n, rows); }
+
+  void moe_route(const float* logits, int64_t n_expert, int64_t tokens, int64_t k, bool normalize, int32_t* experts,
+                 float* weights) override {
+    inner_.moe_route(logits, n_expert, tokens, k, normalize, experts, weights);
+    for (int64_t t = 0; t < tokens; ++t) {
+      routes.emplace_back(experts + t * k, experts + (t + 1) * k);
+      route_weights.emplace_back(weights + t * k, weights + (t + 1) * k);
+    }
+  }
+  void moe_ffn(const ExpertWeights& w, const float* x, int64_t tokens, const int32_t* experts, const float* weights,
+               int64_t k, float* out) override {
+    const std::set<int32_t> chosen(experts, experts + tokens * k);
+    weight_bytes += chosen.size() * (w.gate.expert_bytes() + w.up.expert_bytes() + w.down.expert_bytes());
+    inner_.moe_ffn(w, x, tokens, experts, weights, k, out);
+  }
+
+ private:
+  static uint64_t bytes(const Weight& w) {
+    return bytes_of(type_traits(w.type), static_cast<uint64_t>(w.cols)).value() * static_cast<uint64_t>(w.rows);
+  }
+
+  Backend& inner_;
+};
+
+}  // namespace pico::backend
