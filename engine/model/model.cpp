@@ -59,6 +59,10 @@ ExpertStack Model::expert_stack(const std::string& name, int64_t cols, int64_t r
     throw std::invalid_argument("tensor " + name + " has shape other than {" + std::to_string(cols) + ", " +
                                 std::to_string(rows) + ", " + std::to_string(n_expert) + "}");
   }
+  if (!bytes_of(type_traits(t->type), static_cast<uint64_t>(cols))) {
+    throw std::invalid_argument("tensor " + name + ": rows of " + std::to_string(cols) + " values do not fill whole " +
+                                std::string(type_traits(t->type).name) + " blocks");
+  }
   return ExpertStack{t->type, file_.tensor_data(*t).data(), cols, rows, n_expert};
 }
 
