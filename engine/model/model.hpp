@@ -145,6 +145,14 @@ class Model {
               hp_.n_head_kv * hp_.head_dim_v, spec, out);
   }
   backend::RopeParams rope_params(float freq_base, float freq_scale) const;
+  // qwen3's attention (qwen3, qwen3moe): the layer's per-head Q/K norms, the model's rope.
+  AttentionSpec qk_normed_attention(const LayerWeights& lw) const {
+    AttentionSpec spec;
+    spec.q_norm = lw.q_norm.data;
+    spec.k_norm = lw.k_norm.data;
+    spec.rope = rope_params(hp_.rope_freq_base, hp_.rope_freq_scale);
+    return spec;
+  }
   // Q, K, V projections of tokens rows of xn (separate wq/wk/wv, or fused wqkv), plus
   // biases when the layer has them: q rows of n_head*dk, k and v of n_head_kv*dk/dv.
   void project_qkv(ForwardContext& ctx, const LayerWeights& lw, const float* xn, std::vector<float>& q,

@@ -17,12 +17,7 @@ class Qwen3 final : public Model {
   }
 
   void layer(ForwardContext& ctx, int32_t il, float* x) const override {
-    const LayerWeights& lw = w_.layers[static_cast<size_t>(il)];
-    AttentionSpec spec;
-    spec.q_norm = lw.q_norm.data;
-    spec.k_norm = lw.k_norm.data;
-    spec.rope = rope_params(hp_.rope_freq_base, hp_.rope_freq_scale);
-    pre_norm_layer(ctx, il, x, spec);
+    pre_norm_layer(ctx, il, x, qk_normed_attention(w_.layers[static_cast<size_t>(il)]));
   }
 };
 

@@ -22,12 +22,8 @@ class Qwen3Moe final : public Model {
   }
 
   void layer(ForwardContext& ctx, int32_t il, float* x) const override {
-    const LayerWeights& lw = w_.layers[static_cast<size_t>(il)];
-    AttentionSpec spec;
-    spec.q_norm = lw.q_norm.data;
-    spec.k_norm = lw.k_norm.data;
-    spec.rope = rope_params(hp_.rope_freq_base, hp_.rope_freq_scale);
-    pre_norm_layer(ctx, il, x, spec);  // the layer's router makes its FFN the experts
+    // The layer's router makes pre_norm_layer's FFN the experts.
+    pre_norm_layer(ctx, il, x, qk_normed_attention(w_.layers[static_cast<size_t>(il)]));
   }
 };
 
