@@ -37,6 +37,11 @@ enum class Op {
   softmax,
   moe_route,  // router softmax, top-k, renormalisation
   moe_ffn,    // the experts' SwiGLU FFNs (type: the expert matrices')
+  sigmoid,
+  softplus,
+  l2_norm,
+  ssm_conv,    // causal depthwise convolution with its state (linear-attention layers)
+  delta_rule,  // the gated delta rule's recurrence
 };
 
 // A weight matrix: `rows` rows of `cols` values of `type`, row after row.
@@ -101,6 +106,25 @@ struct AttentionParams {
   float softcap = 0.0f;     // > 0: scores = softcap * tanh(scores / softcap)
 };
 
+// The tokens of one sequence in a call over recurrent layers: rows [first_row,
+// first_row + rows) of the inputs, in position order, and the sequence's state for the
+// layer, updated in place.
+struct RecurrentSequence {
+  int64_t first_row = 0;
+  int64_t rows = 0;
+  float* conv_state = nullptr;  // ssm_conv: taps - 1 rows of channels, oldest first
+  float* ssm_state = nullptr;   // delta_rule: per value head, head_dim rows of head_dim
+};
+
+struct DeltaRuleParams {
+  int64_t n_k_heads = 0;   // query and key heads
+  int64_t n_v_heads = 0;   // value heads (a multiple of n_k_heads)
+  int64_t head_dim = 0;    // of every head
+  // Which key head value head h reads: h / (n_v_heads / n_k_heads) (grouped, qwen3next)
+  // or h % n_k_heads (tiled, qwen35).
+  bool grouped_heads = false;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -143,6 +167,31 @@ class Backend {
   virtual void gelu_erf(const float* x, int64_t count, float* y) = 0;
   // In place, rows of n.
   virtual void softmax(float* x, int64_t n, int64_t rows) = 0;
+  // y = 1 / (1 + e^-x), libm's e^x (ggml's sigmoid).
+  virtual void sigmoid(const float* x, int64_t count, float* y) = 0;
+  // y = log(1 + e^x), and x itself above 20 (ggml's softplus).
+  virtual void softplus(const float* x, int64_t count, float* y) = 0;
+  // y = x / max(|x|, eps) over rows of n, the squares added in double (ggml's l2_norm).
+  virtual void l2_norm(const float* x, int64_t n, int64_t rows, float eps, float* y) = 0;
+
+  // The causal depthwise convolution of the linear-attention layers: for each
+  // sequence, its rows of x (`channels` values each) continue the inputs held in its
+  // conv_state; y row t, channel c = sum over taps i of weights[i * channels + c] *
+  // X[t + i][c], where X is the state's taps - 1 rows followed by the sequence's rows
+  // (tap taps - 1 meets the row itself; tap order as llama.cpp's ssm_conv). The state
+  // becomes the last taps - 1 rows of X.
+  virtual void ssm_conv(const float* x, int64_t channels, const float* weights, int64_t taps,
+                        std::span<const RecurrentSequence> sequences, float* y) = 0;
+  // The gated delta rule, token by token in position order (the same order for a
+  // prompt and for decoding, so a token's result does not depend on its batch): per
+  // value head h with state S (head_dim x head_dim), key head kh (see DeltaRuleParams),
+  // for each token: S *= e^g; u = beta (v - S^T k); S += k u^T; out = S^T q / sqrt(head_dim),
+  // with g = log_decay[row * n_v_heads + h], beta = beta[row * n_v_heads + h]. q and k
+  // rows hold n_k_heads heads, v and out rows n_v_heads heads, rows `row_stride` apart
+  // in q, k and v (out rows are dense). llama.cpp's GGML_OP_GATED_DELTA_NET float for float.
+  virtual void delta_rule(const float* q, const float* k, const float* v, int64_t row_stride, const float* log_decay,
+                          const float* beta, std::span<const RecurrentSequence> sequences,
+                          const DeltaRuleParams& params, float* out) = 0;
 
   // Mixture-of-experts routing of `tokens` rows of n_expert router logits: the
   // softmax over all experts (as softmax()), the k most probable experts in

@@ -448,6 +448,95 @@ class CpuBackend final : public Backend {
     }
   }
 
+  void sigmoid(const float* x, int64_t count, float* y) override {
+    for_ranges(count, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) y[i] = 1.0f / (1.0f + expf(-x[i]));
+    });
+  }
+
+  void softplus(const float* x, int64_t count, float* y) override {
+    for_ranges(count, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) y[i] = x[i] > 20.0f ? x[i] : logf(1.0f + expf(x[i]));
+    });
+  }
+
+  void l2_norm(const float* x, int64_t n, int64_t rows, float eps, float* y) override {
+    for_rows(rows, n, [&](int64_t r) {
+      const float* xr = x + r * n;
+      float* yr = y + r * n;
+      double sum = 0.0;
+      for (int64_t i = 0; i < n; ++i) sum += static_cast<double>(xr[i] * xr[i]);
+      const float scale = 1.0f / std::max(std::sqrt(static_cast<float>(sum)), eps);
+      for (int64_t i = 0; i < n; ++i) yr[i] = xr[i] * scale;
+    });
+  }
+
+  void ssm_conv(const float* x, int64_t channels, const float* weights, int64_t taps,
+                std::span<const RecurrentSequence> sequences, float* y) override {
+    if (taps < 1) throw std::invalid_argument("ssm_conv: no taps");
+    const cpu::ConvRowFn conv_row = cpu::active_kernels().conv_row;
+    const int64_t held = taps - 1;
+    // Each sequence's window: its state's rows, then its own rows; split over the
+    // channels in blocks so that one long prompt still uses every thread.
+    std::vector<std::vector<float>> windows(sequences.size());
+    for (size_t s = 0; s < sequences.size(); ++s) {
+      const RecurrentSequence& seq = sequences[s];
+      std::vector<float>& window = windows[s];
+      window.resize(static_cast<size_t>((held + seq.rows) * channels));
+      std::memcpy(window.data(), seq.conv_state, static_cast<size_t>(held * channels) * sizeof(float));
+      std::memcpy(window.data() + held * channels, x + seq.first_row * channels,
+                  static_cast<size_t>(seq.rows * channels) * sizeof(float));
+    }
+    constexpr int64_t kChannelBlock = 256;
+    const int64_t blocks = (channels + kChannelBlock - 1) / kChannelBlock;
+    const auto tasks = static_cast<int64_t>(sequences.size()) * blocks;
+    auto run = [&](int64_t task) {
+      const RecurrentSequence& seq = sequences[static_cast<size_t>(task / blocks)];
+      const float* window = windows[static_cast<size_t>(task / blocks)].data();
+      const int64_t c0 = task % blocks * kChannelBlock, width = std::min(kChannelBlock, channels - c0);
+      for (int64_t t = 0; t < seq.rows; ++t) {
+        conv_row(width, taps, window + t * channels + c0, weights + c0, channels, y + (seq.first_row + t) * channels + c0);
+      }
+    };
+    if (tasks < 2) {
+      for (int64_t t = 0; t < tasks; ++t) run(t);
+    } else {
+      pool_.parallel_for(tasks, [&](int64_t task, int) { run(task); });
+    }
+    for (size_t s = 0; s < sequences.size(); ++s) {
+      std::memcpy(sequences[s].conv_state, windows[s].data() + sequences[s].rows * channels,
+                  static_cast<size_t>(held * channels) * sizeof(float));
+    }
+  }
+
+  void delta_rule(const float* q, const float* k, const float* v, int64_t row_stride, const float* log_decay,
+                  const float* beta, std::span<const RecurrentSequence> sequences, const DeltaRuleParams& p,
+                  float* out) override {
+    if (p.n_k_heads <= 0 || p.n_v_heads % p.n_k_heads != 0 || p.head_dim <= 0) {
+      throw std::invalid_argument("delta_rule: bad head counts");
+    }
+    const cpu::DeltaRuleStepFn step = cpu::active_kernels().delta_rule_step;
+    const int64_t d = p.head_dim, heads = p.n_v_heads, group = p.n_v_heads / p.n_k_heads;
+    const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+    // One task per (sequence, value head): its tokens in order.
+    const auto tasks = static_cast<int64_t>(sequences.size()) * heads;
+    auto run = [&](int64_t task) {
+      const RecurrentSequence& seq = sequences[static_cast<size_t>(task / heads)];
+      const int64_t h = task % heads, kh = p.grouped_heads ? h / group : h % p.n_k_heads;
+      float* state = seq.ssm_state + h * d * d;
+      for (int64_t t = seq.first_row; t < seq.first_row + seq.rows; ++t) {
+        const float decay = expf(log_decay[t * heads + h]);
+        step(d, state, q + t * row_stride + kh * d, k + t * row_stride + kh * d, v + t * row_stride + h * d, decay,
+             beta[t * heads + h], scale, out + (t * heads + h) * d);
+      }
+    };
+    if (tasks < 2) {
+      for (int64_t t = 0; t < tasks; ++t) run(t);
+    } else {
+      pool_.parallel_for(tasks, [&](int64_t task, int) { run(task); });
+    }
+  }
+
   void moe_route(const float* logits, int64_t n_expert, int64_t tokens, int64_t k, bool normalize, int32_t* experts,
                  float* weights) override {
     if (k <= 0 || k > n_expert) throw std::invalid_argument("moe_route: k must be in 1..n_expert");

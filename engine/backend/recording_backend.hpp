@@ -62,6 +62,20 @@ class RecordingBackend final : public Backend {
   void gelu(const float* x, int64_t count, float* y) override { inner_.gelu(x, count, y); }
   void gelu_erf(const float* x, int64_t count, float* y) override { inner_.gelu_erf(x, count, y); }
   void softmax(float* x, int64_t n, int64_t rows) override { inner_.softmax(x, n, rows); }
+  void sigmoid(const float* x, int64_t count, float* y) override { inner_.sigmoid(x, count, y); }
+  void softplus(const float* x, int64_t count, float* y) override { inner_.softplus(x, count, y); }
+  void l2_norm(const float* x, int64_t n, int64_t rows, float eps, float* y) override {
+    inner_.l2_norm(x, n, rows, eps, y);
+  }
+  void ssm_conv(const float* x, int64_t channels, const float* weights, int64_t taps,
+                std::span<const RecurrentSequence> sequences, float* y) override {
+    inner_.ssm_conv(x, channels, weights, taps, sequences, y);
+  }
+  void delta_rule(const float* q, const float* k, const float* v, int64_t row_stride, const float* log_decay,
+                  const float* beta, std::span<const RecurrentSequence> sequences, const DeltaRuleParams& params,
+                  float* out) override {
+    inner_.delta_rule(q, k, v, row_stride, log_decay, beta, sequences, params, out);
+  }
 
   void moe_route(const float* logits, int64_t n_expert, int64_t tokens, int64_t k, bool normalize, int32_t* experts,
                  float* weights) override {

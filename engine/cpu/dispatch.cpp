@@ -54,6 +54,8 @@ KernelTable build_table(CpuLevel level) {
     if (own.silu_row != nullptr) table.silu_row = own.silu_row;
     if (own.exp_row != nullptr) table.exp_row = own.exp_row;
     if (own.centered_squares_row != nullptr) table.centered_squares_row = own.centered_squares_row;
+    if (own.delta_rule_step != nullptr) table.delta_rule_step = own.delta_rule_step;
+    if (own.conv_row != nullptr) table.conv_row = own.conv_row;
   }
   table.level = level;
   return table;
@@ -108,6 +110,11 @@ void set_kernel(KernelTable& table, GgmlType weight, VecDotFn vec_dot, GemmFn ge
 
 void set_quantizer(KernelTable& table, GgmlType activation, QuantizeRowFn quantize) {
   table.quantize[slot(activation)] = quantize;
+}
+
+void set_recurrent_functions(KernelTable& table, DeltaRuleStepFn delta_rule_step, ConvRowFn conv_row) {
+  table.delta_rule_step = delta_rule_step;
+  table.conv_row = conv_row;
 }
 
 void set_row_functions(KernelTable& table, SiluRowFn silu_row, ExpRowFn exp_row,

@@ -44,6 +44,25 @@ using ExpRowFn = double (*)(const float* x, int64_t n, float max, float* y);
 // adds them (per vector, in double).
 using CenteredSquaresRowFn = double (*)(const float* x, int64_t n, float mean, float* y);
 
+// The recurrent (linear-attention) layers' inner loops, as llama.cpp's CPU ops run them.
+//
+// One token of the gated delta rule for one head (GGML_OP_GATED_DELTA_NET): `state`
+// holds d rows of d floats (row j is column j of the d x d state S, the key index
+// fastest). For each row j: row *= decay; u = (v[j] - dot(row, k)) * beta;
+// row += k * u (each element one fused multiply-add); out[j] = dot(row, q) * scale.
+// The rows are independent, so each is finished before the next is read. `dot` adds
+// as ggml_vec_dot_f32 does at the level (vector accumulators, its reduction tree, then
+// the leftovers), so that the state evolves as llama.cpp's.
+using DeltaRuleStepFn = void (*)(int64_t d, float* state, const float* q, const float* k, const float* v,
+                                 float decay, float beta, float scale, float* out);
+// One output row of a causal depthwise convolution: y[c] = sum over taps i of
+// window[i * stride + c] * weights[i * stride + c] for c < channels (window: `taps`
+// input rows `stride` apart, oldest first; weights: tap-major, rows as far apart). The terms are added in tap order as
+// llama.cpp's ssm_conv compiles: rounded products for the first multiple of 8 taps,
+// fused multiply-adds after (at the scalar level: rounded products throughout).
+using ConvRowFn = void (*)(int64_t channels, int64_t taps, const float* window, const float* weights, int64_t stride,
+                           float* y);
+
 // Indexed by ggml type number (Q6_0 = 133 is the largest).
 inline constexpr size_t kTypeSlots = 134;
 
@@ -59,6 +78,8 @@ struct KernelTable {
   SiluRowFn silu_row = nullptr;
   ExpRowFn exp_row = nullptr;
   CenteredSquaresRowFn centered_squares_row = nullptr;
+  DeltaRuleStepFn delta_rule_step = nullptr;
+  ConvRowFn conv_row = nullptr;
   CpuLevel level = CpuLevel::scalar;
 };
 
@@ -80,6 +101,7 @@ CpuLevel cpu_level();
 // since the linker may keep that copy for everyone.
 void set_kernel(KernelTable& table, GgmlType weight, VecDotFn vec_dot, GemmFn gemm);
 void set_quantizer(KernelTable& table, GgmlType activation, QuantizeRowFn quantize);
+void set_recurrent_functions(KernelTable& table, DeltaRuleStepFn delta_rule_step, ConvRowFn conv_row);
 void set_row_functions(KernelTable& table, SiluRowFn silu_row, ExpRowFn exp_row,
                        CenteredSquaresRowFn centered_squares_row);
 

@@ -484,6 +484,33 @@ double centered_squares_row_scalar(const float* x, int64_t n, float mean, float*
   return sum;
 }
 
+// ggml's scalar build: products added in double (ggml_float), updates unfused.
+double dot_double(int64_t n, const float* x, const float* y) {
+  double sum = 0.0;
+  for (int64_t i = 0; i < n; ++i) sum += static_cast<double>(x[i] * y[i]);
+  return sum;
+}
+
+void delta_rule_step_scalar(int64_t d, float* state, const float* q, const float* k, const float* v, float decay,
+                            float beta, float scale, float* out) {
+  for (int64_t j = 0; j < d; ++j) {
+    float* row = state + j * d;
+    for (int64_t i = 0; i < d; ++i) row[i] *= decay;
+    const float u = (v[j] - static_cast<float>(dot_double(d, row, k))) * beta;
+    for (int64_t i = 0; i < d; ++i) row[i] += k[i] * u;
+    out[j] = static_cast<float>(dot_double(d, row, q)) * scale;
+  }
+}
+
+void conv_row_scalar(int64_t channels, int64_t taps, const float* window, const float* weights, int64_t stride,
+                     float* y) {
+  for (int64_t c = 0; c < channels; ++c) {
+    float sum = 0.0f;
+    for (int64_t i = 0; i < taps; ++i) sum += window[i * stride + c] * weights[i * stride + c];
+    y[c] = sum;
+  }
+}
+
 }  // namespace
 
 void fill_scalar_kernels(KernelTable& table) {
@@ -516,6 +543,7 @@ void fill_scalar_kernels(KernelTable& table) {
   table.quantize[slot(T::Q8_1)] = quantize_activation_q8_1;
   table.quantize[slot(T::Q8_K)] = quantize_reference<T::Q8_K>;
   set_row_functions(table, silu_row_scalar, exp_row_scalar, centered_squares_row_scalar);
+  set_recurrent_functions(table, delta_rule_step_scalar, conv_row_scalar);
 }
 
 }  // namespace pico::cpu

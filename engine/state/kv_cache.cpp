@@ -93,12 +93,20 @@ void validate(const KvConfig& c) {
   if (c.page_positions <= 0 || c.page_positions > (int64_t{1} << 20) || (c.page_positions & (c.page_positions - 1))) {
     throw std::invalid_argument("KV cache: page_positions must be a power of two up to 2^20");
   }
+  if (!c.attention.empty() && c.attention.size() != static_cast<size_t>(c.last_layer - c.first_layer)) {
+    throw std::invalid_argument("KV cache: the attention layer mask does not cover the range");
+  }
+}
+
+int64_t KvConfig::held_layers() const {
+  if (attention.empty()) return last_layer - first_layer;
+  return static_cast<int64_t>(std::count(attention.begin(), attention.end(), true));
 }
 
 uint64_t kv_bytes_per_position(const KvConfig& c) {
   const uint64_t row =
       row_bytes(c.k_type, c.n_kv_heads * c.head_dim_k) + row_bytes(c.v_type, c.n_kv_heads * c.head_dim_v);
-  return row * static_cast<uint64_t>(c.last_layer - c.first_layer);
+  return row * static_cast<uint64_t>(c.held_layers());
 }
 
 uint64_t kv_bytes_for_positions(const KvConfig& c, int64_t positions) {
@@ -122,6 +130,14 @@ KvState::KvState(const KvConfig& config) : config_(config) {
   v_row_bytes_ = row_bytes(config_.v_type, config_.n_kv_heads * config_.head_dim_v);
   page_shift_ = page_shift_of(config_.page_positions);
   layers_.resize(static_cast<size_t>(config_.last_layer - config_.first_layer));
+}
+
+int64_t KvState::held_positions() const {
+  int64_t n = -1;
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    if (config_.holds(config_.first_layer + static_cast<int32_t>(i))) n = n < 0 ? layers_[i].n : std::min(n, layers_[i].n);
+  }
+  return std::max<int64_t>(n, 0);
 }
 
 void KvState::add_page(Layer& l) const {
@@ -176,6 +192,9 @@ size_t KvState::bytes_used() const {
 
 void KvState::write(int32_t layer_index, int64_t pos, const float* k, const float* v) {
   Layer& l = const_cast<Layer&>(at(layer_index));
+  if (!config_.holds(layer_index)) {
+    throw std::out_of_range("KV cache: layer " + std::to_string(layer_index) + " keeps no K and V");
+  }
   if (pos < 0 || pos > l.n) {
     throw std::out_of_range("KV cache: position " + std::to_string(pos) + " after a gap (layer holds " +
                             std::to_string(l.n) + ")");
@@ -186,9 +205,7 @@ void KvState::write(int32_t layer_index, int64_t pos, const float* k, const floa
   }
   store_row(config_.k_type, k, k_row(l, pos), config_.n_kv_heads * config_.head_dim_k);
   store_row(config_.v_type, v, v_row(l, pos), config_.n_kv_heads * config_.head_dim_v);
-  int64_t n = layers_.empty() ? 0 : layers_.front().n;
-  for (const Layer& each : layers_) n = std::min(n, each.n);
-  n_pos_ = n;
+  n_pos_ = held_positions();
 }
 
 KvLayerView KvState::layer(int32_t layer_index) const {
@@ -297,28 +314,108 @@ void KvState::restore(std::span<const uint8_t> snapshot) {
     }
   }
   layers_ = std::move(restored);
-  int64_t n = layers_.empty() ? 0 : layers_.front().n;
-  for (const Layer& each : layers_) n = std::min(n, each.n);
-  n_pos_ = n;
+  n_pos_ = held_positions();
 }
 
-KvCache::KvCache(const KvConfig& config) : config_(config) { validate(config_); }
+KvCache::KvCache(const KvConfig& config, std::optional<RecurrentConfig> recurrent)
+    : config_(config), recurrent_(std::move(recurrent)) {
+  validate(config_);
+  if (recurrent_) validate(*recurrent_);
+}
 
-KvState& KvCache::sequence(int32_t seq_id) {
-  auto& slot = sequences_[seq_id];
-  if (!slot) slot = std::make_unique<KvState>(config_);
-  return *slot;
+KvCache::Entry& KvCache::entry(int32_t seq_id) {
+  Entry& e = sequences_[seq_id];
+  if (!e.kv) {
+    e.kv = std::make_unique<KvState>(config_);
+    if (recurrent_) e.recurrent = std::make_unique<RecurrentState>(*recurrent_);
+  }
+  return e;
+}
+
+KvState& KvCache::sequence(int32_t seq_id) { return *entry(seq_id).kv; }
+
+RecurrentState& KvCache::recurrent(int32_t seq_id) {
+  if (!recurrent_) throw std::logic_error("KV cache: this stage keeps no recurrent state");
+  return *entry(seq_id).recurrent;
+}
+
+const RecurrentState* KvCache::find_recurrent(int32_t seq_id) const {
+  auto it = sequences_.find(seq_id);
+  return it == sequences_.end() ? nullptr : it->second.recurrent.get();
+}
+
+int64_t KvCache::positions(int32_t seq_id) const {
+  auto it = sequences_.find(seq_id);
+  if (it == sequences_.end()) return 0;
+  if (it->second.recurrent && config_.held_layers() == 0) return it->second.recurrent->n_pos();
+  return it->second.kv->n_pos();
+}
+
+bool KvCache::can_truncate(int32_t seq_id, int64_t pos) const {
+  const RecurrentState* r = find_recurrent(seq_id);
+  return r == nullptr || r->can_truncate(pos);
 }
 
 void KvCache::truncate(int32_t seq_id, int64_t pos) {
   auto it = sequences_.find(seq_id);
-  if (it != sequences_.end()) it->second->truncate(pos);
+  if (it == sequences_.end()) return;
+  if (it->second.recurrent) it->second.recurrent->truncate(pos);  // throws first, changing nothing
+  it->second.kv->truncate(pos);
 }
 
 size_t KvCache::bytes_used() const {
   size_t total = 0;
-  for (const auto& [id, s] : sequences_) total += s->bytes_used();
+  for (const auto& [id, e] : sequences_) total += e.kv->bytes_used() + (e.recurrent ? e.recurrent->bytes_used() : 0);
   return total;
+}
+
+uint64_t KvCache::fixed_bytes_per_sequence() const {
+  return recurrent_ ? recurrent_bytes_per_sequence(*recurrent_) : 0;
+}
+
+namespace {
+constexpr uint64_t kHybridMagic = 0x5342594853;  // "SHYBS"
+}
+
+std::optional<std::vector<uint8_t>> KvCache::snapshot(int32_t seq_id) const {
+  auto it = sequences_.find(seq_id);
+  if (it == sequences_.end()) return std::nullopt;
+  std::vector<uint8_t> kv = it->second.kv->snapshot();
+  if (!it->second.recurrent) return kv;
+  const std::vector<uint8_t> recurrent = it->second.recurrent->snapshot();
+  std::vector<uint8_t> out(16 + kv.size() + recurrent.size());
+  const uint64_t header[2] = {kHybridMagic, kv.size()};
+  std::memcpy(out.data(), header, 16);
+  std::memcpy(out.data() + 16, kv.data(), kv.size());
+  std::memcpy(out.data() + 16 + kv.size(), recurrent.data(), recurrent.size());
+  return out;
+}
+
+KvCache::SnapshotParts KvCache::split_snapshot(std::span<const uint8_t> snapshot) const {
+  if (!recurrent_) return {snapshot, {}};
+  if (snapshot.size() < 16) throw std::invalid_argument("hybrid snapshot: shorter than its header");
+  uint64_t header[2];
+  std::memcpy(header, snapshot.data(), 16);
+  if (header[0] != kHybridMagic) throw std::invalid_argument("hybrid snapshot: not a hybrid model's snapshot (bad magic)");
+  if (header[1] > snapshot.size() - 16) {
+    throw std::invalid_argument("hybrid snapshot: claims " + std::to_string(header[1]) + " bytes of KV, " +
+                                std::to_string(snapshot.size() - 16) + " follow");
+  }
+  return {snapshot.subspan(16, header[1]), snapshot.subspan(16 + header[1])};
+}
+
+void KvCache::restore(int32_t seq_id, std::span<const uint8_t> snapshot) {
+  const SnapshotParts parts = split_snapshot(snapshot);
+  auto kv = std::make_unique<KvState>(config_);
+  kv->restore(parts.kv);
+  std::unique_ptr<RecurrentState> recurrent;
+  if (recurrent_) {
+    recurrent = std::make_unique<RecurrentState>(*recurrent_);
+    recurrent->restore(parts.recurrent);
+  }
+  Entry& e = sequences_[seq_id];
+  e.kv = std::move(kv);
+  e.recurrent = std::move(recurrent);
 }
 
 }  // namespace pico::state

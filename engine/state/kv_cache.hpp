@@ -14,10 +14,12 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string_view>
 #include <vector>
 
 #include "quant/type_traits.hpp"
+#include "state/recurrent_state.hpp"
 #include "state/sequence_state.hpp"
 
 namespace pico::state {
@@ -31,6 +33,15 @@ struct KvConfig {
   GgmlType k_type = GgmlType::F16;
   GgmlType v_type = GgmlType::F16;
   int64_t page_positions = 256;  // positions per page, a power of two
+  // Per layer of the range: whether it keeps K and V (a hybrid model's linear-attention
+  // layers keep recurrent state instead). Empty: every layer.
+  std::vector<bool> attention;
+
+  bool holds(int32_t layer) const {
+    return layer >= first_layer && layer < last_layer &&
+           (attention.empty() || attention[static_cast<size_t>(layer - first_layer)]);
+  }
+  int64_t held_layers() const;
 };
 
 // Parses "f32", "f16", "q8_0", "q4_0" (case-insensitive); nullopt otherwise.
@@ -102,6 +113,7 @@ class KvState final : public SequenceState {
     int64_t n = 0;                               // positions held in this layer
   };
   const Layer& at(int32_t layer) const;
+  int64_t held_positions() const;  // the fewest positions of a layer that keeps K and V
   void add_page(Layer& layer) const;
   void keep_pages(Layer& layer, int64_t positions) const;  // frees the pages past `positions`
   uint8_t* k_row(Layer& layer, int64_t pos) const;
@@ -115,23 +127,54 @@ class KvState final : public SequenceState {
   int64_t n_pos_ = 0;
 };
 
-// The states of many sequences, by id, for one stage's layers.
+// The states of many sequences, by id, for one stage's layers: the KV cache of its
+// attention layers and, for a hybrid model, the recurrent state of its linear layers.
 class KvCache {
  public:
-  explicit KvCache(const KvConfig& config);
+  explicit KvCache(const KvConfig& config, std::optional<RecurrentConfig> recurrent = std::nullopt);
   const KvConfig& config() const { return config_; }
-  // The sequence's state, created empty on first use.
+  const std::optional<RecurrentConfig>& recurrent_config() const { return recurrent_; }
+  // The sequence's KV, created empty on first use (with its recurrent state).
   KvState& sequence(int32_t seq_id);
+  // The sequence's recurrent state (std::logic_error without a recurrent config).
+  RecurrentState& recurrent(int32_t seq_id);
+  const RecurrentState* find_recurrent(int32_t seq_id) const;
   bool contains(int32_t seq_id) const { return sequences_.count(seq_id) != 0; }
+  // Positions the sequence holds on this stage (0 when it is not open).
+  int64_t positions(int32_t seq_id) const;
   void remove(int32_t seq_id) { sequences_.erase(seq_id); }
   void clear() { sequences_.clear(); }
+  // Whether truncate(seq_id, pos) can be done (the recurrent state goes back only to a
+  // checkpoint or to nothing).
+  bool can_truncate(int32_t seq_id, int64_t pos) const;
+  // Throws std::invalid_argument, changing nothing, when it cannot be done.
   void truncate(int32_t seq_id, int64_t pos);
-  size_t bytes_used() const;
+  size_t bytes_used() const;  // KV, recurrent state and checkpoints
   size_t size() const { return sequences_.size(); }
+  // Fixed bytes per open sequence (its recurrent state; 0 without one).
+  uint64_t fixed_bytes_per_sequence() const;
+
+  // A sequence's state (nullopt when it is not open): the KV snapshot, and for a hybrid
+  // stage the recurrent one after it.
+  std::optional<std::vector<uint8_t>> snapshot(int32_t seq_id) const;
+  struct SnapshotParts {
+    std::span<const uint8_t> kv, recurrent;
+  };
+  // Splits a snapshot() of this configuration (std::invalid_argument when it is not one).
+  SnapshotParts split_snapshot(std::span<const uint8_t> snapshot) const;
+  // Replaces the sequence's state with a snapshot already checked by split_snapshot and
+  // the parts' own checks.
+  void restore(int32_t seq_id, std::span<const uint8_t> snapshot);
 
  private:
+  struct Entry {
+    std::unique_ptr<KvState> kv;
+    std::unique_ptr<RecurrentState> recurrent;
+  };
+  Entry& entry(int32_t seq_id);
   KvConfig config_;
-  std::map<int32_t, std::unique_ptr<KvState>> sequences_;
+  std::optional<RecurrentConfig> recurrent_;
+  std::map<int32_t, Entry> sequences_;
 };
 
 }  // namespace pico::state

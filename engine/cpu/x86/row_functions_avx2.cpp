@@ -94,10 +94,86 @@ double centered_squares_row_avx2(const float* x, int64_t n, float mean, float* y
   return sum;
 }
 
+float fused(float a, float b, float c) {  // a * b + c, one rounding
+  return _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(a), _mm_set_ss(b), _mm_set_ss(c)));
+}
+
+// ggml_vec_dot_f32 at AVX2: four accumulators over 32-float steps, reduced (0+2, 1+3,
+// their sum, the halves, then two horizontal adds: GGML_F32x8_REDUCE), then the
+// leftovers: products a vector at a time added in lane order, the last few fused (as
+// GCC compiles ggml's `sumf += x[i]*y[i]` tail).
+float dot_as_ggml(int64_t n, const float* x, const float* y) {
+  const int64_t steps = n & ~int64_t{31};
+  __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+  for (int64_t i = 0; i < steps; i += 32) {
+    for (int j = 0; j < 4; ++j) {
+      acc[j] = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 8 * j), _mm256_loadu_ps(y + i + 8 * j), acc[j]);
+    }
+  }
+  const __m256 all = _mm256_add_ps(_mm256_add_ps(acc[0], acc[2]), _mm256_add_ps(acc[1], acc[3]));
+  const __m128 halves = _mm_add_ps(_mm256_castps256_ps128(all), _mm256_extractf128_ps(all, 1));
+  const __m128 pairs = _mm_hadd_ps(halves, halves);
+  float sum = _mm_cvtss_f32(_mm_hadd_ps(pairs, pairs));
+  int64_t i = steps;
+  alignas(32) float lanes[8];
+  for (; i + 8 <= n; i += 8) {
+    _mm256_store_ps(lanes, _mm256_mul_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+    for (float lane : lanes) sum += lane;
+  }
+  if (i + 4 <= n) {
+    _mm_store_ps(lanes, _mm_mul_ps(_mm_loadu_ps(x + i), _mm_loadu_ps(y + i)));
+    for (int l = 0; l < 4; ++l) sum += lanes[l];
+    i += 4;
+  }
+  for (; i < n; ++i) sum = fused(x[i], y[i], sum);
+  return sum;
+}
+
+void delta_rule_step_avx2(int64_t d, float* state, const float* q, const float* k, const float* v, float decay,
+                          float beta, float scale, float* out) {
+  const __m256 decay_v = _mm256_set1_ps(decay);
+  for (int64_t j = 0; j < d; ++j) {
+    float* row = state + j * d;
+    int64_t i = 0;
+    for (; i + 8 <= d; i += 8) _mm256_storeu_ps(row + i, _mm256_mul_ps(_mm256_loadu_ps(row + i), decay_v));
+    for (; i < d; ++i) row[i] *= decay;
+    const float u = (v[j] - dot_as_ggml(d, row, k)) * beta;
+    const __m256 u_v = _mm256_set1_ps(u);
+    for (i = 0; i + 8 <= d; i += 8) {
+      _mm256_storeu_ps(row + i, _mm256_fmadd_ps(_mm256_loadu_ps(k + i), u_v, _mm256_loadu_ps(row + i)));
+    }
+    for (; i < d; ++i) row[i] = fused(k[i], u, row[i]);
+    out[j] = dot_as_ggml(d, row, q) * scale;
+  }
+}
+
+void conv_row_avx2(int64_t channels, int64_t taps, const float* window, const float* weights, int64_t stride,
+                   float* y) {
+  const int64_t rounded = taps / 8 * 8;  // taps whose products are rounded before the sum
+  int64_t c = 0;
+  for (; c + 8 <= channels; c += 8) {
+    __m256 sum = _mm256_setzero_ps();
+    for (int64_t i = 0; i < taps; ++i) {
+      const __m256 x = _mm256_loadu_ps(window + i * stride + c), w = _mm256_loadu_ps(weights + i * stride + c);
+      sum = i < rounded ? _mm256_add_ps(sum, _mm256_mul_ps(x, w)) : _mm256_fmadd_ps(x, w, sum);
+    }
+    _mm256_storeu_ps(y + c, sum);
+  }
+  for (; c < channels; ++c) {
+    float sum = 0.0f;
+    for (int64_t i = 0; i < taps; ++i) {
+      const float x = window[i * stride + c], w = weights[i * stride + c];
+      sum = i < rounded ? sum + x * w : fused(x, w, sum);
+    }
+    y[c] = sum;
+  }
+}
+
 }  // namespace
 
 void fill_avx2_row_functions(KernelTable& table) {
   set_row_functions(table, silu_row_avx2, exp_row_avx2, centered_squares_row_avx2);
+  set_recurrent_functions(table, delta_rule_step_avx2, conv_row_avx2);
 }
 
 }  // namespace pico::cpu

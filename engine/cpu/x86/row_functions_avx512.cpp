@@ -84,10 +84,87 @@ double centered_squares_row_avx512(const float* x, int64_t n, float mean, float*
   return sum;
 }
 
+float fused(float a, float b, float c) {  // a * b + c, one rounding
+  return _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(a), _mm_set_ss(b), _mm_set_ss(c)));
+}
+
+// Leftover products one vector at a time, each vector's lanes added to the sum in
+// order; the last few fused: how GCC compiles ggml's `sumf += x[i]*y[i]` tail.
+float add_products_in_order(int64_t& i, int64_t n, const float* x, const float* y, float sum) {
+  alignas(64) float lanes[16];
+  for (; i + 16 <= n; i += 16) {
+    _mm512_store_ps(lanes, _mm512_mul_ps(_mm512_loadu_ps(x + i), _mm512_loadu_ps(y + i)));
+    for (float lane : lanes) sum += lane;
+  }
+  if (i + 8 <= n) {
+    _mm256_store_ps(lanes, _mm256_mul_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+    for (int l = 0; l < 8; ++l) sum += lanes[l];
+    i += 8;
+  }
+  for (; i < n; ++i) sum = fused(x[i], y[i], sum);
+  return sum;
+}
+
+// ggml_vec_dot_f32 at AVX-512: four accumulators over 64-float steps, reduced
+// (0+2, 1+3, then their sum, then _mm512_reduce_add_ps), then the leftovers.
+float dot_as_ggml(int64_t n, const float* x, const float* y) {
+  const int64_t steps = n & ~int64_t{63};
+  __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+  for (int64_t i = 0; i < steps; i += 64) {
+    for (int j = 0; j < 4; ++j) {
+      acc[j] = _mm512_fmadd_ps(_mm512_loadu_ps(x + i + 16 * j), _mm512_loadu_ps(y + i + 16 * j), acc[j]);
+    }
+  }
+  const float sum = sum_lanes(_mm512_add_ps(_mm512_add_ps(acc[0], acc[2]), _mm512_add_ps(acc[1], acc[3])));
+  int64_t i = steps;
+  return add_products_in_order(i, n, x, y, sum);
+}
+
+void delta_rule_step_avx512(int64_t d, float* state, const float* q, const float* k, const float* v, float decay,
+                            float beta, float scale, float* out) {
+  const __m512 decay_v = _mm512_set1_ps(decay);
+  for (int64_t j = 0; j < d; ++j) {
+    float* row = state + j * d;
+    int64_t i = 0;
+    for (; i + 16 <= d; i += 16) _mm512_storeu_ps(row + i, _mm512_mul_ps(_mm512_loadu_ps(row + i), decay_v));
+    for (; i < d; ++i) row[i] *= decay;
+    const float u = (v[j] - dot_as_ggml(d, row, k)) * beta;
+    const __m512 u_v = _mm512_set1_ps(u);
+    for (i = 0; i + 16 <= d; i += 16) {
+      _mm512_storeu_ps(row + i, _mm512_fmadd_ps(_mm512_loadu_ps(k + i), u_v, _mm512_loadu_ps(row + i)));
+    }
+    for (; i < d; ++i) row[i] = fused(k[i], u, row[i]);
+    out[j] = dot_as_ggml(d, row, q) * scale;
+  }
+}
+
+void conv_row_avx512(int64_t channels, int64_t taps, const float* window, const float* weights, int64_t stride,
+                   float* y) {
+  const int64_t rounded = taps / 8 * 8;  // taps whose products are rounded before the sum
+  int64_t c = 0;
+  for (; c + 16 <= channels; c += 16) {
+    __m512 sum = _mm512_setzero_ps();
+    for (int64_t i = 0; i < taps; ++i) {
+      const __m512 x = _mm512_loadu_ps(window + i * stride + c), w = _mm512_loadu_ps(weights + i * stride + c);
+      sum = i < rounded ? _mm512_add_ps(sum, _mm512_mul_ps(x, w)) : _mm512_fmadd_ps(x, w, sum);
+    }
+    _mm512_storeu_ps(y + c, sum);
+  }
+  for (; c < channels; ++c) {
+    float sum = 0.0f;
+    for (int64_t i = 0; i < taps; ++i) {
+      const float x = window[i * stride + c], w = weights[i * stride + c];
+      sum = i < rounded ? sum + x * w : fused(x, w, sum);
+    }
+    y[c] = sum;
+  }
+}
+
 }  // namespace
 
 void fill_avx512_row_functions(KernelTable& table) {
   set_row_functions(table, silu_row_avx512, exp_row_avx512, centered_squares_row_avx512);
+  set_recurrent_functions(table, delta_rule_step_avx512, conv_row_avx512);
 }
 
 }  // namespace pico::cpu
