@@ -10,6 +10,7 @@
 #include <stdexcept>
 
 #include "sample/argmax.hpp"
+#include "state/recurrent_state.hpp"
 
 namespace pico::coordinator {
 
@@ -75,6 +76,7 @@ struct Engine::Seq {
   int32_t n_past = 0;
   int n_cached = 0;                  // prompt tokens reused from a kept sequence
   std::vector<int32_t> kv_tokens;    // the token of each position sent (n_past of them)
+  std::vector<int32_t> checkpoints;  // positions its stages checkpointed (as they evict them)
   int steps_inflight = 0;            // steps in flight holding tokens of this sequence
   bool argmax_only = false;          // the last stage returns its rows' arg max only
   int n_decoded = 0;
@@ -277,7 +279,7 @@ void Engine::release_kv(Seq& s) {
     // Keep its KV for a later request with a common prefix (every step of it is done).
     // The stages may hold one position more (a chained step past the end): a reuse cuts
     // it, as it cuts any position after the common prefix.
-    kept_.push_back({s.kv_id, std::move(s.kv_tokens), ++use_tick_});
+    kept_.push_back({s.kv_id, std::move(s.kv_tokens), ++use_tick_, std::move(s.checkpoints)});
     evict_kept();
   } else {
     close_sequence(s.kv_id);
@@ -331,6 +333,14 @@ void Engine::reuse_prefix(Seq& s) {
       const size_t limit = std::min(it->tokens.size(), prompt.size() - 1);
       size_t n = 0;
       while (n < limit && it->tokens[n] == prompt[n]) ++n;
+      if (options_.recurrent) {
+        // The recurrent state goes back only to a checkpoint: the newest within the prefix.
+        size_t at = 0;
+        for (int32_t c : it->checkpoints) {
+          if (static_cast<size_t>(c) <= n) at = std::max(at, static_cast<size_t>(c));
+        }
+        n = at;
+      }
       if (n > best_len && 10 * n > prompt.size()) best = it, best_len = n;
     }
   }
@@ -347,6 +357,29 @@ void Engine::reuse_prefix(Seq& s) {
   s.n_past = static_cast<int32_t>(best_len);
   s.prefill_sent = best_len;
   s.kv_tokens.assign(prompt.begin(), prompt.begin() + static_cast<std::ptrdiff_t>(best_len));
+  // The stages drop the checkpoints after the one they go back to.
+  for (int32_t c : best->checkpoints) {
+    if (static_cast<size_t>(c) <= best_len) s.checkpoints.push_back(c);
+  }
+}
+
+void Engine::mark_checkpoint(Seq& s, model::BatchToken& row, bool prompt_end) {
+  if (!options_.recurrent || options_.checkpoint_max <= 0) return;
+  const int64_t after = row.pos + 1;  // positions held after the row
+  const auto prompt = static_cast<int64_t>(s.request.prompt.size());
+  const bool wanted = after <= prompt ? (prompt_end || (options_.checkpoint_every > 0 && after % options_.checkpoint_every == 0))
+                                      : (options_.checkpoint_every_gen > 0 && (after - prompt) % options_.checkpoint_every_gen == 0);
+  if (!wanted) return;
+  const int keep = std::min(options_.checkpoint_max, 255);
+  row.checkpoint_keep = static_cast<uint8_t>(keep);
+  // The same bookkeeping as each stage's (state::RecurrentState::checkpoint).
+  auto& c = s.checkpoints;
+  while (!c.empty() && c.back() >= after) c.pop_back();
+  c.push_back(static_cast<int32_t>(after));
+  while (c.size() > static_cast<size_t>(keep)) {
+    const std::vector<int64_t> positions(c.begin(), c.end());
+    c.erase(c.begin() + static_cast<std::ptrdiff_t>(state::checkpoint_to_evict(positions)));
+  }
 }
 
 void Engine::fail_all(const std::string& message) {
@@ -372,21 +405,26 @@ void Engine::update_slots() {
   for (const auto& s : active_) {
     if (s->done) continue;
     slots.push_back({s->kv_id, s->id, static_cast<int>(s->request.prompt.size()), s->n_cached, s->n_decoded,
-                     s->n_past, true, s->prefill_sent < s->request.prompt.size()});
+                     s->n_past, true, s->prefill_sent < s->request.prompt.size(), s->checkpoints,
+                     s->checkpoints.size() * options_.checkpoint_bytes});
     positions += s->n_past;
   }
   const int active = static_cast<int>(slots.size());
   int64_t kept_positions = 0;
   for (const auto& k : kept_) {
     const int n = static_cast<int>(k.tokens.size());
-    slots.push_back({k.kv_id, 0, 0, 0, 0, n, false, false});
+    slots.push_back({k.kv_id, 0, 0, 0, 0, n, false, false, k.checkpoints, k.checkpoints.size() * options_.checkpoint_bytes});
     kept_positions += n;
   }
+  int64_t checkpoints = 0;
+  for (const auto& slot : slots) checkpoints += static_cast<int64_t>(slot.checkpoints.size());
   std::lock_guard lock(mutex_);
   metrics_.active = active;
   metrics_.tokens_in_flight = positions;
   metrics_.kept_sequences = static_cast<int>(kept_.size());
   metrics_.kept_tokens = kept_positions;
+  metrics_.checkpoints = checkpoints;
+  metrics_.checkpoint_bytes = static_cast<uint64_t>(checkpoints) * options_.checkpoint_bytes;
   slots_ = std::move(slots);
 }
 
@@ -487,6 +525,13 @@ ChainGrant Engine::chain_grant(const std::vector<Seq*>& seqs) {
   for (const Seq* s : seqs) {
     if (!s->argmax_only || !s->request.stop.empty() || s->cancelled) return {};
     if (s->request.max_tokens > 0) steps = std::min<int64_t>(steps, s->request.max_tokens - s->n_decoded - 1);
+    if (options_.recurrent && options_.checkpoint_max > 0 && options_.checkpoint_every_gen > 0) {
+      // Chained rows carry no checkpoint marks: end the chain before the next one due
+      // (chained step j's row leaves n_past + j positions).
+      const int64_t every = options_.checkpoint_every_gen;
+      const int64_t generated = s->n_past - static_cast<int64_t>(s->request.prompt.size());
+      steps = std::min<int64_t>(steps, every - (generated % every + every) % every - 1);
+    }
     steps = std::min<int64_t>(steps, options_.ctx - s->n_past);
     stop_at_eog = stop_at_eog || !s->request.ignore_eos;
   }
@@ -555,6 +600,7 @@ void Engine::loop() {
             const bool last = s.prefill_sent + 1 == prompt.size();
             s.kv_tokens.push_back(prompt[s.prefill_sent]);
             batch.push_back({s.kv_id, s.n_past++, prompt[s.prefill_sent++], last});
+            mark_checkpoint(s, batch.back(), last);
             output(s, last);
           }
           seqs.push_back(&s);
@@ -567,6 +613,7 @@ void Engine::loop() {
         } else if (s.pending && decode < decode_group) {
           s.kv_tokens.push_back(*s.pending);
           batch.push_back({s.kv_id, s.n_past++, *s.pending, true});
+          mark_checkpoint(s, batch.back(), false);
           output(s, true);
           seqs.push_back(&s);
           wants.push_back(&s);

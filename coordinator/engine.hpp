@@ -91,6 +91,8 @@ struct SlotInfo {
   int n_prompt = 0, n_cached = 0, n_decoded = 0, n_past = 0;
   bool processing = true;
   bool prefill = true;
+  std::vector<int32_t> checkpoints;  // positions of its recurrent-state checkpoints (hybrid models)
+  uint64_t checkpoint_bytes = 0;     // what they take over every stage
 };
 
 struct EngineMetrics {
@@ -103,6 +105,8 @@ struct EngineMetrics {
   int64_t tokens_in_flight = 0;  // positions held by active sequences
   int kept_sequences = 0;        // idle sequences kept for prefix reuse
   int64_t kept_tokens = 0;       // positions they hold
+  int64_t checkpoints = 0;       // recurrent-state checkpoints held on the stages (hybrid models)
+  uint64_t checkpoint_bytes = 0;
   std::vector<StageStats> stages;  // per stage, as of the last time the engine went idle
   PipelineTimings timings;         // per stage compute/queue/transfer times (Pipeline::timings)
 };
@@ -162,7 +166,10 @@ class Engine {
     int32_t kv_id = 0;
     std::vector<int32_t> tokens;  // one per position held
     uint64_t last_used = 0;
+    std::vector<int32_t> checkpoints;  // positions its recurrent state can go back to
   };
+  // Marks `row` for a checkpoint when the policy wants one after it, and records it.
+  void mark_checkpoint(Seq& s, model::BatchToken& row, bool prompt_end);
   void loop();
   void admit();
   void reuse_prefix(Seq& s);

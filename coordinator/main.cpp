@@ -79,6 +79,16 @@ int main(int argc, char** argv) {
   app.add_option("--cache-tokens", sched.cache_tokens, "HTTP API: KV positions the kept sequences may hold (0: no limit)")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--chat-template", chat_template, "HTTP API: chat format name (default: from the model)");
+  // Hybrid models: recurrent-state checkpoints (prompt-prefix reuse).
+  app.add_option("--checkpoint-every", sched.checkpoint_every,
+                 "hybrid models: checkpoint the recurrent state every N prompt positions (0: only at the prompt's end)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--checkpoint-every-gen", sched.checkpoint_every_gen,
+                 "hybrid models: checkpoint every N generated tokens (0: never)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--checkpoint-max", sched.checkpoint_max,
+                 "hybrid models: checkpoints kept per sequence (0: none, no prefix reuse), at most 255")
+      ->check(CLI::Range(0, 255));
   // HTTP API limits and access.
   std::string api_key_file;
   size_t max_queue = 256;
@@ -203,6 +213,13 @@ int main(int argc, char** argv) {
     // ctx x parallel sequences sized so that no stage can run out of KV.
     std::vector<StageInfo> infos;
     for (size_t i = 0; i < pipeline.size(); ++i) infos.push_back(pipeline.stage(i).info());
+    // A hybrid model's stages hold a fixed recurrent state per sequence, and as many
+    // copies of it again as it keeps checkpoints.
+    for (StageInfo& info : infos) {
+      sched.checkpoint_bytes += info.limits.state_bytes_per_sequence;
+      info.limits.state_bytes_per_sequence *= 1 + static_cast<uint64_t>(sched.checkpoint_max);
+    }
+    sched.recurrent = sched.checkpoint_bytes > 0;
     SizingRequest want;
     want.ctx = ctx;
     want.model_ctx = model_ctx;

@@ -56,6 +56,16 @@ struct SchedulerOptions {
   int cache_sequences = 0;
   int64_t cache_tokens = 0;
   bool keep_logits = false;
+  // Hybrid models (recurrent layers): their state cannot be cut back, so every stage
+  // checkpoints it after the tokens the engine marks: every checkpoint_every prompt
+  // positions, after the prompt's last token, and every checkpoint_every_gen generated
+  // tokens (0: never), keeping at most checkpoint_max per sequence (0: none; no prefix
+  // reuse then). A reuse starts from the newest checkpoint at or below the common prefix.
+  bool recurrent = false;
+  int checkpoint_every = 256;
+  int checkpoint_every_gen = 64;
+  int checkpoint_max = 3;
+  uint64_t checkpoint_bytes = 0;  // one checkpoint over every stage (for /slots and /metrics)
 };
 
 class Scheduler {

@@ -420,11 +420,15 @@ void RemoteStage::submit(uint64_t step, std::span<const model::BatchToken> batch
   auto pos = f.initPositions(n);
   auto tokens = f.initTokens(n);
   auto want = f.initWantLogits(n);
+  const bool checkpoints =
+      std::any_of(batch.begin(), batch.end(), [](const model::BatchToken& t) { return t.checkpoint_keep > 0; });
+  auto keep = f.initCheckpointKeep(checkpoints ? n : 0);
   for (unsigned i = 0; i < n; ++i) {
     seqs.set(i, batch[i].seq_id);
     pos.set(i, batch[i].pos);
     tokens.set(i, batch[i].token);
     want.set(i, batch[i].logits);
+    if (checkpoints) keep.set(i, batch[i].checkpoint_keep);
   }
   f.setRows(n);
   f.setWidth(0);

@@ -14,7 +14,8 @@ $Cxx.namespace("pico::protocol::schema");
 # 4: greedy chains (plan.chainTo, forward.chainSteps / stopTokens / chained, logits.chained).
 # 5: sessions (Envelope.session, Plan.takeOver, Capabilities.session / ownerConnected),
 #    the worker's limits (Capabilities.limits), CURVE public keys in plans, busy / limit errors.
-const protocolVersion :UInt32 = 5;
+# 6: recurrent-state checkpoints (forward.checkpointKeep), hybrid snapshots.
+const protocolVersion :UInt32 = 6;
 
 enum DType {
   f32 @0;
@@ -144,6 +145,10 @@ struct Forward {
   chainSteps @12 :UInt32;
   stopTokens @13 :List(Int32);
   chained @14 :Bool;         # sent by the last stage: sentNanos is in its clock
+  # One per row, or empty (none): > 0 makes every stage with recurrent (linear-attention)
+  # layers checkpoint the row's sequence after it, keeping at most that many checkpoints
+  # of it. Passed on by each stage; chained steps carry none.
+  checkpointKeep @15 :List(UInt8);
 }
 
 # The last stage's answer: one row per token whose wantLogits was set, in batch order,

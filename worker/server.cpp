@@ -371,15 +371,18 @@ void Server::handle_forward(const std::string& peer, Envelope::Reader env, net::
   const auto tokens = f.getTokens();
   const auto want = f.getWantLogits();
   const auto outputs = f.getLogitsOutput();
+  const auto checkpoints = f.getCheckpointKeep();
   if (rows == 0 || seqs.size() != rows || pos.size() != rows || want.size() != rows ||
-      (engine_.is_first() && tokens.size() != rows) || (outputs.size() != 0 && outputs.size() != rows)) {
+      (engine_.is_first() && tokens.size() != rows) || (outputs.size() != 0 && outputs.size() != rows) ||
+      (checkpoints.size() != 0 && checkpoints.size() != rows)) {
     report(peer, ErrorCode::BAD_REQUEST, "forward: list lengths do not match rows", step);
     return;
   }
   std::vector<model::BatchToken> batch(rows);
   for (size_t i = 0; i < rows; ++i) {
     batch[i] = {seqs[static_cast<unsigned>(i)], pos[static_cast<unsigned>(i)],
-                tokens.size() == rows ? tokens[static_cast<unsigned>(i)] : 0, want[static_cast<unsigned>(i)]};
+                tokens.size() == rows ? tokens[static_cast<unsigned>(i)] : 0, want[static_cast<unsigned>(i)],
+                checkpoints.size() == rows ? checkpoints[static_cast<unsigned>(i)] : uint8_t{0}};
   }
   std::vector<float> scratch;
   const float* hidden = nullptr;
@@ -472,6 +475,7 @@ void Server::handle_forward(const std::string& peer, Envelope::Reader env, net::
   fw.setPositions(pos);
   fw.setWantLogits(want);
   fw.setLogitsOutput(outputs);
+  fw.setCheckpointKeep(f.getCheckpointKeep());
   fw.setRows(static_cast<uint32_t>(rows));
   fw.setWidth(static_cast<uint32_t>(engine_.n_embd()));
   fw.setDtype(f.getOutputDtype());

@@ -118,7 +118,7 @@ StageEngine::StageEngine(const std::string& model_path, std::optional<model::Lay
   threads_ = threads > 0 ? threads : cpu::default_thread_count();
   be_ = backend::make_cpu_backend(threads_);
   const state::KvConfig kv = model_->kv_config(range_);
-  cache_ = std::make_unique<state::KvCache>(kv);
+  cache_ = model_->make_cache(range_);
   identity_ = protocol::model_identity(*file_);
 
   if (limits.max_rows <= 0 || limits.ctx < 0 || limits.max_sequences <= 0) {
@@ -130,7 +130,7 @@ StageEngine::StageEngine(const std::string& model_path, std::optional<model::Lay
   if (limits_.max_positions > INT32_MAX) throw std::invalid_argument("limits: --ctx beyond 2^31 positions");
   limits_.max_sequences = limits.max_sequences;
   limits_.kv_bytes_per_position = state::kv_bytes_per_position(kv);
-  limits_.state_bytes_per_sequence = 0;
+  limits_.state_bytes_per_sequence = cache_->fixed_bytes_per_sequence();
   limits_.page_positions = kv.page_positions;
   if (limits.kv_memory) {
     limits_.state_budget_bytes = *limits.kv_memory;
@@ -142,10 +142,12 @@ StageEngine::StageEngine(const std::string& model_path, std::optional<model::Lay
   const uint64_t header_room = (uint64_t{1} << 20) + 64 * static_cast<uint64_t>(limits_.max_rows);
   const uint64_t hidden = static_cast<uint64_t>(limits_.max_rows) * static_cast<uint64_t>(n_embd()) * 4;
   const uint64_t restore = std::min(
-      state::kv_bytes_for_positions(kv, limits_.max_positions) + 8 * static_cast<uint64_t>(range_.last - range_.first),
+      state::kv_bytes_for_positions(kv, limits_.max_positions) + 8 * static_cast<uint64_t>(range_.last - range_.first) +
+          limits_.state_bytes_per_sequence + 1024,
       limits_.state_budget_bytes);
   limits_.max_message_bytes = std::max(hidden, restore) + header_room;
-  const uint64_t one_sequence = state::kv_bytes_for_positions(kv, limits_.max_positions);
+  const uint64_t one_sequence =
+      state::kv_bytes_for_positions(kv, limits_.max_positions) + limits_.state_bytes_per_sequence;
   if (limits.kv_memory) {
     spdlog::info("KV budget {} bytes ({}, --kv-memory); one sequence of {} positions takes {} bytes",
                  limits_.state_budget_bytes, mib(limits_.state_budget_bytes), limits_.max_positions, one_sequence);
@@ -173,6 +175,7 @@ void StageEngine::check_limits(std::span<const model::BatchToken> batch,
       held_by_batch += cache_->sequence(seq_id).bytes_used();
     } else {
       ++fresh;
+      after += cache_->fixed_bytes_per_sequence();  // a new sequence's recurrent state
     }
     after += state::kv_bytes_for_positions(cache_->config(), n);
   }
@@ -209,13 +212,24 @@ std::vector<float> StageEngine::forward(std::span<const model::BatchToken> batch
                        std::to_string(limits_.max_positions - 1) + ")");
     }
     auto [it, fresh] = next_pos.try_emplace(t.seq_id, 0);
-    if (fresh) it->second = cache_->contains(t.seq_id) ? cache_->sequence(t.seq_id).n_pos() : 0;
+    if (fresh) it->second = cache_->positions(t.seq_id);
     const int64_t n_pos = it->second;
     if (fresh && t.pos < n_pos) rewind[t.seq_id] = t.pos;
     it->second = t.pos + 1;
     if (t.pos > n_pos || (!fresh && t.pos != n_pos)) {
       throw std::invalid_argument("sequence " + std::to_string(t.seq_id) + ": position " + std::to_string(t.pos) +
                                   " leaves a gap after " + std::to_string(n_pos) + " cached positions");
+    }
+  }
+  for (const auto& [seq_id, pos] : rewind) {
+    if (!cache_->can_truncate(seq_id, pos)) {
+      throw std::invalid_argument("sequence " + std::to_string(seq_id) + ": cannot go back to position " +
+                                  std::to_string(pos) + ": its recurrent state has no checkpoint there");
+    }
+  }
+  for (const auto& t : batch) {
+    if (t.checkpoint_keep > 0 && !cache_->recurrent_config()) {
+      throw std::invalid_argument("a checkpoint asked of a stage without recurrent layers");
     }
   }
   check_limits(batch, next_pos);
@@ -230,19 +244,21 @@ std::vector<float> StageEngine::forward(std::span<const model::BatchToken> batch
 }
 
 std::optional<StageEngine::Snapshot> StageEngine::snapshot(int32_t seq_id) const {
-  if (!cache_->contains(seq_id)) return std::nullopt;
-  const state::SequenceState& state = cache_->sequence(seq_id);
-  return Snapshot{state.n_pos(), state.snapshot()};
+  auto bytes = cache_->snapshot(seq_id);
+  if (!bytes) return std::nullopt;
+  return Snapshot{cache_->positions(seq_id), std::move(*bytes)};
 }
 
 void StageEngine::restore(int32_t seq_id, std::span<const uint8_t> bytes) {
   // Every claimed length checked against the bytes, then against the limits, before
   // anything is allocated; restored into a fresh state that then replaces the
   // sequence's, so that a refused snapshot leaves it as it was.
-  state::KvState restored(cache_->config());
-  const std::vector<int64_t> positions = restored.snapshot_positions(bytes);
+  const state::KvCache::SnapshotParts parts = cache_->split_snapshot(bytes);
+  const state::KvState kv(cache_->config());
+  const std::vector<int64_t> positions = kv.snapshot_positions(parts.kv);
   int64_t n = 0;
   for (int64_t p : positions) n = std::max(n, p);
+  if (const auto& rc = cache_->recurrent_config()) n = std::max(n, state::RecurrentState(*rc).snapshot_positions(parts.recurrent));
   if (n > limits_.max_positions) {
     throw LimitError("restore of " + std::to_string(n) + " positions exceeds --ctx " +
                      std::to_string(limits_.max_positions));
@@ -252,14 +268,14 @@ void StageEngine::restore(int32_t seq_id, std::span<const uint8_t> bytes) {
     throw LimitError("restore would hold " + std::to_string(cache_->size() + 1) +
                      " sequences, exceeding --max-sequences " + std::to_string(limits_.max_sequences));
   }
-  const uint64_t held = cache_->bytes_used() - (open ? cache_->sequence(seq_id).bytes_used() : 0);
-  const uint64_t total = held + state::kv_bytes_for_positions(cache_->config(), n);
+  const uint64_t held = cache_->bytes_used() - cache_->bytes_used(seq_id);
+  const uint64_t total =
+      held + state::kv_bytes_for_positions(cache_->config(), n) + cache_->fixed_bytes_per_sequence();
   if (total > limits_.state_budget_bytes) {
     throw LimitError("restore of " + std::to_string(n) + " positions would hold " + std::to_string(total) +
                      " bytes of KV, exceeding --kv-memory " + std::to_string(limits_.state_budget_bytes));
   }
-  restored.restore(bytes);
-  cache_->sequence(seq_id) = std::move(restored);
+  cache_->restore(seq_id, bytes);
 }
 
 }  // namespace pico::worker

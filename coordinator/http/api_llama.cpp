@@ -184,6 +184,12 @@ awaitable<void> slots(Session& s) {
               {"is_processing", slot.processing},
               {"state", !slot.processing ? "idle" : slot.prefill ? "prefill" : "decode"},
               {"n_past", slot.n_past}};
+    if (s.state.engine.options().recurrent) {
+      // A hybrid model's recurrent-state checkpoints (what a prefix reuse can go back to).
+      j["checkpoints"] = {{"count", slot.checkpoints.size()},
+                          {"positions", slot.checkpoints},
+                          {"bytes", slot.checkpoint_bytes}};
+    }
     if (slot.processing) {
       j["id_task"] = slot.task;
       j["n_prompt_tokens"] = slot.n_prompt;
@@ -228,6 +234,10 @@ awaitable<void> metrics(Session& s) {
          m.kept_sequences);
   metric("pico:kept_tokens", "gauge", "KV positions held by the kept sequences.", static_cast<double>(m.kept_tokens));
   metric("pico:steps_total", "counter", "Pipeline steps completed.", static_cast<double>(m.steps));
+  metric("pico:checkpoints", "gauge", "Recurrent-state checkpoints the sequences hold (hybrid models).",
+         static_cast<double>(m.checkpoints));
+  metric("pico:checkpoint_bytes", "gauge", "Bytes of those checkpoints over every stage.",
+         static_cast<double>(m.checkpoint_bytes));
   // Per stage, as reported by the stages when the engine was last idle.
   auto stage_metric = [&](const char* name, const char* help, auto field) {
     o << "# HELP " << name << ' ' << help << "\n# TYPE " << name << " gauge\n";

@@ -10,7 +10,7 @@
 
 namespace pico::model {
 
-enum class Arch { llama, qwen2, qwen3, qwen3moe, gpt2, gemma3 };
+enum class Arch { llama, qwen2, qwen3, qwen3moe, qwen35, qwen35moe, qwen3next, gpt2, gemma3 };
 enum class RopeScaling { none, linear, yarn };
 
 struct Hparams {
@@ -49,6 +49,21 @@ struct Hparams {
   int64_t n_expert_used = 0;
   int64_t n_ff_exp = 0;
   bool expert_weights_norm = false;
+  int64_t n_ff_shexp = 0;  // the shared expert's width (qwen35moe, qwen3next); 0: none
+  // Hybrid models (qwen35, qwen35moe, qwen3next): which layers are linear attention
+  // (Gated DeltaNet) and that layer's shape; the others are gated full attention.
+  std::vector<bool> recurrent_layers;
+  int64_t ssm_conv_kernel = 0;  // taps of the causal conv
+  int64_t ssm_d_state = 0;      // head dim of the linear layers' keys and values
+  int64_t ssm_n_k_heads = 0;    // ssm.group_count
+  int64_t ssm_n_v_heads = 0;    // ssm.time_step_rank
+  int64_t ssm_d_inner = 0;      // ssm_d_state * ssm_n_v_heads
+
+  bool is_recurrent(int64_t layer) const {
+    return layer >= 0 && static_cast<size_t>(layer) < recurrent_layers.size() && recurrent_layers[static_cast<size_t>(layer)];
+  }
+  bool is_hybrid() const { return !recurrent_layers.empty(); }
+  int64_t ssm_conv_channels() const { return 2 * ssm_n_k_heads * ssm_d_state + ssm_d_inner; }
 
   bool is_swa(int64_t layer) const {
     return n_swa > 0 && layer >= 0 && static_cast<size_t>(layer) < swa_layers.size() && swa_layers[static_cast<size_t>(layer)];

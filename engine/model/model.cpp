@@ -20,6 +20,9 @@ std::unique_ptr<Model> Model::load(const gguf::Model& file) {
     case Arch::qwen2: model = make_qwen2(file, std::move(hp)); break;
     case Arch::qwen3: model = make_qwen3(file, std::move(hp)); break;
     case Arch::qwen3moe: model = make_qwen3moe(file, std::move(hp)); break;
+    case Arch::qwen35:
+    case Arch::qwen35moe: model = make_qwen35(file, std::move(hp)); break;
+    case Arch::qwen3next: model = make_qwen3next(file, std::move(hp)); break;
     case Arch::gpt2: model = make_gpt2(file, std::move(hp)); break;
     case Arch::gemma3: model = make_gemma3(file, std::move(hp)); break;
   }
@@ -94,6 +97,22 @@ state::KvConfig Model::kv_config(LayerRange range, GgmlType k_type, GgmlType v_t
   c.head_dim_v = hp_.head_dim_v;
   c.k_type = k_type;
   c.v_type = v_type;
+  if (hp_.is_hybrid()) {
+    for (int32_t il = range.first; il < range.last; ++il) c.attention.push_back(!hp_.is_recurrent(il));
+  }
+  return c;
+}
+
+std::optional<state::RecurrentConfig> Model::recurrent_config(LayerRange range) const {
+  state::RecurrentConfig c;
+  c.first_layer = range.first;
+  c.last_layer = range.last;
+  for (int32_t il = range.first; il < range.last; ++il) c.recurrent.push_back(hp_.is_recurrent(il));
+  if (c.layers() == 0) return std::nullopt;
+  c.conv_taps = hp_.ssm_conv_kernel;
+  c.conv_channels = hp_.ssm_conv_channels();
+  c.n_v_heads = hp_.ssm_n_v_heads;
+  c.head_dim = hp_.ssm_d_state;
   return c;
 }
 
@@ -183,7 +202,12 @@ void Model::project_qkv(ForwardContext& ctx, const LayerWeights& lw, const float
 }
 
 void Model::gated_ffn(ForwardContext& ctx, const LayerWeights& lw, const float* xn, bool gelu, float* out) const {
-  const int64_t n = ctx.n_tokens(), ff = hp_.n_ff;
+  swiglu(ctx, lw.ffn_gate, lw.ffn_up, lw.ffn_down, hp_.n_ff, xn, gelu, out);
+}
+
+void Model::swiglu(ForwardContext& ctx, const Weight& gate_w, const Weight& up_w, const Weight& down_w, int64_t ff,
+                   const float* xn, bool gelu, float* out) const {
+  const int64_t n = ctx.n_tokens();
   // Per-thread scratch, kept between calls: a prompt's gate and up are megabytes, and
   // allocating (and zeroing) them in every layer cost page faults and memsets.
   thread_local std::vector<float> gate_buffer, up_buffer;
@@ -192,7 +216,7 @@ void Model::gated_ffn(ForwardContext& ctx, const LayerWeights& lw, const float* 
   if (up_buffer.size() < size) up_buffer.resize(size);
   float* gate = gate_buffer.data();
   float* up = up_buffer.data();
-  const Weight ws[2] = {lw.ffn_gate, lw.ffn_up};
+  const Weight ws[2] = {gate_w, up_w};
   float* const ys[2] = {gate, up};
   ctx.be.matmul_many(ws, xn, n, ys);
   if (gelu) {
@@ -201,7 +225,7 @@ void Model::gated_ffn(ForwardContext& ctx, const LayerWeights& lw, const float* 
     ctx.be.silu(gate, ff, n, gate);
   }
   ctx.be.mul(gate, up, ff, n, n, gate);
-  ctx.be.matmul(lw.ffn_down, gate, n, out);
+  ctx.be.matmul(down_w, gate, n, out);
 }
 
 void Model::moe_ffn(ForwardContext& ctx, const LayerWeights& lw, const float* xn, float* out) const {
@@ -248,7 +272,7 @@ void Model::load_gated_ffn(int32_t il, LayerWeights& l) {
 
 void Model::load_moe_ffn(int32_t il, LayerWeights& l) {
   const int64_t e = hp_.n_embd, ff = hp_.n_ff_exp, n_expert = hp_.n_expert;
-  l.ffn_norm = vec(blk(il, "ffn_norm.weight"), e);
+  if (!l.ffn_norm) l.ffn_norm = vec(blk(il, "ffn_norm.weight"), e);  // hybrids load post_attention_norm
   l.ffn_gate_inp = matrix(blk(il, "ffn_gate_inp.weight"), e, n_expert);
   l.ffn_exps.gate = expert_stack(blk(il, "ffn_gate_exps.weight"), e, ff, n_expert);
   l.ffn_exps.up = expert_stack(blk(il, "ffn_up_exps.weight"), e, ff, n_expert);
@@ -284,6 +308,39 @@ std::vector<float> Model::forward(backend::Backend& be, std::span<const BatchTok
   if (kc.first_layer > range.first || kc.last_layer < range.last) {
     throw std::invalid_argument("forward: the KV cache does not hold these layers");
   }
+  const bool recurrent = recurrent_config(range).has_value();
+  if (recurrent && (!cache.recurrent_config() || cache.recurrent_config()->first_layer != range.first ||
+                    cache.recurrent_config()->last_layer != range.last)) {
+    throw std::invalid_argument("forward: the cache holds no recurrent state for these layers");
+  }
+  if (!recurrent) return forward_part(be, batch, hidden, range, cache);
+  // A checkpoint is the state right after its token: run the batch in stretches that end
+  // at such tokens (a token's result does not depend on the stretch it runs in).
+  std::vector<float> out;
+  size_t begin = 0;
+  while (begin < batch.size()) {
+    size_t end = begin;
+    while (end + 1 < batch.size() && batch[end].checkpoint_keep == 0) ++end;
+    ++end;
+    const auto part = batch.subspan(begin, end - begin);
+    std::vector<float> result = forward_part(be, part, hidden ? hidden + begin * static_cast<size_t>(hp_.n_embd) : nullptr,
+                                             range, cache);
+    // The sequences' recurrent states now hold their tokens.
+    for (const BatchToken& t : part) cache.recurrent(t.seq_id).set_n_pos(t.pos + 1);
+    const BatchToken& last = part.back();
+    if (last.checkpoint_keep > 0) cache.recurrent(last.seq_id).checkpoint(last.checkpoint_keep);
+    if (out.empty()) {
+      out = std::move(result);
+    } else {
+      out.insert(out.end(), result.begin(), result.end());
+    }
+    begin = end;
+  }
+  return out;
+}
+
+std::vector<float> Model::forward_part(backend::Backend& be, std::span<const BatchToken> batch, const float* hidden,
+                                       LayerRange range, state::KvCache& cache) const {
   ForwardContext ctx{be, batch, cache, {}};
   const int64_t n = ctx.n_tokens();
   if (n == 0) return {};

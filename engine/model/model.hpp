@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -47,6 +48,19 @@ struct LayerWeights {
   // Mixture of experts (qwen3moe): the router {n_embd, n_expert} and the experts.
   Weight ffn_gate_inp;
   ExpertWeights ffn_exps;
+  // The shared expert beside them (qwen35moe, qwen3next): its scalar gate (one row of
+  // n_embd) and its SwiGLU FFN.
+  Weight ffn_gate_inp_shexp;
+  Weight ffn_gate_shexp, ffn_up_shexp, ffn_down_shexp;
+  // Linear attention (Gated DeltaNet; qwen35, qwen35moe, qwen3next).
+  Weight ssm_qkv;               // attn_qkv: the conv's input, Q | K | V
+  Weight ssm_z;                 // attn_gate: the output gate
+  Weight ssm_beta, ssm_alpha;   // qwen35: per value head
+  Weight ssm_ba;                // qwen3next: beta and alpha, per key head group
+  Vec ssm_conv;                 // the conv's weights, tap-major (taps rows of channels)
+  Vec ssm_dt_bias, ssm_a;       // per value head
+  Vec ssm_norm;                 // per head (head_dim)
+  Weight ssm_out;
 };
 
 struct Weights {
@@ -62,6 +76,9 @@ struct BatchToken {
   int32_t pos = 0;
   int32_t token = 0;  // used by the stage holding layer 0
   bool logits = true; // the last stage returns this token's logits
+  // > 0: after this token every stage checkpoints the sequence's recurrent state
+  // (hybrid models), keeping at most this many checkpoints of it.
+  uint8_t checkpoint_keep = 0;
 };
 
 struct LayerRange {
@@ -88,8 +105,15 @@ class Model {
   const Weights& weights() const { return w_; }
   LayerRange all_layers() const { return {0, static_cast<int32_t>(hp_.n_layer)}; }
 
-  // The KV cache configuration for a stage's layers.
+  // The KV cache configuration for a stage's layers (a hybrid model's attention layers
+  // only), and the recurrent state's (nullopt when the range has no linear layer).
   state::KvConfig kv_config(LayerRange range, GgmlType k_type = GgmlType::F16, GgmlType v_type = GgmlType::F16) const;
+  std::optional<state::RecurrentConfig> recurrent_config(LayerRange range) const;
+  // The state a stage keeps for its sequences: kv_config's cache with recurrent_config's state.
+  std::unique_ptr<state::KvCache> make_cache(LayerRange range, GgmlType k_type = GgmlType::F16,
+                                             GgmlType v_type = GgmlType::F16) const {
+    return std::make_unique<state::KvCache>(kv_config(range, k_type, v_type), recurrent_config(range));
+  }
 
   // Runs layers [range.first, range.last) for `batch`. The stage holding layer 0
   // embeds the batch's tokens; other stages take `hidden` (batch.size() rows of
@@ -115,6 +139,10 @@ class Model {
   // A 3-D tensor {cols, rows, n_expert}: n_expert matrices, as a view.
   ExpertStack expert_stack(const std::string& name, int64_t cols, int64_t rows, int64_t n_expert) const;
   Vec vec(const std::string& name, int64_t n, bool required = true);
+  // Keeps values the model made (a transposed copy) for its lifetime.
+  Vec own(std::vector<float> values);
+  // A 1-D tensor of n values as a matrix of one row (a gate vector dotted with the input).
+  Weight row_matrix(const std::string& name, int64_t n) const;
   static std::string blk(int32_t il, const std::string& name) { return "blk." + std::to_string(il) + "." + name; }
   // The weights most families share: attn_norm and separate Q, K, V, output
   // projections; optional Q/K/V biases; per-head Q/K norms; a gated FFN with ffn_norm.
@@ -162,6 +190,28 @@ class Model {
   // The mixture of experts: router logits, top-k routing, then the chosen experts'
   // SwiGLU FFNs weighted by their routing weights.
   void moe_ffn(ForwardContext& ctx, const LayerWeights& lw, const float* xn, float* out) const;
+  // The shared expert's FFN, gated per token by sigmoid(ffn_gate_inp_shexp . xn), added to out.
+  void add_shared_expert(ForwardContext& ctx, const LayerWeights& lw, const float* xn, float* out) const;
+  // gated_ffn over explicit weights of width ff.
+  void swiglu(ForwardContext& ctx, const Weight& gate, const Weight& up, const Weight& down, int64_t ff,
+              const float* xn, bool gelu, float* out) const;
+
+  // Hybrid models (gated_delta_net.cpp). The gated attention layer: Q and its output
+  // gate interleaved per head in attn_q, per-head Q/K norms, partial RoPE, then the
+  // output times sigmoid(gate). Returns tokens rows of n_embd (before the residual).
+  void gated_attention(ForwardContext& ctx, int32_t il, const float* xn, float* out) const;
+  // The Gated DeltaNet layer over xn: projections, causal conv with state, SiLU, L2
+  // norms, the delta rule, the gated RMSNorm and ssm_out. grouped_heads: value head h
+  // reads key head h / (H_v / H_k) (qwen3next) rather than h % H_k (qwen35).
+  void gated_delta_net(ForwardContext& ctx, int32_t il, const float* xn, bool grouped_heads, float* out) const;
+  // x += mixer(rms_norm(x)); x += ffn(rms_norm(x; post_attention_norm)), the mixer
+  // gated attention or the delta net by the layer's kind, the FFN dense or MoE (with
+  // its shared expert) by its weights.
+  void hybrid_layer(ForwardContext& ctx, int32_t il, float* x, bool grouped_heads) const;
+  // Loading: attn_norm, post_attention_norm (as ffn_norm) and the layer's mixer.
+  void load_hybrid_mixer(int32_t il, LayerWeights& l, bool fused_beta_alpha);
+  void load_shared_expert(int32_t il, LayerWeights& l);
+
   // x += o, rows of n_embd.
   void residual(ForwardContext& ctx, float* x, const float* o) const;
   // The llama-family layer: x += wo(attention(rms_norm(x))); x += ffn(rms_norm(x)),
@@ -175,6 +225,9 @@ class Model {
 
  private:
   void load_all();
+  // One stretch of forward(): the tokens up to a checkpoint (see BatchToken).
+  std::vector<float> forward_part(backend::Backend& be, std::span<const BatchToken> batch, const float* hidden,
+                                  LayerRange range, state::KvCache& cache) const;
   std::vector<std::vector<float>> owned_;  // converted vectors
 };
 
@@ -183,6 +236,8 @@ std::unique_ptr<Model> make_llama(const gguf::Model& file, Hparams hp);
 std::unique_ptr<Model> make_qwen2(const gguf::Model& file, Hparams hp);
 std::unique_ptr<Model> make_qwen3(const gguf::Model& file, Hparams hp);
 std::unique_ptr<Model> make_qwen3moe(const gguf::Model& file, Hparams hp);
+std::unique_ptr<Model> make_qwen35(const gguf::Model& file, Hparams hp);  // and qwen35moe
+std::unique_ptr<Model> make_qwen3next(const gguf::Model& file, Hparams hp);
 std::unique_ptr<Model> make_gpt2(const gguf::Model& file, Hparams hp);
 std::unique_ptr<Model> make_gemma3(const gguf::Model& file, Hparams hp);
 

@@ -150,7 +150,7 @@ struct Loaded {
     std::error_code ec;
     fs::remove(path, ec);
   }
-  state::KvCache cache(LayerRange r) const { return state::KvCache(model->kv_config(r)); }
+  state::KvCache cache(LayerRange r) const { return state::KvCache(model->kv_config(r), model->recurrent_config(r)); }
 };
 
 std::vector<int32_t> prompt(int n, int salt) {

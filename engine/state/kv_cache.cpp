@@ -369,6 +369,12 @@ size_t KvCache::bytes_used() const {
   return total;
 }
 
+size_t KvCache::bytes_used(int32_t seq_id) const {
+  auto it = sequences_.find(seq_id);
+  if (it == sequences_.end()) return 0;
+  return it->second.kv->bytes_used() + (it->second.recurrent ? it->second.recurrent->bytes_used() : 0);
+}
+
 uint64_t KvCache::fixed_bytes_per_sequence() const {
   return recurrent_ ? recurrent_bytes_per_sequence(*recurrent_) : 0;
 }

@@ -150,6 +150,7 @@ class KvCache {
   // Throws std::invalid_argument, changing nothing, when it cannot be done.
   void truncate(int32_t seq_id, int64_t pos);
   size_t bytes_used() const;  // KV, recurrent state and checkpoints
+  size_t bytes_used(int32_t seq_id) const;  // one sequence's (0 when it is not open)
   size_t size() const { return sequences_.size(); }
   // Fixed bytes per open sequence (its recurrent state; 0 without one).
   uint64_t fixed_bytes_per_sequence() const;

@@ -105,7 +105,7 @@ class PicoEngine {
       : file_(gguf::Model::open(path)),
         model_(model::Model::load(*file_)),
         be_(backend::make_cpu_backend(kThreads, numerics)),
-        cache_(model_->kv_config(model_->all_layers())) {}
+        cache_(model_->kv_config(model_->all_layers()), model_->recurrent_config(model_->all_layers())) {}
 
   int64_t n_vocab() const { return model_->hparams().n_vocab; }
 

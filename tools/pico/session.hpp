@@ -55,6 +55,7 @@ struct Session {
   std::unique_ptr<state::KvCache> cache;
   int batch = 64;
   int32_t n_past = 0;
+  static constexpr uint8_t kCheckpoints = 3;
 
   explicit Session(const EngineOptions& o) {
     file = gguf::Model::open(o.model_path);
@@ -62,8 +63,7 @@ struct Session {
     be = backend::make_cpu_backend(o.threads > 0 ? o.threads : cpu::default_thread_count(),
                                    o.llama_numerics ? backend::BatchNumerics::as_llama_cpp
                                                     : backend::BatchNumerics::invariant);
-    cache = std::make_unique<state::KvCache>(
-        model->kv_config(model->all_layers(), kv_type(o.ctk), kv_type(o.ctv)));
+    cache = model->make_cache(model->all_layers(), kv_type(o.ctk), kv_type(o.ctv));
     batch = o.batch;
   }
 
@@ -77,6 +77,9 @@ struct Session {
       const size_t end = std::min(ids.size(), start + static_cast<size_t>(batch));
       std::vector<model::BatchToken> tokens;
       for (size_t i = start; i < end; ++i) tokens.push_back({0, n_past++, ids[i], all_rows || i + 1 == ids.size()});
+      // A hybrid model's recurrent state cannot be cut back: keep a checkpoint after the
+      // last token so that the next evaluation can reuse what this one computed.
+      if (end == ids.size() && model->hparams().is_hybrid()) tokens.back().checkpoint_keep = kCheckpoints;
       const std::vector<float> logits = model->forward(*be, tokens, nullptr, model->all_layers(), *cache);
       if (all_rows) {
         for (size_t i = start; i < end; ++i) row(i, logits.data() + (i - start) * static_cast<size_t>(n_vocab()));
@@ -118,6 +121,14 @@ inline void evaluate_reusing_prefix(Session& s, std::vector<int32_t>& cache_ids,
   size_t keep = 0;
   while (keep < cache_ids.size() && keep < ids.size() && cache_ids[keep] == ids[keep]) ++keep;
   if (keep == ids.size() && keep > 0) --keep;
+  // A hybrid model goes back to its newest checkpoint at or below the common prefix.
+  if (const state::RecurrentState* r = s.cache->find_recurrent(0); r && !r->can_truncate(static_cast<int64_t>(keep))) {
+    size_t best = 0;
+    for (int64_t p : r->checkpoint_positions()) {
+      if (p <= static_cast<int64_t>(keep)) best = static_cast<size_t>(p);
+    }
+    keep = best;
+  }
   s.cache->truncate(0, static_cast<int64_t>(keep));
   s.n_past = static_cast<int32_t>(keep);
   const std::vector<int32_t> rest(ids.begin() + static_cast<std::ptrdiff_t>(keep), ids.end());

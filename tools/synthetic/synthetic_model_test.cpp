@@ -261,7 +261,7 @@ TEST(SyntheticModel, Qwen3MoeRoutingIsVaried) {
   auto model = model::Model::load(*file);
   auto cpu = backend::make_cpu_backend(2);
   backend::RecordingBackend be(*cpu);
-  state::KvCache cache(model->kv_config(model->all_layers()));
+  state::KvCache cache(model->kv_config(model->all_layers()), model->recurrent_config(model->all_layers()));
   std::vector<model::BatchToken> batch;
   for (int32_t i = 0; i < 48; ++i) batch.push_back({0, i, (i * 7919 + 13) % 50000, true});
   model->forward(be, batch, nullptr, model->all_layers(), cache);
