@@ -576,12 +576,19 @@ class CpuBackend final : public Backend {
       routed[static_cast<size_t>(e)].push_back(i);
     }
     // Each pair's expert output before weighting: rows of n_embd by (token, slot).
-    thread_local std::vector<float> expert_out, rows_in, gate, up, rows_out;
+    thread_local std::vector<float> expert_out;
     expert_out.resize(static_cast<size_t>(tokens * k * n_embd));
+    float* const all_pairs = expert_out.data();
+    std::vector<int64_t> active;
     for (int64_t e = 0; e < n_expert; ++e) {
+      if (!routed[static_cast<size_t>(e)].empty()) active.push_back(e);  // an expert nobody chose is never read
+    }
+    // One expert's SwiGLU over its rows. `across`: called from a pool task (one expert
+    // per thread), so its matmuls run on that thread alone; else each matmul uses the pool.
+    auto run_expert = [&](int64_t e, bool across) {
       const std::vector<int64_t>& pairs = routed[static_cast<size_t>(e)];
-      if (pairs.empty()) continue;  // an expert nobody chose is never read
       const auto m = static_cast<int64_t>(pairs.size());
+      thread_local std::vector<float> rows_in, gate, up, rows_out;
       rows_in.resize(static_cast<size_t>(m * n_embd));
       for (int64_t r = 0; r < m; ++r) {
         std::memcpy(rows_in.data() + r * n_embd, x + (pairs[static_cast<size_t>(r)] / k) * n_embd,
@@ -590,21 +597,39 @@ class CpuBackend final : public Backend {
       gate.resize(static_cast<size_t>(m * n_ff));
       up.resize(static_cast<size_t>(m * n_ff));
       rows_out.resize(static_cast<size_t>(m * n_embd));
-      const Weight gate_up[2] = {w.gate.expert(e), w.up.expert(e)};
-      float* const gate_up_out[2] = {gate.data(), up.data()};
-      matmul_many(gate_up, rows_in.data(), m, gate_up_out);
-      silu(gate.data(), n_ff, m, gate.data());
-      mul(gate.data(), up.data(), n_ff, m, m, gate.data());
-      matmul(w.down.expert(e), gate.data(), m, rows_out.data());
+      const Weight gate_w = w.gate.expert(e), up_w = w.up.expert(e), down_w = w.down.expert(e);
+      if (across) {
+        // Matmuls are batch- and thread-invariant: the same numbers as the pooled path.
+        cpu::matmul(pool_, gate_w.type, gate_w.data, gate_w.rows, gate_w.cols, rows_in.data(), m, gate.data());
+        cpu::matmul(pool_, up_w.type, up_w.data, up_w.rows, up_w.cols, rows_in.data(), m, up.data());
+        for (int64_t r = 0; r < m; ++r) cpu::active_kernels().silu_row(gate.data() + r * n_ff, n_ff, gate.data() + r * n_ff);
+        for (int64_t i = 0; i < m * n_ff; ++i) gate[static_cast<size_t>(i)] *= up[static_cast<size_t>(i)];
+        cpu::matmul(pool_, down_w.type, down_w.data, down_w.rows, down_w.cols, gate.data(), m, rows_out.data());
+      } else {
+        const Weight gate_up[2] = {gate_w, up_w};
+        float* const gate_up_out[2] = {gate.data(), up.data()};
+        matmul_many(gate_up, rows_in.data(), m, gate_up_out);
+        silu(gate.data(), n_ff, m, gate.data());
+        mul(gate.data(), up.data(), n_ff, m, m, gate.data());
+        matmul(down_w, gate.data(), m, rows_out.data());
+      }
       for (int64_t r = 0; r < m; ++r) {
-        std::memcpy(expert_out.data() + pairs[static_cast<size_t>(r)] * n_embd, rows_out.data() + r * n_embd,
+        std::memcpy(all_pairs + pairs[static_cast<size_t>(r)] * n_embd, rows_out.data() + r * n_embd,
                     static_cast<size_t>(n_embd) * sizeof(float));
       }
+    };
+    // Decoding (a few rows per expert): one expert per thread, instead of splitting
+    // each small matmul over the pool; a prompt's big per-expert matmuls split instead.
+    const auto n_active = static_cast<int64_t>(active.size());
+    if (n_active >= 2 && pool_.size() > 1 && tokens * k <= kRowsPerExpertAcross * n_active) {
+      pool_.parallel_for(n_active, [&](int64_t i, int) { run_expert(active[static_cast<size_t>(i)], true); });
+    } else {
+      for (int64_t e : active) run_expert(e, false);
     }
     // Weighted sum in slot order, w_0 y_0 + w_1 y_1 + ..., each product rounded (as
     // llama.cpp multiplies, then adds its per-slot views). The pool's threads have
     // their own thread_locals: they get this thread's buffer by pointer.
-    const float* all_out = expert_out.data();
+    const float* all_out = all_pairs;
     for_rows(tokens, n_embd * k, [&](int64_t t) {
       float* o = out + t * n_embd;
       const float* y = all_out + t * k * n_embd;
@@ -619,6 +644,8 @@ class CpuBackend final : public Backend {
   }
 
  private:
+  // moe_ffn runs one expert per thread when its experts average at most this many rows.
+  static constexpr int64_t kRowsPerExpertAcross = 8;
   // Elementwise work below this many values runs on the calling thread (decode steps).
   static constexpr int64_t kParallelMin = 16384;
 
