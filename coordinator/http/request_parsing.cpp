@@ -68,6 +68,7 @@ struct Parse {
   int64_t n = 1;
   std::optional<int64_t> top_logprobs;
   tokenizer::ChatOptions chat;
+  bool no_thinking = false;  // reasoning_effort "none"
 };
 
 // A generation endpoint reads a field when its bit is set.
@@ -371,7 +372,16 @@ const Field kGenerationFields[] = {
     {"audio", kChat, [](Parse&, const std::string& n, const json&) { unsupported(n); }},
     {"prediction", kChat, [](Parse&, const std::string& n, const json&) { unsupported(n); }},
     {"web_search_options", kChat, [](Parse&, const std::string& n, const json&) { unsupported(n); }},
-    {"reasoning_effort", kChat, [](Parse&, const std::string& n, const json&) { unsupported(n); }},
+    // llama-server: "none" turns thinking off (whatever chat_template_kwargs say); other
+    // efforts go to templates that read them, which pico's formats do not.
+    {"reasoning_effort", kChat,
+     [](Parse& p, const std::string& n, const json& v) {
+       if (string(n, v) != "none") {
+         throw ApiError(400, "'" + n + "' '" + v.get<std::string>() + "' is not supported (only 'none')",
+                        "invalid_request_error", "unsupported_field", n);
+       }
+       p.no_thinking = true;
+     }},
     {"store", kChat, [](Parse&, const std::string& n, const json& v) { neutral_only(n, v, is_false); }},
     {"chat_template_kwargs", kChat,
      [](Parse& p, const std::string& n, const json& v) { p.chat = parse_chat_template_kwargs(n, v); }},
@@ -528,7 +538,7 @@ json parse_json_body(std::string_view text) {
 
 ParsedGeneration parse_generation_request(const ParseContext& ctx, Endpoint endpoint, const json& body) {
   if (!body.is_object()) throw ApiError(400, "the request body must be a JSON object");
-  Parse p{ctx, endpoint, body, {}, {}, 1, std::nullopt, {}};
+  Parse p{ctx, endpoint, body, {}, {}, 1, std::nullopt, {}, false};
   p.out.reasoning.format = ctx.reasoning_format;
   // Defaults: llama.cpp's n_predict -1 (until end of generation or the context);
   // OpenAI's max_tokens 16 for completions, none for chat.
@@ -543,6 +553,7 @@ ParsedGeneration parse_generation_request(const ParseContext& ctx, Endpoint endp
   if (endpoint == Endpoint::ChatCompletions) {
     if (p.top_logprobs && !p.out.logprobs) invalid("top_logprobs", "needs 'logprobs': true");
     if (p.out.logprobs) p.req.logprobs = static_cast<int>(p.top_logprobs.value_or(0));
+    if (p.no_thinking) p.chat.enable_thinking = false;
     p.req.prompt = ctx.tok.encode(render_chat(ctx, body, p.chat), true, true);
     if (const auto tags = ctx.chat->thinking_tags()) {
       const tokenizer::ReplyStart start = ctx.chat->reply_start(p.chat);

@@ -137,6 +137,8 @@ TEST(RequestParsing, EachInvalidFieldIsRefusedByName) {
       {7, "reasoning_format", "thinky", "reasoning_format"},
       {7, "reasoning_format", 5, "reasoning_format"},
       {4, "chat_template_kwargs", 5, "chat_template_kwargs"},
+      {4, "reasoning_effort", "high", "reasoning_effort"},
+      {4, "reasoning_effort", 1, "reasoning_effort"},
       {4, "chat_template_kwargs", {{"enable_thinking", "false"}}, "chat_template_kwargs.enable_thinking"},
       {4, "chat_template_kwargs", {{"add_vision_id", true}}, "chat_template_kwargs.add_vision_id"},
       {4, "messages", json::array({{{"role", "assistant"}, {"content", "x"}, {"reasoning_content", 5}}}),
@@ -343,6 +345,11 @@ TEST(RequestParsing, ThinkingFormatsAndReasoning) {
   EXPECT_EQ(g.choices[0].prompt,
             tokens("<|im_start|>user\na b<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"));
   EXPECT_FALSE(g.reasoning.separates());
+  // reasoning_effort "none" turns thinking off, whatever the kwargs say.
+  body["chat_template_kwargs"] = {{"enable_thinking", true}};
+  body["reasoning_effort"] = "none";
+  EXPECT_EQ(prompt_of(body), tokens("<|im_start|>user\na b<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"));
+  body.erase("reasoning_effort");
   body.erase("chat_template_kwargs");
 
   // reasoning_format per request, and the server's default.

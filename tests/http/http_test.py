@@ -312,6 +312,8 @@ def reasoning_main():
     m = b["choices"][0]["message"] if s == 200 else {}
     check(s == 200 and m.get("content") == text and "reasoning_content" not in m,
           "enable_thinking false: the reply is content, tags and all (%r)" % m)
+    s, b = api.json("POST", "/v1/chat/completions", dict(chat, logit_bias=force, reasoning_effort="none"))
+    check(s == 200 and b["choices"][0]["message"].get("content") == text, "reasoning_effort none: the same")
 
     # /v1/completions keeps the raw text too.
     s, b = api.json("POST", "/v1/completions", {"prompt": thinking, "max_tokens": 8, "temperature": 0,
@@ -323,6 +325,7 @@ def reasoning_main():
                         (dict(chat, chat_template_kwargs={"enable_thinking": "false"}), "chat_template_kwargs.enable_thinking"),
                         (dict(chat, chat_template_kwargs={"add_vision_id": True}), "chat_template_kwargs.add_vision_id"),
                         (dict(chat, chat_template_kwargs=[]), "chat_template_kwargs"),
+                        (dict(chat, reasoning_effort="high"), "reasoning_effort"),
                         (dict(chat, messages=[{"role": "assistant", "content": "A"}]), "messages")]:
         s, b = api.json("POST", "/v1/chat/completions", body)
         check(s == 400 and b["error"].get("param") == named, "400 naming %s (%d %s)" % (named, s, str(b)[:160]))
