@@ -89,6 +89,14 @@ int main(int argc, char** argv) {
   app.add_option("--checkpoint-max", sched.checkpoint_max,
                  "hybrid models: checkpoints kept per sequence (0: none, no prefix reuse), at most 255")
       ->check(CLI::Range(0, 255));
+  std::string reasoning_format = "deepseek";
+  app.add_option("--reasoning-format", reasoning_format,
+                 "HTTP API: chat replies' <think> blocks: deepseek (in message.reasoning_content, streamed too), auto "
+                 "(the same), deepseek-legacy (inline when streamed), none (left in the content)")
+      ->check([](const std::string& v) {
+        return http_api::reasoning_format_from_name(v) ? std::string()
+                                                        : "must be " + std::string(http_api::kReasoningFormatNames);
+      });
   // HTTP API limits and access.
   std::string api_key_file;
   size_t max_queue = 256;
@@ -116,6 +124,7 @@ int main(int argc, char** argv) {
                "use the workers even when another live coordinator owns them (it then fails its next step)");
   CLI11_PARSE(app, argc, argv);
   const bool serving = port_opt->count() > 0;
+  http.reasoning_format = *http_api::reasoning_format_from_name(reasoning_format);
   // The API key, kept off the command line: --api-key-file, else PICO_API_KEY.
   if (!api_key_file.empty()) {
     if (!http.api_key.empty()) {

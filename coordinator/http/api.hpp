@@ -128,6 +128,7 @@ awaitable<void> chat_completions(Session& s);
 awaitable<void> completions(Session& s);
 awaitable<void> models(Session& s);
 awaitable<void> llama_completion(Session& s);
+awaitable<void> apply_template(Session& s);
 awaitable<void> tokenize(Session& s);
 awaitable<void> detokenize(Session& s);
 awaitable<void> health(Session& s);

@@ -148,6 +148,11 @@ awaitable<void> tokenize(Session& s) {
   co_await s.reply(200, out);
 }
 
+awaitable<void> apply_template(Session& s) {
+  const json out = {{"prompt", parse_apply_template_request(s.state.parse, parse_body(s.request))}};
+  co_await s.reply(200, out);
+}
+
 awaitable<void> detokenize(Session& s) {
   const auto ids = parse_detokenize_request(s.state.parse, parse_body(s.request));
   const json out = {{"content", s.state.tok.decode(ids)}};
@@ -164,7 +169,9 @@ awaitable<void> health(Session& s) {
 }
 
 awaitable<void> props(Session& s) {
-  const json out = {{"default_generation_settings", settings_json(s.state, nullptr)},
+  json settings = settings_json(s.state, nullptr);
+  settings["reasoning_format"] = std::string(reasoning_format_name(s.state.parse.reasoning_format));
+  const json out = {{"default_generation_settings", settings},
                          {"total_slots", s.state.engine.options().max_sequences},
                          {"prompt_cache_slots", s.state.engine.options().cache_sequences},
                          {"model_path", s.state.options.model_path},

@@ -58,7 +58,9 @@ std::string finish_reason(const std::string& reason) { return reason == "length"
 
 // What one choice has produced so far.
 struct Choice {
-  std::string text;
+  std::string text;                // raw, as generated
+  ReasoningSplitter split;         // chat: text -> reasoning + content
+  std::string reasoning, content;  // chat
   json chat_lp = json::array();
   CompletionLogprobs comp_lp;
   std::string reason;
@@ -82,7 +84,15 @@ awaitable<void> generate(Session& s, ParsedGeneration parsed, bool chat) {
 
   Generation gen(s.state.engine, co_await asio::this_coro::executor, s.socket, std::move(parsed.choices));
   std::vector<Choice> choices(gen.size());
+  for (auto& c : choices) c.split = ReasoningSplitter::for_reply(parsed.reasoning, stream);
   size_t remaining = choices.size();
+  // A chat delta of reasoning and/or content.
+  auto delta = [](const ReasoningSplitter::Split& d) {
+    json out = json::object();
+    if (!d.reasoning.empty()) out["reasoning_content"] = d.reasoning;
+    if (!d.content.empty() || d.reasoning.empty()) out["content"] = d.content;
+    return out;
+  };
 
   if (stream) {
     if (!co_await s.stream_begin()) {
@@ -120,6 +130,20 @@ awaitable<void> generate(Session& s, ParsedGeneration parsed, bool chat) {
       c.reason = finish_reason(ev.reason);
       c.usage = ev.usage;
       --remaining;
+      if (chat) {  // what the splitter held back (a partial tag, trailing whitespace)
+        const ReasoningSplitter::Split rest = c.split.finish();
+        c.reasoning += rest.reasoning;
+        c.content += rest.content;
+        if (stream && !rest.empty()) {
+          const json piece = chunk({{"delta", delta(rest)}, {"logprobs", nullptr}, {"finish_reason", nullptr}}, ev.choice);
+          const std::string piece_text = piece.dump(-1, ' ', false, json::error_handler_t::replace);
+          if (!co_await s.stream_data(piece_text)) {
+            gen.cancel();
+            s.keep_alive = false;
+            co_return;
+          }
+        }
+      }
       if (stream) {
         const json last = chat ? chunk({{"delta", json::object()}, {"logprobs", nullptr}, {"finish_reason", c.reason}}, ev.choice)
                                : chunk({{"text", ""}, {"logprobs", nullptr}, {"finish_reason", c.reason}}, ev.choice);
@@ -135,6 +159,12 @@ awaitable<void> generate(Session& s, ParsedGeneration parsed, bool chat) {
     const TokenEvent& t = ev.token;
     const size_t offset = c.text.size();
     c.text += t.text;
+    ReasoningSplitter::Split part;
+    if (chat) {
+      part = c.split.feed(t.text);
+      c.reasoning += part.reasoning;
+      c.content += part.content;
+    }
     json lp = nullptr;
     if (want_logprobs && t.id >= 0) {
       if (chat) {
@@ -148,8 +178,9 @@ awaitable<void> generate(Session& s, ParsedGeneration parsed, bool chat) {
         lp = one.to_json();
       }
     }
-    if (stream && (!t.text.empty() || !lp.is_null())) {
-      const json piece = chat ? chunk({{"delta", {{"content", t.text}}}, {"logprobs", lp}, {"finish_reason", nullptr}}, ev.choice)
+    const bool has_text = chat ? !part.empty() : !t.text.empty();
+    if (stream && (has_text || !lp.is_null())) {
+      const json piece = chat ? chunk({{"delta", delta(part)}, {"logprobs", lp}, {"finish_reason", nullptr}}, ev.choice)
                               : chunk({{"text", t.text}, {"logprobs", lp}, {"finish_reason", nullptr}}, ev.choice);
       const std::string piece_text = piece.dump(-1, ' ', false, json::error_handler_t::replace);
       if (!co_await s.stream_data(piece_text)) {
@@ -165,8 +196,10 @@ awaitable<void> generate(Session& s, ParsedGeneration parsed, bool chat) {
     json list = json::array();
     for (size_t i = 0; i < choices.size(); ++i) {
       const Choice& c = choices[i];
+      json message = {{"role", "assistant"}, {"content", c.content}};
+      if (!c.reasoning.empty()) message["reasoning_content"] = c.reasoning;  // as llama-server: only when there is some
       list.push_back(chat ? json{{"index", i},
-                                 {"message", {{"role", "assistant"}, {"content", c.text}}},
+                                 {"message", message},
                                  {"logprobs", want_logprobs ? json{{"content", c.chat_lp}} : json(nullptr)},
                                  {"finish_reason", c.reason}}
                           : json{{"index", i},

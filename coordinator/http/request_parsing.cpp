@@ -67,6 +67,8 @@ struct Parse {
   ParsedGeneration out;
   int64_t n = 1;
   std::optional<int64_t> top_logprobs;
+  tokenizer::ChatOptions chat;
+  bool no_thinking = false;  // reasoning_effort "none"
 };
 
 // A generation endpoint reads a field when its bit is set.
@@ -238,6 +240,24 @@ void parse_response_format(Parse&, const std::string& name, const json& v) {
   invalid(name, "type must be 'text', 'json_object' or 'json_schema'");
 }
 
+// llama-server passes every key to the Jinja template; pico's templates are code and
+// read only enable_thinking (a boolean, as llama-server insists).
+tokenizer::ChatOptions parse_chat_template_kwargs(const std::string& name, const json& v) {
+  if (!v.is_object()) invalid(name, "must be an object");
+  tokenizer::ChatOptions options;
+  for (const auto& [key, value] : v.items()) {
+    if (key != "enable_thinking") unsupported(name + "." + key);
+    if (!value.is_null()) options.enable_thinking = boolean(name + ".enable_thinking", value);
+  }
+  return options;
+}
+
+void parse_reasoning_format(Parse& p, const std::string& name, const json& v) {
+  const auto format = reasoning_format_from_name(string(name, v));
+  if (!format) invalid(name, "must be " + std::string(kReasoningFormatNames));
+  p.out.reasoning.format = *format;  // read by chat completions; the others keep the raw text, as llama-server
+}
+
 void parse_stream_options(Parse& p, const std::string& name, const json& v) {
   if (!v.is_object()) invalid(name, "must be an object");
   if (auto it = v.find("include_usage"); it != v.end() && !it->is_null()) {
@@ -352,10 +372,19 @@ const Field kGenerationFields[] = {
     {"audio", kChat, [](Parse&, const std::string& n, const json&) { unsupported(n); }},
     {"prediction", kChat, [](Parse&, const std::string& n, const json&) { unsupported(n); }},
     {"web_search_options", kChat, [](Parse&, const std::string& n, const json&) { unsupported(n); }},
-    {"reasoning_effort", kChat, [](Parse&, const std::string& n, const json&) { unsupported(n); }},
+    // llama-server: "none" turns thinking off (whatever chat_template_kwargs say); other
+    // efforts go to templates that read them, which pico's formats do not.
+    {"reasoning_effort", kChat,
+     [](Parse& p, const std::string& n, const json& v) {
+       if (string(n, v) != "none") {
+         throw ApiError(400, "'" + n + "' '" + v.get<std::string>() + "' is not supported (only 'none')",
+                        "invalid_request_error", "unsupported_field", n);
+       }
+       p.no_thinking = true;
+     }},
     {"store", kChat, [](Parse&, const std::string& n, const json& v) { neutral_only(n, v, is_false); }},
     {"chat_template_kwargs", kChat,
-     [](Parse&, const std::string& n, const json& v) { neutral_only(n, v, [](const json& x) { return x.is_object() && x.empty(); }); }},
+     [](Parse& p, const std::string& n, const json& v) { p.chat = parse_chat_template_kwargs(n, v); }},
     // llama.cpp samplers and options without an implementation here: their off values.
     {"mirostat", kAll, [](Parse&, const std::string& n, const json& v) { neutral_only(n, v, is_zero); }},
     {"dry_multiplier", kAll, [](Parse&, const std::string& n, const json& v) { neutral_only(n, v, is_zero); }},
@@ -398,8 +427,7 @@ const Field kGenerationFields[] = {
     {"return_tokens", kLlama, [](Parse&, const std::string& n, const json& v) { boolean(n, v); }},  // tokens come always
     {"verbose", kAll, [](Parse&, const std::string& n, const json& v) { neutral_only(n, v, is_false); }},
     {"backend_sampling", kAll, [](Parse&, const std::string& n, const json& v) { neutral_only(n, v, is_false); }},
-    {"reasoning_format", kAll,
-     [](Parse&, const std::string& n, const json& v) { neutral_only(n, v, [](const json& x) { return x == "none"; }); }},
+    {"reasoning_format", kAll, parse_reasoning_format},
 };
 
 // A prompt: text (tokenized with BOS and specials), a list of token ids, or llama.cpp's
@@ -474,13 +502,29 @@ std::vector<tokenizer::ChatMessage> parse_messages(const json& body) {
       invalid(where + ".role", "must be 'system', 'developer', 'user' or 'assistant'");
     }
     if (m.contains("name") && !m["name"].is_null()) string(where + ".name", m["name"]);
+    std::optional<std::string> reasoning;
+    if (auto r = m.find("reasoning_content"); r != m.end() && !r->is_null()) {
+      reasoning = string(where + ".reasoning_content", *r);
+    }
     if (auto tc = m.find("tool_calls"); tc != m.end() && !tc->is_null() && !is_empty_list(*tc)) {
       unsupported(where + ".tool_calls");
     }
     if (auto fc = m.find("function_call"); fc != m.end() && !fc->is_null()) unsupported(where + ".function_call");
-    messages.push_back({role, message_content(m, where, role == "assistant")});
+    messages.push_back({role, message_content(m, where, role == "assistant"), std::move(reasoning)});
   }
   return messages;
+}
+
+// The prompt text of a chat request (a conversation the template refuses: 400).
+std::string render_chat(const ParseContext& ctx, const json& body, const tokenizer::ChatOptions& options) {
+  if (!ctx.chat) throw ApiError(500, "no chat template", "server_error");
+  const auto messages = parse_messages(body);
+  try {
+    return ctx.chat->apply(messages, options);
+  } catch (const std::invalid_argument& e) {
+    throw ApiError(400, "the chat template (" + std::string(ctx.chat->name()) + ") refuses the messages: " + e.what(),
+                   "invalid_request_error", "invalid_value", "messages");
+  }
 }
 
 }  // namespace
@@ -494,7 +538,8 @@ json parse_json_body(std::string_view text) {
 
 ParsedGeneration parse_generation_request(const ParseContext& ctx, Endpoint endpoint, const json& body) {
   if (!body.is_object()) throw ApiError(400, "the request body must be a JSON object");
-  Parse p{ctx, endpoint, body, {}, {}, 1, std::nullopt};
+  Parse p{ctx, endpoint, body, {}, {}, 1, std::nullopt, {}, false};
+  p.out.reasoning.format = ctx.reasoning_format;
   // Defaults: llama.cpp's n_predict -1 (until end of generation or the context);
   // OpenAI's max_tokens 16 for completions, none for chat.
   p.req.max_tokens = endpoint == Endpoint::Completions ? 16 : -1;
@@ -508,9 +553,16 @@ ParsedGeneration parse_generation_request(const ParseContext& ctx, Endpoint endp
   if (endpoint == Endpoint::ChatCompletions) {
     if (p.top_logprobs && !p.out.logprobs) invalid("top_logprobs", "needs 'logprobs': true");
     if (p.out.logprobs) p.req.logprobs = static_cast<int>(p.top_logprobs.value_or(0));
-    if (!ctx.chat) throw ApiError(500, "no chat template", "server_error");
-    const auto messages = parse_messages(body);
-    p.req.prompt = ctx.tok.encode(ctx.chat->apply(messages, true), true, true);
+    if (p.no_thinking) p.chat.enable_thinking = false;
+    p.req.prompt = ctx.tok.encode(render_chat(ctx, body, p.chat), true, true);
+    if (const auto tags = ctx.chat->thinking_tags()) {
+      const tokenizer::ReplyStart start = ctx.chat->reply_start(p.chat);
+      if (start != tokenizer::ReplyStart::Content) {
+        p.out.reasoning.open_tag = tags->open;
+        p.out.reasoning.close_tag = tags->close;
+        p.out.reasoning.starts_inside = start == tokenizer::ReplyStart::InsideThinking;
+      }
+    }
   } else {
     auto it = body.find("prompt");
     if (it == body.end() || it->is_null()) invalid("prompt", "is required");
@@ -531,6 +583,15 @@ ParsedGeneration parse_generation_request(const ParseContext& ctx, Endpoint endp
     }
   }
   return std::move(p.out);
+}
+
+std::string parse_apply_template_request(const ParseContext& ctx, const json& body) {
+  if (!body.is_object()) throw ApiError(400, "the request body must be a JSON object");
+  tokenizer::ChatOptions options;
+  if (auto it = body.find("chat_template_kwargs"); it != body.end() && !it->is_null()) {
+    options = parse_chat_template_kwargs("chat_template_kwargs", *it);
+  }
+  return render_chat(ctx, body, options);
 }
 
 TokenizeRequest parse_tokenize_request(const json& body) {
@@ -571,6 +632,8 @@ void parse_request(const ParseContext& ctx, std::string_view path, std::string_v
     parse_generation_request(ctx, Endpoint::Completions, body());
   } else if (path == "/v1/chat/completions" || path == "/chat/completions") {
     parse_generation_request(ctx, Endpoint::ChatCompletions, body());
+  } else if (path == "/apply-template") {
+    parse_apply_template_request(ctx, body());
   } else if (path == "/tokenize") {
     parse_tokenize_request(body());
   } else if (path == "/detokenize") {

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "engine.hpp"
+#include "http/reasoning.hpp"
 #include "tokenizer/chat_template.hpp"
 #include "tokenizer/tokenizer.hpp"
 
@@ -49,6 +50,7 @@ struct ParseContext {
   int64_t max_choices = 16;                       // 'n'
   size_t max_stop_strings = 16;                   // 'stop': count
   size_t max_stop_length = 256;                   // 'stop': bytes of each
+  ReasoningFormat reasoning_format = ReasoningFormat::Deepseek;  // 'reasoning_format' unless given
 };
 
 enum class Endpoint { LlamaCompletion, Completions, ChatCompletions };
@@ -61,6 +63,7 @@ struct ParsedGeneration {
   bool include_usage = false;  // stream_options.include_usage
   bool logprobs = false;       // OpenAI: return logprobs (choices[i].logprobs top ones each)
   int n_probs = 0;             // /completion: completion_probabilities with this many top tokens (0: none)
+  ReplyReasoning reasoning;    // chat: how the reply's reasoning is separated (content only elsewhere)
 };
 
 struct TokenizeRequest {
@@ -72,6 +75,9 @@ struct TokenizeRequest {
 json parse_json_body(std::string_view text);
 // /completion, /v1/completions, /v1/chat/completions.
 ParsedGeneration parse_generation_request(const ParseContext& ctx, Endpoint endpoint, const json& body);
+// /apply-template (llama-server's): the prompt text a chat request's messages and
+// chat_template_kwargs become.
+std::string parse_apply_template_request(const ParseContext& ctx, const json& body);
 TokenizeRequest parse_tokenize_request(const json& body);
 std::vector<int32_t> parse_detokenize_request(const ParseContext& ctx, const json& body);
 

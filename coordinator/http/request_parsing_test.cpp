@@ -134,6 +134,15 @@ TEST(RequestParsing, EachInvalidFieldIsRefusedByName) {
       {7, "n_keep", 4, "n_keep"},
       {7, "id_slot", 2, "id_slot"},
       {7, "samplers", json::array({"bogus"}), "samplers"},
+      {7, "reasoning_format", "thinky", "reasoning_format"},
+      {7, "reasoning_format", 5, "reasoning_format"},
+      {4, "chat_template_kwargs", 5, "chat_template_kwargs"},
+      {4, "reasoning_effort", "high", "reasoning_effort"},
+      {4, "reasoning_effort", 1, "reasoning_effort"},
+      {4, "chat_template_kwargs", {{"enable_thinking", "false"}}, "chat_template_kwargs.enable_thinking"},
+      {4, "chat_template_kwargs", {{"add_vision_id", true}}, "chat_template_kwargs.add_vision_id"},
+      {4, "messages", json::array({{{"role", "assistant"}, {"content", "x"}, {"reasoning_content", 5}}}),
+       "messages[0].reasoning_content"},
       {7, "samplers", "kt", "samplers"},
       {7, "min_keep", -1, "min_keep"},
       {7, "response_format", "text", "response_format"},
@@ -307,6 +316,100 @@ TEST(RequestParsing, DeveloperMessagesAreSystemMessages) {
   const auto pb = parse_generation_request(f.ctx, Endpoint::ChatCompletions, b).choices[0].prompt;
   EXPECT_EQ(pa, pb);
   EXPECT_EQ(pa, f.tok->encode(f.chat.apply({{"system", "a"}, {"user", "b"}}, true), true, true));
+}
+
+// Chat requests through the Qwen thinking formats: the prompt (written by hand from the
+// templates, as chat_template_test.cpp), and how the reply's reasoning is to be split.
+TEST(RequestParsing, ThinkingFormatsAndReasoning) {
+  Fixture f;
+  f.ctx.ctx = 4096;
+  const tokenizer::ChatTemplate qwen35(tokenizer::ChatFormat::Qwen35), qwen3(tokenizer::ChatFormat::Qwen3);
+  f.ctx.chat = &qwen35;
+  json body = base(Endpoint::ChatCompletions);
+  const auto prompt_of = [&](const json& b) {
+    return parse_generation_request(f.ctx, Endpoint::ChatCompletions, b).choices[0].prompt;
+  };
+  const auto tokens = [&](const std::string& text) { return f.tok->encode(text, true, true); };
+
+  ParsedGeneration g = parse_generation_request(f.ctx, Endpoint::ChatCompletions, body);
+  EXPECT_EQ(g.choices[0].prompt, tokens("<|im_start|>user\na b<|im_end|>\n<|im_start|>assistant\n<think>\n"));
+  EXPECT_TRUE(g.reasoning.separates());
+  EXPECT_EQ(g.reasoning.format, ReasoningFormat::Deepseek);  // llama-server's default
+  EXPECT_EQ(g.reasoning.open_tag, "<think>");
+  EXPECT_EQ(g.reasoning.close_tag, "</think>");
+  EXPECT_TRUE(g.reasoning.starts_inside);
+
+  // Thinking off: the prompt closes an empty block, the reply is content.
+  body["chat_template_kwargs"] = {{"enable_thinking", false}};
+  g = parse_generation_request(f.ctx, Endpoint::ChatCompletions, body);
+  EXPECT_EQ(g.choices[0].prompt,
+            tokens("<|im_start|>user\na b<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"));
+  EXPECT_FALSE(g.reasoning.separates());
+  // reasoning_effort "none" turns thinking off, whatever the kwargs say.
+  body["chat_template_kwargs"] = {{"enable_thinking", true}};
+  body["reasoning_effort"] = "none";
+  EXPECT_EQ(prompt_of(body), tokens("<|im_start|>user\na b<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"));
+  body.erase("reasoning_effort");
+  body.erase("chat_template_kwargs");
+
+  // reasoning_format per request, and the server's default.
+  body["reasoning_format"] = "none";
+  EXPECT_EQ(parse_generation_request(f.ctx, Endpoint::ChatCompletions, body).reasoning.format, ReasoningFormat::None);
+  body["reasoning_format"] = "deepseek-legacy";
+  EXPECT_EQ(parse_generation_request(f.ctx, Endpoint::ChatCompletions, body).reasoning.format,
+            ReasoningFormat::DeepseekLegacy);
+  body.erase("reasoning_format");
+  f.ctx.reasoning_format = ReasoningFormat::None;
+  EXPECT_FALSE(parse_generation_request(f.ctx, Endpoint::ChatCompletions, body).reasoning.separates());
+  f.ctx.reasoning_format = ReasoningFormat::Deepseek;
+
+  // An earlier turn's reasoning_content is rendered after the last query.
+  json turns = body;
+  turns["messages"] = json::array({{{"role", "user"}, {"content", "a"}},
+                                   {{"role", "assistant"}, {"content", "b"}, {"reasoning_content", "c"}}});
+  EXPECT_EQ(prompt_of(turns), tokens("<|im_start|>user\na<|im_end|>\n<|im_start|>assistant\n<think>\nc\n</think>\n\nb"
+                                     "<|im_end|>\n<|im_start|>assistant\n<think>\n"));
+  // A conversation the template refuses: 400 naming the messages.
+  turns["messages"] = json::array({{{"role", "assistant"}, {"content", "b"}}});
+  try {
+    parse_generation_request(f.ctx, Endpoint::ChatCompletions, turns);
+    ADD_FAILURE() << "accepted";
+  } catch (const ApiError& e) {
+    EXPECT_EQ(e.status, 400);
+    EXPECT_EQ(e.param, "messages");
+    EXPECT_NE(std::string(e.what()).find("No user query found"), std::string::npos) << e.what();
+  }
+
+  // Qwen3: the reply may open the block itself.
+  f.ctx.chat = &qwen3;
+  g = parse_generation_request(f.ctx, Endpoint::ChatCompletions, body);
+  EXPECT_EQ(g.choices[0].prompt, tokens("<|im_start|>user\na b<|im_end|>\n<|im_start|>assistant\n"));
+  EXPECT_TRUE(g.reasoning.separates());
+  EXPECT_FALSE(g.reasoning.starts_inside);
+  // ChatML does not think: nothing to split; enable_thinking changes nothing.
+  f.ctx.chat = &f.chat;
+  body["chat_template_kwargs"] = {{"enable_thinking", false}};
+  g = parse_generation_request(f.ctx, Endpoint::ChatCompletions, body);
+  EXPECT_FALSE(g.reasoning.separates());
+  EXPECT_EQ(g.choices[0].prompt, tokens("<|im_start|>user\na b<|im_end|>\n<|im_start|>assistant\n"));
+  // The completion endpoints accept a valid reasoning_format and keep the raw text.
+  json completion = base(Endpoint::LlamaCompletion);
+  completion["reasoning_format"] = "deepseek";
+  EXPECT_FALSE(parse_generation_request(f.ctx, Endpoint::LlamaCompletion, completion).reasoning.separates());
+}
+
+TEST(RequestParsing, ApplyTemplate) {
+  Fixture f;
+  const tokenizer::ChatTemplate qwen35(tokenizer::ChatFormat::Qwen35);
+  f.ctx.chat = &qwen35;
+  const json body = {{"messages", kMessages}, {"chat_template_kwargs", {{"enable_thinking", false}}}};
+  EXPECT_EQ(parse_apply_template_request(f.ctx, body),
+            "<|im_start|>user\na b<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n");
+  EXPECT_EQ(parse_apply_template_request(f.ctx, {{"messages", kMessages}}),
+            "<|im_start|>user\na b<|im_end|>\n<|im_start|>assistant\n<think>\n");
+  EXPECT_THROW(parse_apply_template_request(f.ctx, {{"messages", "hi"}}), ApiError);
+  EXPECT_THROW(parse_apply_template_request(f.ctx, {{"messages", kMessages}, {"chat_template_kwargs", {{"x", 1}}}}), ApiError);
+  EXPECT_NO_THROW(parse_request(f.ctx, "/apply-template", R"({"messages": [{"role": "user", "content": "a"}]})"));
 }
 
 TEST(RequestParsing, TokenizeAndDetokenize) {

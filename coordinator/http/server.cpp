@@ -267,6 +267,7 @@ const Route kRoutes[] = {
     {"/v1/models", http::verb::get, models},
     {"/models", http::verb::get, models},
     {"/completion", http::verb::post, llama_completion},
+    {"/apply-template", http::verb::post, apply_template},
     {"/tokenize", http::verb::post, tokenize},
     {"/detokenize", http::verb::post, detokenize},
     {"/health", http::verb::get, health},
@@ -499,7 +500,7 @@ void serve_http(Engine& engine, const tokenizer::Tokenizer& tok, const tokenizer
                 const ServerOptions& options) {
   using namespace http_api;
   ParseContext parse{tok, nullptr, engine.options().ctx, options.model_name, options.model_path, 16,
-                     options.max_stop_strings, options.max_stop_length};
+                     options.max_stop_strings, options.max_stop_length, options.reasoning_format};
   ServerState state{engine, tok, chat, options, parse};
   state.parse.chat = &state.chat;
   const int threads = std::max(1, options.threads);

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "engine.hpp"
+#include "http/reasoning.hpp"
 #include "tokenizer/chat_template.hpp"
 
 namespace pico::coordinator {
@@ -26,6 +27,8 @@ struct ServerOptions {
   size_t max_stop_strings = 16;  // 'stop' strings per request
   size_t max_stop_length = 256;  // bytes of each
   std::string cors_origin;       // empty: no CORS headers; else Access-Control-Allow-Origin and preflight answers
+  // Chat replies' reasoning (<think>...</think>) unless a request says otherwise.
+  http_api::ReasoningFormat reasoning_format = http_api::ReasoningFormat::Deepseek;
 };
 
 // Serves until SIGINT or SIGTERM. Throws when the address cannot be bound.

@@ -27,6 +27,8 @@ constexpr NamedFormat kFormats[] = {
     {"zephyr", ChatFormat::Zephyr},
     {"phi3", ChatFormat::Phi3},
     {"alpaca", ChatFormat::Alpaca},
+    {"qwen3", ChatFormat::Qwen3},
+    {"qwen3.5", ChatFormat::Qwen35},
 };
 
 bool is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\v' || c == '\f' || c == '\r'; }
@@ -41,6 +43,117 @@ std::string trim(std::string_view s) {
 void chatml(std::string& out, std::span<const ChatMessage> messages, bool add_generation_prompt) {
   for (const auto& m : messages) out += "<|im_start|>" + m.role + "\n" + m.content + "<|im_end|>\n";
   if (add_generation_prompt) out += "<|im_start|>assistant\n";
+}
+
+// The pieces of Python's str methods the Qwen templates use.
+std::string_view strip_newlines(std::string_view s, bool left, bool right) {
+  while (left && !s.empty() && s.front() == '\n') s.remove_prefix(1);
+  while (right && !s.empty() && s.back() == '\n') s.remove_suffix(1);
+  return s;
+}
+std::string_view before_first(std::string_view s, std::string_view separator) {  // s.split(separator)[0]
+  return s.substr(0, s.find(separator));
+}
+std::string_view after_last(std::string_view s, std::string_view separator) {  // s.split(separator)[-1]
+  const size_t at = s.rfind(separator);
+  return at == std::string_view::npos ? s : s.substr(at + separator.size());
+}
+bool contains(std::string_view s, std::string_view part) { return s.find(part) != std::string_view::npos; }
+
+// An assistant turn's reasoning and content as both Qwen templates take them: its
+// reasoning_content when given, else the text before </think> (after <think>), the
+// content being what follows the last </think>.
+struct ReasonedTurn {
+  std::string reasoning, content;
+};
+ReasonedTurn split_assistant_turn(const ChatMessage& m, std::string_view content) {
+  if (m.reasoning_content) return {*m.reasoning_content, std::string(content)};
+  if (!contains(content, "</think>")) return {"", std::string(content)};
+  const std::string_view before = strip_newlines(before_first(content, "</think>"), false, true);
+  return {std::string(strip_newlines(after_last(before, "<think>"), true, false)),
+          std::string(strip_newlines(after_last(content, "</think>"), true, false))};
+}
+
+// The index of the last user message that is not a tool response wrapped in a user
+// turn (the templates' ns.last_query_index); nullopt when there is none.
+template <class TextOf>
+std::optional<size_t> last_query_index(std::span<const ChatMessage> messages, TextOf text_of) {
+  for (size_t i = messages.size(); i-- > 0;) {
+    if (messages[i].role != "user") continue;
+    const std::string text = text_of(messages[i].content);
+    if (!(text.starts_with("<tool_response>") && text.ends_with("</tool_response>"))) return i;
+  }
+  return std::nullopt;
+}
+
+// Qwen3's template (Qwen3-0.6B ... 235B-A22B, hybrid thinking). Texts are not trimmed;
+// a first system message opens the prompt, a later one is a turn of its own.
+void qwen3(std::string& out, std::span<const ChatMessage> messages, const ChatOptions& options) {
+  const size_t n = messages.size();
+  if (n > 0 && messages[0].role == "system") out += "<|im_start|>system\n" + messages[0].content + "<|im_end|>\n";
+  const size_t last_query = last_query_index(messages, [](const std::string& s) { return s; }).value_or(n - 1);
+  for (size_t i = 0; i < n; ++i) {
+    const ChatMessage& m = messages[i];
+    if (m.role == "user" || (m.role == "system" && i > 0)) {
+      out += "<|im_start|>" + m.role + "\n" + m.content + "<|im_end|>\n";
+    } else if (m.role == "assistant") {
+      const ReasonedTurn turn = split_assistant_turn(m, m.content);
+      // Turns after the last query (a tool loop's) keep their reasoning: the last one
+      // always, the others when they have some.
+      if (i > last_query && (i + 1 == n || !turn.reasoning.empty())) {
+        out += "<|im_start|>assistant\n<think>\n" + std::string(strip_newlines(turn.reasoning, true, true)) +
+               "\n</think>\n\n" + std::string(strip_newlines(turn.content, true, false));
+      } else {
+        out += "<|im_start|>assistant\n" + turn.content;
+      }
+      out += "<|im_end|>\n";
+    } else if (m.role == "tool") {  // consecutive tool responses share one user turn
+      if (i == 0 || messages[i - 1].role != "tool") out += "<|im_start|>user";
+      out += "\n<tool_response>\n" + m.content + "\n</tool_response>";
+      if (i + 1 == n || messages[i + 1].role != "tool") out += "<|im_end|>\n";
+    }  // other roles: the template writes nothing
+  }
+  if (options.add_generation_prompt) {
+    out += "<|im_start|>assistant\n";
+    if (!options.enable_thinking) out += "<think>\n\n</think>\n\n";
+  }
+}
+
+// Qwen3.5's template: every text trimmed; turns after the last query always carry
+// their (possibly empty) think block; the generation prompt opens one.
+void qwen35(std::string& out, std::span<const ChatMessage> messages, const ChatOptions& options) {
+  if (messages.empty()) throw std::invalid_argument("No messages provided.");
+  const size_t n = messages.size();
+  if (messages[0].role == "system") out += "<|im_start|>system\n" + trim(messages[0].content) + "<|im_end|>\n";
+  const auto last_query = last_query_index(messages, [](const std::string& s) { return trim(s); });
+  if (!last_query) throw std::invalid_argument("No user query found in messages.");
+  for (size_t i = 0; i < n; ++i) {
+    const ChatMessage& m = messages[i];
+    const std::string content = trim(m.content);
+    if (m.role == "system") {
+      if (i > 0) throw std::invalid_argument("System message must be at the beginning.");
+    } else if (m.role == "user") {
+      out += "<|im_start|>user\n" + content + "<|im_end|>\n";
+    } else if (m.role == "assistant") {
+      const ReasonedTurn turn = split_assistant_turn(m, content);
+      if (i > *last_query) {
+        out += "<|im_start|>assistant\n<think>\n" + trim(turn.reasoning) + "\n</think>\n\n" + turn.content;
+      } else {
+        out += "<|im_start|>assistant\n" + turn.content;
+      }
+      out += "<|im_end|>\n";
+    } else if (m.role == "tool") {  // consecutive tool responses share one user turn
+      if (i > 0 && messages[i - 1].role != "tool") out += "<|im_start|>user";
+      out += "\n<tool_response>\n" + content + "\n</tool_response>";
+      if (i + 1 == n || messages[i + 1].role != "tool") out += "<|im_end|>\n";
+    } else {
+      throw std::invalid_argument("Unexpected message role.");
+    }
+  }
+  if (options.add_generation_prompt) {
+    out += "<|im_start|>assistant\n";
+    out += options.enable_thinking ? "<think>\n" : "<think>\n\n</think>\n\n";
+  }
 }
 
 void llama2(std::string& out, ChatFormat format, std::span<const ChatMessage> messages) {
@@ -155,7 +268,21 @@ ChatFormat detect_chat_format(std::string_view text) {
   // (phi4, smolvlm, chatglm, glmedge, falcon3, monarch, orion, openchat, vicuna,
   // deepseek, command-r, ...) are Unknown here rather than something close.
   if (has("<|im_start|>")) {
-    return has("<|im_sep|>") || has("<end_of_utterance>") ? ChatFormat::Unknown : ChatFormat::ChatML;
+    if (has("<|im_sep|>") || has("<end_of_utterance>")) return ChatFormat::Unknown;
+    // Not in llama.cpp's list (it runs these templates through its Jinja engine): the
+    // Qwen thinking templates, recognised by the expressions that make them what pico
+    // writes: the closed block of enable_thinking=false, and how a turn after the last
+    // query carries its reasoning; Qwen3.5 also opens the block in its generation prompt.
+    if (has("enable_thinking") && has("'<think>\\n\\n</think>\\n\\n'")) {
+      if (has("'\\n<think>\\n' + reasoning_content + '\\n</think>\\n\\n' + content") && has("'<think>\\n'")) {
+        return ChatFormat::Qwen35;
+      }
+      if (has("'\\n<think>\\n' + reasoning_content.strip('\\n') + '\\n</think>\\n\\n' + content.lstrip('\\n')") &&
+          has("loop.last or (not loop.last and reasoning_content)")) {
+        return ChatFormat::Qwen3;
+      }
+    }
+    return ChatFormat::ChatML;
   }
   if (text.starts_with("mistral") || has("[INST]")) {
     if (has("[SYSTEM_PROMPT]")) return ChatFormat::MistralV7;
@@ -196,9 +323,32 @@ ChatFormat chat_format_from_vocabulary(const Vocabulary& vocab) {
   return ChatFormat::Unknown;
 }
 
+std::optional<ThinkingTags> chat_format_thinking_tags(ChatFormat format) {
+  if (format == ChatFormat::Qwen3 || format == ChatFormat::Qwen35) return ThinkingTags{"<think>", "</think>"};
+  return std::nullopt;
+}
+
+ReplyStart chat_format_reply_start(ChatFormat format, const ChatOptions& options) {
+  if (!chat_format_thinking_tags(format)) return ReplyStart::Content;
+  if (!options.add_generation_prompt) return ReplyStart::MayThink;  // a continued turn: nothing known
+  if (!options.enable_thinking) return ReplyStart::Content;         // the prompt closed an empty block
+  return format == ChatFormat::Qwen35 ? ReplyStart::InsideThinking : ReplyStart::MayThink;
+}
+
 std::string apply_chat_format(ChatFormat format, std::span<const ChatMessage> messages, bool add_generation_prompt) {
+  return apply_chat_format(format, messages, ChatOptions{add_generation_prompt, true});
+}
+
+std::string apply_chat_format(ChatFormat format, std::span<const ChatMessage> messages, const ChatOptions& options) {
+  const bool add_generation_prompt = options.add_generation_prompt;
   std::string out;
   switch (format) {
+    case ChatFormat::Qwen3:
+      qwen3(out, messages, options);
+      break;
+    case ChatFormat::Qwen35:
+      qwen35(out, messages, options);
+      break;
     case ChatFormat::ChatML:
       chatml(out, messages, add_generation_prompt);
       break;

@@ -2,7 +2,8 @@
 // chosen from the model's tokenizer.chat_template by the substring heuristics
 // llama.cpp uses (llm_chat_detect_template), else from the vocabulary's special
 // tokens, else ChatML; or by name. The text produced is what llama.cpp's
-// llama_chat_apply_template produces for the same format.
+// llama_chat_apply_template produces for the same format; for the formats llama.cpp
+// renders only through its Jinja engine (Qwen3, Qwen3.5), what their templates produce.
 //
 //   auto chat = ChatTemplate::from_metadata(model->metadata(), &tok->vocab());
 //   std::string prompt = chat.apply({{"system", "Be brief."}, {"user", "Hi"}}, true);
@@ -37,17 +38,44 @@ enum class ChatFormat {
   Zephyr,          // <|role|>\n...<|endoftext|>\n
   Phi3,            // <|role|>\n...<|end|>\n
   Alpaca,          // ### Instruction:\n...\n\n### Response:\n...
+  Qwen3,           // ChatML; replies may open with <think>...</think>; history keeps reasoning after the last query
+  Qwen35,          // Qwen3.5: ChatML, texts trimmed; the generation prompt opens <think>\n
 };
 
 struct ChatMessage {
   std::string role;  // "system", "user", "assistant" (others pass through where the format allows)
   std::string content;
+  // An assistant turn's reasoning given apart from its content (llama-server's
+  // message.reasoning_content). Formats that think render it as their templates do
+  // (else, as there, the reasoning is taken from <think>...</think> in content);
+  // the others ignore it.
+  std::optional<std::string> reasoning_content = std::nullopt;
 };
+
+struct ChatOptions {
+  bool add_generation_prompt = true;  // open an assistant turn
+  bool enable_thinking = true;        // chat_template_kwargs.enable_thinking (formats that think; others ignore it)
+};
+
+// The tags a format's replies put their reasoning between.
+struct ThinkingTags {
+  std::string_view open, close;
+};
+// <think> and </think> for the formats that think (Qwen3, Qwen3.5); nothing for the others.
+std::optional<ThinkingTags> chat_format_thinking_tags(ChatFormat format);
+
+// How a reply to a prompt rendered with `options` begins.
+enum class ReplyStart {
+  Content,       // the format does not think, or the prompt holds a closed (empty) block
+  MayThink,      // the reply itself may open the block (Qwen3)
+  InsideThinking // the prompt opened the block (Qwen3.5; llama.cpp's "thinking forced open")
+};
+ReplyStart chat_format_reply_start(ChatFormat format, const ChatOptions& options);
 
 std::string_view chat_format_name(ChatFormat format);
 // "chatml", "llama2", "llama2-sys", "llama2-sys-bos", "llama2-sys-strip", "llama3",
 // "mistral-v1", "mistral-v3", "mistral-v3-tekken", "mistral-v7", "mistral-v7-tekken",
-// "gemma", "zephyr", "phi3", "alpaca".
+// "gemma", "zephyr", "phi3", "alpaca", "qwen3", "qwen3.5".
 std::optional<ChatFormat> chat_format_from_name(std::string_view name);
 
 // The format a template is written for: a format name, or Jinja text recognized by
@@ -59,7 +87,10 @@ ChatFormat detect_chat_format(std::string_view template_text);
 ChatFormat chat_format_from_vocabulary(const Vocabulary& vocab);
 
 // The prompt for `messages`. With add_generation_prompt the header of an assistant
-// turn follows (formats without one, llama2 and mistral, add nothing).
+// turn follows (formats without one, llama2 and mistral, add nothing). Throws
+// std::invalid_argument for a conversation the format's template refuses (Qwen3.5: no
+// user message, a system message after the first, a role it does not know).
+std::string apply_chat_format(ChatFormat format, std::span<const ChatMessage> messages, const ChatOptions& options);
 std::string apply_chat_format(ChatFormat format, std::span<const ChatMessage> messages, bool add_generation_prompt);
 
 class ChatTemplate {
@@ -77,6 +108,11 @@ class ChatTemplate {
   std::string apply(std::span<const ChatMessage> messages, bool add_generation_prompt) const {
     return apply_chat_format(format_, messages, add_generation_prompt);
   }
+  std::string apply(std::span<const ChatMessage> messages, const ChatOptions& options) const {
+    return apply_chat_format(format_, messages, options);
+  }
+  std::optional<ThinkingTags> thinking_tags() const { return chat_format_thinking_tags(format_); }
+  ReplyStart reply_start(const ChatOptions& options) const { return chat_format_reply_start(format_, options); }
   std::string apply(std::initializer_list<ChatMessage> messages, bool add_generation_prompt) const {
     return apply_chat_format(format_, std::span<const ChatMessage>(messages.begin(), messages.size()),
                              add_generation_prompt);

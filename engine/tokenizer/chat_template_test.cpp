@@ -1,11 +1,24 @@
 // Each format on one conversation (system, user, assistant, then the generation
-// prompt); the expected strings are the formats as their model cards document them.
+// prompt); the expected strings are the formats as their model cards document them,
+// and for Qwen3 / Qwen3.5 as their Jinja templates (testdata/*.jinja) write them,
+// worked out by hand from the template text.
 #include "tokenizer/chat_template.hpp"
+
+#include <fstream>
+#include <sstream>
 
 #include <gtest/gtest.h>
 
 namespace pico::tokenizer {
 namespace {
+
+// A template of testdata/ (PICO_TOKENIZER_TESTDATA: its folder).
+std::string template_file(const std::string& name) {
+  std::ifstream in(std::string(PICO_TOKENIZER_TESTDATA) + "/" + name);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
 
 const std::vector<ChatMessage> kChat = {
     {"system", "You are helpful."},
@@ -76,6 +89,126 @@ TEST(ChatFormats, ZephyrPhi3Alpaca) {
   EXPECT_EQ(render(ChatFormat::Alpaca),
             "You are helpful.\n\n### Instruction:\nHello\n\n### Response:\nHi there\n\n### Response:\n");
   EXPECT_THROW(render(ChatFormat::Unknown), std::invalid_argument);
+}
+
+// A thinking conversation: a system text with spaces around it, an earlier answer that
+// kept its reasoning inline, a second question.
+const std::vector<ChatMessage> kThinkingChat = {
+    {"system", " You are helpful. \n"},
+    {"user", "Hello"},
+    {"assistant", "<think>\nLet me think.\n</think>\n\nHi there"},
+    {"user", "And now?"},
+};
+
+TEST(ChatFormats, Qwen35) {
+  // Texts trimmed; the earlier answer loses its reasoning (it comes before the last
+  // query); the generation prompt opens the think block.
+  const std::string history =
+      "<|im_start|>system\nYou are helpful.<|im_end|>\n"
+      "<|im_start|>user\nHello<|im_end|>\n"
+      "<|im_start|>assistant\nHi there<|im_end|>\n"
+      "<|im_start|>user\nAnd now?<|im_end|>\n";
+  EXPECT_EQ(apply_chat_format(ChatFormat::Qwen35, kThinkingChat, ChatOptions{}),
+            history + "<|im_start|>assistant\n<think>\n");
+  EXPECT_EQ(apply_chat_format(ChatFormat::Qwen35, kThinkingChat, ChatOptions{true, false}),
+            history + "<|im_start|>assistant\n<think>\n\n</think>\n\n");
+  EXPECT_EQ(apply_chat_format(ChatFormat::Qwen35, kThinkingChat, ChatOptions{false, true}), history);
+
+  // Turns after the last query keep a think block, empty or not: reasoning_content when
+  // given (trimmed), else the inline one.
+  const std::vector<ChatMessage> after = {
+      {"user", "Q"},
+      {"assistant", "A1", "  R1 \n"},
+      {"assistant", "\n<think>\nR2\n\n</think>\n\nA2"},
+      {"assistant", "A3"},
+  };
+  EXPECT_EQ(apply_chat_format(ChatFormat::Qwen35, after, false),
+            "<|im_start|>user\nQ<|im_end|>\n"
+            "<|im_start|>assistant\n<think>\nR1\n</think>\n\nA1<|im_end|>\n"
+            "<|im_start|>assistant\n<think>\nR2\n</think>\n\nA2<|im_end|>\n"
+            "<|im_start|>assistant\n<think>\n\n</think>\n\nA3<|im_end|>\n");
+  // A reasoning_content given wins over the tags, which then stay in the content.
+  const std::vector<ChatMessage> given = {{"user", "Q"}, {"assistant", "<think>x</think>A", "R"}};
+  EXPECT_EQ(apply_chat_format(ChatFormat::Qwen35, given, false),
+            "<|im_start|>user\nQ<|im_end|>\n<|im_start|>assistant\n<think>\nR\n</think>\n\n<think>x</think>A<|im_end|>\n");
+
+  // What the template refuses.
+  const std::vector<ChatMessage> no_user = {{"system", "S"}, {"assistant", "A"}};
+  const std::vector<ChatMessage> late_system = {{"user", "Q"}, {"system", "S"}};
+  const std::vector<ChatMessage> odd_role = {{"user", "Q"}, {"robot", "R"}};
+  EXPECT_THROW(apply_chat_format(ChatFormat::Qwen35, no_user, true), std::invalid_argument);
+  EXPECT_THROW(apply_chat_format(ChatFormat::Qwen35, late_system, true), std::invalid_argument);
+  EXPECT_THROW(apply_chat_format(ChatFormat::Qwen35, odd_role, true), std::invalid_argument);
+  EXPECT_THROW(apply_chat_format(ChatFormat::Qwen35, std::vector<ChatMessage>{}, true), std::invalid_argument);
+}
+
+TEST(ChatFormats, Qwen3) {
+  // Texts as given; the earlier answer loses its reasoning; the generation prompt is
+  // plain ChatML unless thinking is off.
+  const std::string history =
+      "<|im_start|>system\n You are helpful. \n<|im_end|>\n"
+      "<|im_start|>user\nHello<|im_end|>\n"
+      "<|im_start|>assistant\nHi there<|im_end|>\n"
+      "<|im_start|>user\nAnd now?<|im_end|>\n";
+  EXPECT_EQ(apply_chat_format(ChatFormat::Qwen3, kThinkingChat, ChatOptions{}), history + "<|im_start|>assistant\n");
+  EXPECT_EQ(apply_chat_format(ChatFormat::Qwen3, kThinkingChat, ChatOptions{true, false}),
+            history + "<|im_start|>assistant\n<think>\n\n</think>\n\n");
+
+  // After the last query: the last turn always has a block, the others only with
+  // reasoning; the reasoning loses its newlines on both sides, the content on the left.
+  const std::vector<ChatMessage> after = {
+      {"user", "Q"},
+      {"assistant", "A1"},
+      {"assistant", "<think>\n\nR2 \n</think>\n\nA2\n"},
+      {"assistant", "\nA3", "\n R3\n"},
+      {"assistant", "A4"},
+  };
+  EXPECT_EQ(apply_chat_format(ChatFormat::Qwen3, after, false),
+            "<|im_start|>user\nQ<|im_end|>\n"
+            "<|im_start|>assistant\nA1<|im_end|>\n"
+            "<|im_start|>assistant\n<think>\nR2 \n</think>\n\nA2\n<|im_end|>\n"
+            "<|im_start|>assistant\n<think>\n R3\n</think>\n\nA3<|im_end|>\n"
+            "<|im_start|>assistant\n<think>\n\n</think>\n\nA4<|im_end|>\n");
+  // A second system message is a turn of its own; no user message is no error (the
+  // last query is then taken to be the last message: no turn comes after it).
+  const std::vector<ChatMessage> systems = {{"system", "S1"}, {"system", "S2"}, {"assistant", "A"}};
+  EXPECT_EQ(apply_chat_format(ChatFormat::Qwen3, systems, true),
+            "<|im_start|>system\nS1<|im_end|>\n<|im_start|>system\nS2<|im_end|>\n"
+            "<|im_start|>assistant\nA<|im_end|>\n<|im_start|>assistant\n");
+}
+
+TEST(ChatFormats, ThinkingTagsAndHowRepliesStart) {
+  ASSERT_TRUE(chat_format_thinking_tags(ChatFormat::Qwen35));
+  EXPECT_EQ(chat_format_thinking_tags(ChatFormat::Qwen35)->open, "<think>");
+  EXPECT_EQ(chat_format_thinking_tags(ChatFormat::Qwen3)->close, "</think>");
+  EXPECT_FALSE(chat_format_thinking_tags(ChatFormat::ChatML));
+  EXPECT_EQ(chat_format_reply_start(ChatFormat::Qwen35, {}), ReplyStart::InsideThinking);
+  EXPECT_EQ(chat_format_reply_start(ChatFormat::Qwen35, {true, false}), ReplyStart::Content);
+  EXPECT_EQ(chat_format_reply_start(ChatFormat::Qwen3, {}), ReplyStart::MayThink);
+  EXPECT_EQ(chat_format_reply_start(ChatFormat::Qwen3, {true, false}), ReplyStart::Content);
+  EXPECT_EQ(chat_format_reply_start(ChatFormat::ChatML, {}), ReplyStart::Content);
+  EXPECT_EQ(chat_format_reply_start(ChatFormat::Llama3, {true, false}), ReplyStart::Content);
+}
+
+TEST(ChatDetect, QwenThinkingTemplates) {
+  const std::string qwen35 = template_file("Qwen3.5-4B.jinja"), qwen3 = template_file("Qwen-Qwen3-0.6B.jinja");
+  ASSERT_GT(qwen35.size(), 1000u);
+  ASSERT_GT(qwen3.size(), 1000u);
+  EXPECT_EQ(detect_chat_format(qwen35), ChatFormat::Qwen35);
+  EXPECT_EQ(detect_chat_format(qwen3), ChatFormat::Qwen3);
+  EXPECT_EQ(detect_chat_format("qwen3.5"), ChatFormat::Qwen35);
+  EXPECT_EQ(chat_format_name(ChatFormat::Qwen35), "qwen3.5");
+  EXPECT_EQ(chat_format_name(ChatFormat::Qwen3), "qwen3");
+  // MiniCPM5's template shares Qwen3's history expression but not its rule for the
+  // turns after the last query (and Qwen2.5's has no thinking at all): ChatML.
+  EXPECT_EQ(detect_chat_format("{%- if enable_thinking is false %}{{- '<think>\\n\\n</think>\\n\\n' }}"
+                               "{{- '<|im_start|>' + message.role + '\\n<think>\\n' + reasoning_content.strip('\\n') + "
+                               "'\\n</think>\\n\\n' + content.lstrip('\\n') }}{%- if reasoning_content %}"),
+            ChatFormat::ChatML);
+  EXPECT_EQ(detect_chat_format("{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] }}"), ChatFormat::ChatML);
+  gguf::Metadata m;
+  m.set("tokenizer.chat_template", qwen35);
+  EXPECT_EQ(ChatTemplate::from_metadata(m).name(), "qwen3.5");
 }
 
 TEST(ChatDetect, FromTemplateText) {

@@ -230,8 +230,8 @@ TEST_P(TokenizerConformance, MatchesLlamaCpp) {
 }
 
 // The chat format each real vocabulary's metadata selects (tokenizer.chat_template
-// from its tokenizer_config.json; llama2 and gpt2 have none, and fall back to ChatML
-// as llama.cpp does).
+// from its tokenizer_config.json: qwen3's is Qwen3's thinking template; llama2 and gpt2
+// have none, and fall back to ChatML as llama.cpp does).
 TEST_P(TokenizerConformance, ChatFormatFromMetadata) {
   using pico::synthetic::VocabKind;
   using pico::tokenizer::ChatFormat;
@@ -241,6 +241,7 @@ TEST_P(TokenizerConformance, ChatFormatFromMetadata) {
   const auto vocab = pico::tokenizer::Vocabulary::from_metadata(metadata);
   const ChatFormat want = kind == VocabKind::gemma3   ? ChatFormat::Gemma
                           : kind == VocabKind::llama3 ? ChatFormat::Llama3
+                          : kind == VocabKind::qwen3  ? ChatFormat::Qwen3
                                                       : ChatFormat::ChatML;
   EXPECT_EQ(pico::tokenizer::ChatTemplate::from_metadata(metadata, &vocab).format(), want);
 }

@@ -6,7 +6,8 @@
 
 namespace pico::fuzz {
 
-inline constexpr std::array<std::string_view, 6> kHttpRequestPaths = {
-    "/completion", "/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize", "/no-such-route"};
+inline constexpr std::array<std::string_view, 7> kHttpRequestPaths = {
+    "/completion", "/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize", "/no-such-route",
+    "/apply-template"};
 
 }  // namespace pico::fuzz

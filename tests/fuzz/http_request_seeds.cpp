@@ -28,6 +28,10 @@ int main(int argc, char** argv) {
         {3, R"({"content":"t3 t4 t5","add_special":true,"with_pieces":true})"},
         {4, R"({"tokens":[1,3,4,63]})"},
         {5, R"({})"},
+        {2, R"({"messages":[{"role":"user","content":"t3"},{"role":"assistant","content":"<think>t4</think>t5",)"
+            R"("reasoning_content":"t6"}],"chat_template_kwargs":{"enable_thinking":false},)"
+            R"("reasoning_format":"deepseek-legacy","stream":true})"},
+        {6, R"({"messages":[{"role":"user","content":"t3"}],"chat_template_kwargs":{"enable_thinking":true}})"},
     };
     for (size_t i = 0; i < seeds.size(); ++i) {
       const auto& [endpoint, body] = seeds[i];

@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
 """HTTP API tests of pico-coord (python3 stdlib only).
 
-    http_test.py BUILD_DIR MODE      MODE: local | cluster | auth | openai | prefill | limits
+    http_test.py BUILD_DIR MODE      MODE: local | cluster | auth | openai | prefill | limits | reasoning
 
 openai: the official npm client (tests/conformance/node_modules/openai) via
 openai_client_test.mjs; fails without node or the package (scripts/setup.sh installs both).
 
-Writes a synthetic qwen3 model (ChatML template), starts pico-coord on a free loopback
+Writes a synthetic qwen3 model (Qwen3's template), starts pico-coord on a free loopback
 port (in-process, or against 2 pico-workers), and checks every endpoint: greedy text
 equal to `pico run`, streaming ([DONE]), 32 concurrent streams, stop strings, n > 1,
 prompt-prefix reuse (cached counts, replies equal to a fresh computation), clients that
@@ -15,7 +15,12 @@ stage), malformed requests, --api-key. prefill: a larger model (seconds of prefi
 workers, clients that disconnect during prefill. limits: request validation per endpoint,
 the HTTP limits (connections, queue, body, header, stop strings, write deadline, accept
 back-off, Expect: 100-continue), --api-key-file and PICO_API_KEY, CORS on and off,
-n_predict 0, the context reached during decode, logit_bias and n_probs.
+n_predict 0, the context reached during decode, logit_bias and n_probs. reasoning: a model
+with Qwen3.5's chat template (its prompt opens a <think> block): /apply-template, and the
+reply's reasoning in reasoning_content (streamed too) or left in the content
+(reasoning_format none, --reasoning-format none), checked against the raw text of
+/completion on the same prompt; logit_bias bans or forces </think> to make the random
+model's reply deterministic.
 """
 import http.client
 import json
@@ -38,6 +43,7 @@ if MODE == "openai" and (shutil.which("node") is None or not os.path.exists(
 PICO = os.path.join(BUILD, "tools/pico/pico")
 COORD = os.path.join(BUILD, "coordinator/pico-coord")
 WORKER = os.path.join(BUILD, "worker/pico-worker")
+SOURCE = os.path.abspath(os.path.join(HERE, "..", ".."))
 PROMPT = "The quick brown fox jumps over the lazy dog, and then"
 N = 24
 CTX = 1024
@@ -209,9 +215,149 @@ def prefill_main():
     check(s == 200 and b["tokens_predicted"] == 4, "the server serves after the cancelled prefills")
 
 
+WHITESPACE = " \t\n\r\v\f"  # what pico strips around reasoning (C's isspace)
+
+
+def chat_stream_parts(api, body):
+    """(status, reasoning, content, events) of a streamed chat: the deltas concatenated."""
+    s, ev = api.stream("/v1/chat/completions", dict(body, stream=True))
+    chunks = [json.loads(e) for e in ev[:-1]] if ev and ev[-1] == "[DONE]" else []
+    deltas = [c["choices"][0]["delta"] for c in chunks if c.get("choices")]
+    return (s, "".join(d.get("reasoning_content", "") for d in deltas), "".join(d.get("content") or "" for d in deltas),
+            chunks)
+
+
+def reasoning_main():
+    """Qwen3.5's template: the prompt opens <think>; the reply's reasoning is separated as
+    llama-server separates it."""
+    model = os.path.join(tmp, "R.gguf")
+    template = os.path.join(SOURCE, "engine", "tokenizer", "testdata", "Qwen3.5-4B.jinja")
+    subprocess.run([PICO, "mkmodel", "--arch", "qwen3", "--vocab", "qwen3", "--layers", "2", "--embd", "64", "--ff",
+                    "128", "--heads", "4", "--kv-heads", "2", "--head-dim", "32", "--ctx", "4096", "--seed", "4",
+                    "--chat-template", template, "-o", model], check=True, stdout=subprocess.DEVNULL)
+    coord = start([COORD, "-m", model, "--port", "0", "-c", str(CTX)], "coord.log")
+    api = Client(wait_port("coord.log", coord))
+    s, b = api.json("GET", "/props")
+    check(s == 200 and b["chat_template"] == "qwen3.5" and
+          b["default_generation_settings"]["reasoning_format"] == "deepseek",
+          "/props: the qwen3.5 format, reasoning_format deepseek (%s)" % str(b)[:200])
+
+    # The prompts, written from the template's text.
+    messages = [{"role": "system", "content": " Be brief. "}, {"role": "user", "content": "Hi"}]
+    history = "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+    thinking, not_thinking = history + "<think>\n", history + "<think>\n\n</think>\n\n"
+    s, b = api.json("POST", "/apply-template", {"messages": messages})
+    check(s == 200 and b["prompt"] == thinking, "/apply-template opens the think block (%r)" % b)
+    s, b = api.json("POST", "/apply-template", {"messages": messages, "chat_template_kwargs": {"enable_thinking": False}})
+    check(s == 200 and b["prompt"] == not_thinking, "/apply-template with enable_thinking false closes it (%r)" % b)
+    s, t = api.json("POST", "/tokenize", {"content": "</think>"})
+    check(s == 200 and len(t["tokens"]) == 1, "</think> is one token (%s)" % t)
+    close_id = t["tokens"][0]
+
+    def raw(prompt, bias):
+        """The greedy reply's raw text, through /completion (llama.cpp's: never split)."""
+        s, b = api.json("POST", "/completion", {"prompt": prompt, "n_predict": 8, "temperature": 0, "ignore_eos": True,
+                                                "logit_bias": [[close_id, bias]]})
+        check(s == 200 and b["tokens_predicted"] == 8, "/completion on the chat prompt (%d)" % s)
+        return b["content"]
+
+    ban, force = {str(close_id): -100}, {str(close_id): 100}
+    chat = {"messages": messages, "max_tokens": 8, "temperature": 0, "ignore_eos": True}
+    s, ptok = api.json("POST", "/tokenize", {"content": thinking, "add_special": True})
+
+    # </think> banned: the block never closes, the whole reply is reasoning.
+    text = raw(thinking, False)
+    check("</think>" not in text and text.strip(WHITESPACE), "the reply's raw text never closes the block (%r)" % text)
+    s, b = api.json("POST", "/v1/chat/completions", dict(chat, logit_bias=ban))
+    m = b["choices"][0]["message"] if s == 200 else {}
+    check(s == 200 and m.get("reasoning_content") == text.strip(WHITESPACE) and m.get("content") == "",
+          "forced open, never closed: all reasoning, no content (%r)" % m)
+    check(s == 200 and b["usage"]["prompt_tokens"] == len(ptok["tokens"]),
+          "the chat prompt is the rendered template (%d tokens)" % len(ptok["tokens"]))
+    s, reasoning, content, chunks = chat_stream_parts(api, dict(chat, logit_bias=ban))
+    check(s == 200 and reasoning == text.strip(WHITESPACE) and content == "" and
+          chunks[0]["choices"][0]["delta"].get("role") == "assistant",
+          "streamed: the same reasoning in delta.reasoning_content, no content (%r, %r)" % (reasoning, content))
+
+    # reasoning_format none: the raw text is the content.
+    s, b = api.json("POST", "/v1/chat/completions", dict(chat, logit_bias=ban, reasoning_format="none"))
+    m = b["choices"][0]["message"] if s == 200 else {}
+    check(s == 200 and m.get("content") == text and "reasoning_content" not in m,
+          "reasoning_format none: the raw text in content (%r)" % m)
+    s, reasoning, content, _ = chat_stream_parts(api, dict(chat, logit_bias=ban, reasoning_format="none"))
+    check(s == 200 and content == text and reasoning == "", "reasoning_format none, streamed (%r)" % content)
+    # deepseek-legacy: separated in a whole reply, inline between the tags when streamed.
+    s, b = api.json("POST", "/v1/chat/completions", dict(chat, logit_bias=ban, reasoning_format="deepseek-legacy"))
+    check(s == 200 and b["choices"][0]["message"].get("reasoning_content") == text.strip(WHITESPACE),
+          "deepseek-legacy: reasoning_content in a whole reply")
+    s, reasoning, content, _ = chat_stream_parts(api, dict(chat, logit_bias=ban, reasoning_format="deepseek-legacy"))
+    check(s == 200 and content == "<think>" + text.strip(WHITESPACE) + "</think>" and reasoning == "",
+          "deepseek-legacy streamed: inline between the tags (%r)" % content)
+
+    # </think> forced: every token closes; the first one ends an empty block, the rest is content.
+    text = raw(thinking, 100)
+    check(text == "</think>" * 8, "forced </think>: the raw reply (%r)" % text)
+    after = text[len("</think>"):].lstrip(WHITESPACE)
+    s, b = api.json("POST", "/v1/chat/completions", dict(chat, logit_bias=force))
+    m = b["choices"][0]["message"] if s == 200 else {}
+    check(s == 200 and m.get("content") == after and "reasoning_content" not in m,
+          "an empty block closed: the rest is content, no reasoning_content (%r)" % m)
+    s, reasoning, content, _ = chat_stream_parts(api, dict(chat, logit_bias=force))
+    check(s == 200 and content == after and reasoning == "", "streamed: the same content (%r)" % content)
+
+    # enable_thinking false: the prompt closed the block; the reply is content as it comes.
+    text = raw(not_thinking, 100)
+    s, b = api.json("POST", "/v1/chat/completions",
+                    dict(chat, logit_bias=force, chat_template_kwargs={"enable_thinking": False}))
+    m = b["choices"][0]["message"] if s == 200 else {}
+    check(s == 200 and m.get("content") == text and "reasoning_content" not in m,
+          "enable_thinking false: the reply is content, tags and all (%r)" % m)
+    s, b = api.json("POST", "/v1/chat/completions", dict(chat, logit_bias=force, reasoning_effort="none"))
+    check(s == 200 and b["choices"][0]["message"].get("content") == text, "reasoning_effort none: the same")
+
+    # /v1/completions keeps the raw text too.
+    s, b = api.json("POST", "/v1/completions", {"prompt": thinking, "max_tokens": 8, "temperature": 0,
+                                                "ignore_eos": True, "logit_bias": force, "reasoning_format": "deepseek"})
+    check(s == 200 and b["choices"][0]["text"] == "</think>" * 8, "/v1/completions: the raw text")
+
+    # Bad values: 400 naming the field.
+    for body, named in [(dict(chat, reasoning_format="thinky"), "reasoning_format"),
+                        (dict(chat, chat_template_kwargs={"enable_thinking": "false"}), "chat_template_kwargs.enable_thinking"),
+                        (dict(chat, chat_template_kwargs={"add_vision_id": True}), "chat_template_kwargs.add_vision_id"),
+                        (dict(chat, chat_template_kwargs=[]), "chat_template_kwargs"),
+                        (dict(chat, reasoning_effort="high"), "reasoning_effort"),
+                        (dict(chat, messages=[{"role": "assistant", "content": "A"}]), "messages")]:
+        s, b = api.json("POST", "/v1/chat/completions", body)
+        check(s == 400 and b["error"].get("param") == named, "400 naming %s (%d %s)" % (named, s, str(b)[:160]))
+    s, b = api.json("POST", "/apply-template", {"messages": [{"role": "user", "content": "Hi"}],
+                                                "chat_template_kwargs": {"enable_thinking": 1}})
+    check(s == 400, "/apply-template: a bad enable_thinking is 400 (%d)" % s)
+
+    # --reasoning-format none: the server's default; a request may still ask for deepseek.
+    coord.terminate()
+    coord.wait(10)
+    coord = start([COORD, "-m", model, "--port", "0", "-c", str(CTX), "--reasoning-format", "none"], "coord-none.log")
+    api = Client(wait_port("coord-none.log", coord))
+    text = raw(thinking, False)
+    s, b = api.json("POST", "/v1/chat/completions", dict(chat, logit_bias=ban))
+    m = b["choices"][0]["message"] if s == 200 else {}
+    check(s == 200 and m.get("content") == text and "reasoning_content" not in m,
+          "--reasoning-format none: the raw text in content (%r)" % m)
+    s, b = api.json("POST", "/v1/chat/completions", dict(chat, logit_bias=ban, reasoning_format="deepseek"))
+    check(s == 200 and b["choices"][0]["message"].get("reasoning_content") == text.strip(WHITESPACE),
+          "--reasoning-format none, a request's deepseek separates")
+    r = subprocess.run([COORD, "-m", model, "--port", "0", "--reasoning-format", "bogus"], capture_output=True,
+                       text=True, timeout=60)
+    check(r.returncode != 0 and "reasoning-format" in r.stderr + r.stdout,
+          "--reasoning-format bogus is refused (%d: %s)" % (r.returncode, (r.stderr + r.stdout)[-200:]))
+
+
 def main():
     if MODE == "prefill":
         prefill_main()
+        return
+    if MODE == "reasoning":
+        reasoning_main()
         return
     if MODE == "limits":
         import limits_test
@@ -266,7 +412,7 @@ def main():
     s, b = api.json("GET", "/v1/models")
     check(s == 200 and b["object"] == "list" and b["data"][0]["id"] == "M", "/v1/models lists M")
     s, b = api.json("GET", "/props")
-    check(s == 200 and b["default_generation_settings"]["n_ctx"] == CTX and b["chat_template"] == "chatml" and
+    check(s == 200 and b["default_generation_settings"]["n_ctx"] == CTX and b["chat_template"] == "qwen3" and
           b["total_slots"] == (8 if MODE == "cluster" else 4), "/props")
     slots_total = b["total_slots"]
 

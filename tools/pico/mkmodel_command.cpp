@@ -4,10 +4,12 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <map>
 #include <memory>
 #include <optional>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <system_error>
@@ -26,6 +28,7 @@ struct MkmodelOptions {
   std::string type = "f32";
   std::string node_modules;
   std::string output;
+  std::string chat_template_file;  // non-empty: its text is tokenizer.chat_template (instead of the vocabulary's)
   size_t split_max_tensors = 0;  // > 0: write a split model, as llama.cpp's gguf-split does
   synthetic::SyntheticSpec spec;
 };
@@ -78,7 +81,14 @@ void run_mkmodel(MkmodelOptions options) {
   spec.node_modules = resolve_node_modules(options.node_modules);
   synthetic::validate(spec);
 
-  const synthetic::Vocabulary vocabulary = synthetic::load_vocabulary(spec.vocab, spec.node_modules);
+  synthetic::Vocabulary vocabulary = synthetic::load_vocabulary(spec.vocab, spec.node_modules);
+  if (!options.chat_template_file.empty()) {
+    std::ifstream in(options.chat_template_file, std::ios::binary);
+    if (!in) throw std::runtime_error("cannot open the chat template " + options.chat_template_file);
+    std::ostringstream text;
+    text << in.rdbuf();
+    vocabulary.chat_template = text.str();
+  }
   const gguf::Writer writer = synthetic::build_synthetic_model(spec, vocabulary);
   std::error_code ec;
   uintmax_t size = 0;
@@ -141,6 +151,9 @@ void add_mkmodel_command(CLI::App& app) {
   command->add_option("--node-modules", options->node_modules,
                       "Folder holding the vocabulary packages (default $PICO_NODE_MODULES, else "
                       "tests/conformance/node_modules of this checkout)");
+  command->add_option("--chat-template", options->chat_template_file,
+                      "Write this file's text as tokenizer.chat_template (default: the vocabulary's template, if any)")
+      ->check(CLI::ExistingFile);
   command->add_option("-o,--output", options->output, "Output .gguf")->required();
   command->add_option("--split-max-tensors", options->split_max_tensors,
                       "Write a split model (OUT-00001-of-0000N.gguf ...) of at most N tensors per file");
