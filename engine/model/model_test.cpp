@@ -27,6 +27,10 @@ namespace fs = std::filesystem;
 
 constexpr int64_t kVocab = 96, kEmbd = 64, kFf = 128, kHead = 4, kHeadKv = 2, kLayers = 3, kCtx = 64;
 constexpr int64_t kExperts = 6, kExpertsUsed = 2, kExpertFf = 32;  // qwen3moe
+// Hybrids (qwen35, qwen35moe, qwen3next): layers 0 and 2 Gated DeltaNet, layer 1 gated attention.
+constexpr int64_t kSsmState = 16, kSsmGroups = 2, kSsmValueHeads = 4, kSsmConv = 4, kSharedFf = 32;
+
+bool is_hybrid(const std::string& arch) { return arch == "qwen35" || arch == "qwen35moe" || arch == "qwen3next"; }
 
 struct Gen {
   gguf::Writer w;
@@ -74,7 +78,21 @@ fs::path write_model(const std::string& arch, GgmlType type) {
   md.set(a + (arch == "gpt2" ? ".attention.layer_norm_epsilon" : ".attention.layer_norm_rms_epsilon"), 1e-5f);
   md.set(a + ".rope.freq_base", 10000.0f);
   if (arch == "gemma3") md.set(a + ".attention.sliding_window", uint32_t{5});
-  const bool moe = arch == "qwen3moe";
+  const bool hybrid = is_hybrid(arch);
+  const bool moe = arch == "qwen3moe" || arch == "qwen35moe" || arch == "qwen3next";
+  if (hybrid) {
+    md.set(a + ".ssm.conv_kernel", static_cast<uint32_t>(kSsmConv));
+    md.set(a + ".ssm.state_size", static_cast<uint32_t>(kSsmState));
+    md.set(a + ".ssm.group_count", static_cast<uint32_t>(kSsmGroups));
+    md.set(a + ".ssm.time_step_rank", static_cast<uint32_t>(kSsmValueHeads));
+    md.set(a + ".ssm.inner_size", static_cast<uint32_t>(kSsmState * kSsmValueHeads));
+    md.set(a + ".full_attention_interval", uint32_t{2});
+    md.set(a + ".attention.key_length", uint32_t{16});
+    md.set(a + ".attention.value_length", uint32_t{16});
+    md.set(a + ".rope.dimension_count", uint32_t{8});  // partial: half of each head
+    md.set(a + ".rope.dimension_sections", gguf::make_array(gguf::ValueType::Int32, {int32_t{2}, int32_t{1}, int32_t{1}, int32_t{0}}));
+    if (moe) md.set(a + ".expert_shared_feed_forward_length", static_cast<uint32_t>(kSharedFf));
+  }
   if (moe) {
     md.set(a + ".expert_count", static_cast<uint32_t>(kExperts));
     md.set(a + ".expert_used_count", static_cast<uint32_t>(kExpertsUsed));
@@ -86,7 +104,30 @@ fs::path write_model(const std::string& arch, GgmlType type) {
   for (int64_t il = 0; il < kLayers; ++il) {
     const std::string b = "blk." + std::to_string(il) + ".";
     g.vec(b + "attn_norm.weight", kEmbd);
-    g.vec(b + "ffn_norm.weight", kEmbd);
+    g.vec(b + (hybrid ? "post_attention_norm.weight" : "ffn_norm.weight"), kEmbd);
+    if (hybrid && moe) {
+      g.tensor(b + "ffn_gate_inp_shexp.weight", {static_cast<uint64_t>(kEmbd)}, 2.0f / std::sqrt(static_cast<float>(kEmbd)), 0,
+               GgmlType::F32);
+      g.mat(b + "ffn_gate_shexp.weight", kEmbd, kSharedFf);
+      g.mat(b + "ffn_up_shexp.weight", kEmbd, kSharedFf);
+      g.mat(b + "ffn_down_shexp.weight", kSharedFf, kEmbd);
+    }
+    if (hybrid && il % 2 == 0) {  // a Gated DeltaNet layer
+      const int64_t key = kSsmGroups * kSsmState, value = kSsmValueHeads * kSsmState, conv = 2 * key + value;
+      g.mat(b + "attn_qkv.weight", kEmbd, conv);
+      g.mat(b + "attn_gate.weight", kEmbd, value);
+      if (arch == "qwen3next") {
+        g.mat(b + "ssm_ba.weight", kEmbd, 2 * kSsmValueHeads);
+      } else {
+        g.mat(b + "ssm_beta.weight", kEmbd, kSsmValueHeads);
+        g.mat(b + "ssm_alpha.weight", kEmbd, kSsmValueHeads);
+      }
+      g.tensor(b + "ssm_conv1d.weight", {static_cast<uint64_t>(kSsmConv), static_cast<uint64_t>(conv)}, 0.5f, 0, GgmlType::F32);
+      g.vec(b + "ssm_dt.bias", kSsmValueHeads, 0.0f);
+      g.tensor(b + "ssm_a", {static_cast<uint64_t>(kSsmValueHeads)}, 0.5f, -1.0f, GgmlType::F32);
+      g.vec(b + "ssm_norm.weight", kSsmState);
+      g.mat(b + "ssm_out.weight", value, kEmbd);
+    }
     if (moe) {
       const auto e = static_cast<uint64_t>(kEmbd), f = static_cast<uint64_t>(kExpertFf), n = static_cast<uint64_t>(kExperts);
       g.tensor(b + "ffn_gate_inp.weight", {e, n}, 3.0f / std::sqrt(static_cast<float>(kEmbd)), 0, GgmlType::F32);
@@ -98,7 +139,17 @@ fs::path write_model(const std::string& arch, GgmlType type) {
       g.mat(b + "ffn_down.weight", kFf, kEmbd);
       g.mat(b + "ffn_gate.weight", kEmbd, kFf);
     }
-    g.mat(b + "attn_output.weight", kHead * hd, kEmbd);
+    if (hybrid && il % 2 == 0) continue;
+    if (!hybrid) g.mat(b + "attn_output.weight", kHead * hd, kEmbd);
+    if (hybrid) {  // gated attention: query and gate per head
+      g.mat(b + "attn_q.weight", kEmbd, 2 * kHead * hd);
+      g.mat(b + "attn_k.weight", kEmbd, nkv);
+      g.mat(b + "attn_v.weight", kEmbd, nkv);
+      g.mat(b + "attn_output.weight", kHead * hd, kEmbd);
+      g.vec(b + "attn_q_norm.weight", hd);
+      g.vec(b + "attn_k_norm.weight", hd);
+      continue;
+    }
     if (arch == "gpt2") {
       g.vec(b + "attn_norm.bias", kEmbd, 0);
       g.vec(b + "ffn_norm.bias", kEmbd, 0);
@@ -261,9 +312,17 @@ TEST_P(ModelTest, TruncateAndReevaluate) {
   auto feed = [&](size_t from, size_t to) {
     std::vector<BatchToken> batch;
     for (size_t i = from; i < to; ++i) batch.push_back({0, static_cast<int32_t>(i), ids[i]});
+    // A hybrid's recurrent state goes back only to a checkpoint: one after 4 tokens
+    // (ignored by models without recurrent layers).
+    if (from == 0) batch[3].checkpoint_keep = 2;
     return m.model->forward(*m.be, batch, nullptr, m.model->all_layers(), cache);
   };
-  feed(0, 10);
+  EXPECT_EQ(feed(0, 10), whole);  // a checkpoint inside the batch changes nothing
+  if (is_hybrid(GetParam().arch)) {
+    EXPECT_FALSE(cache.can_truncate(0, 5));
+    EXPECT_THROW(cache.truncate(0, 5), std::invalid_argument);
+    EXPECT_EQ(cache.recurrent(0).checkpoint_positions(), std::vector<int64_t>{4});
+  }
   cache.truncate(0, 4);
   const auto again = feed(4, 10);
   EXPECT_EQ(again, std::vector<float>(whole.begin() + 4 * kVocab, whole.end()));
@@ -273,7 +332,10 @@ INSTANTIATE_TEST_SUITE_P(Archs, ModelTest,
                          ::testing::Values(Param{"llama", GgmlType::F32}, Param{"llama", GgmlType::Q8_0},
                                            Param{"qwen2", GgmlType::F16}, Param{"qwen3", GgmlType::BF16},
                                            Param{"gpt2", GgmlType::F32}, Param{"gemma3", GgmlType::Q8_0},
-                                           Param{"qwen3moe", GgmlType::F32}, Param{"qwen3moe", GgmlType::Q8_0}),
+                                           Param{"qwen3moe", GgmlType::F32}, Param{"qwen3moe", GgmlType::Q8_0},
+                                           Param{"qwen35", GgmlType::F32}, Param{"qwen35", GgmlType::Q8_0},
+                                           Param{"qwen35moe", GgmlType::F16}, Param{"qwen3next", GgmlType::F32},
+                                           Param{"qwen3next", GgmlType::Q8_0}),
                          [](const ::testing::TestParamInfo<Param>& param_info) {
                            return param_info.param.arch + "_" + std::string(type_traits(param_info.param.type).name);
                          });
