@@ -4,7 +4,7 @@
 #
 #   cluster_test.sh BUILD_DIR MODEL_DIR CASE
 #
-# CASE: models | equivalence-llama | equivalence-qwen3 | concurrency | kill | hang | refuse | slow-link | kv-budget
+# CASE: models | equivalence-llama | equivalence-qwen3 | equivalence-qwen35 | equivalence-qwen3next | concurrency | kill | hang | refuse | slow-link | kv-budget
 set -euo pipefail
 build=$1 models=$2 case=$3
 pico=$build/tools/pico/pico worker=$build/worker/pico-worker coord=$build/coordinator/pico-coord
@@ -55,9 +55,17 @@ case $case in
       --seed 3 -o "$models/llama.gguf" >/dev/null
     "$pico" mkmodel --arch qwen3 --vocab qwen3 --layers 4 --embd 64 --ff 128 --heads 4 --kv-heads 2 --head-dim 32 \
       --ctx 4096 --seed 4 -o "$models/qwen3.gguf" >/dev/null
+    # Hybrids: layers 0-2 Gated DeltaNet, layer 3 gated attention (the splits below cut
+    # inside the linear run and at the attention layer).
+    "$pico" mkmodel --arch qwen35 --vocab qwen3 --layers 4 --embd 64 --ff 128 --heads 4 --kv-heads 2 --head-dim 32 \
+      --ssm-state 64 --ssm-groups 2 --ssm-value-heads 4 --full-attention-interval 4 --ctx 4096 --seed 5 \
+      -o "$models/qwen35.gguf" >/dev/null
+    "$pico" mkmodel --arch qwen3next --vocab qwen3 --layers 4 --embd 64 --ff 128 --heads 4 --kv-heads 2 --head-dim 32 \
+      --ssm-state 64 --ssm-groups 2 --ssm-value-heads 4 --full-attention-interval 4 --experts 4 --experts-used 2 \
+      --expert-ff 32 --shared-expert-ff 32 --ctx 4096 --seed 6 -o "$models/qwen3next.gguf" >/dev/null
     ;;
 
-  equivalence-llama|equivalence-qwen3)
+  equivalence-llama|equivalence-qwen3|equivalence-qwen35|equivalence-qwen3next)
     model=$models/${case#equivalence-}.gguf
     # The single node: every layer in-process.
     "$coord" -m "$model" -p "$prompt" -n 24 --temp 0 --print-tokens --dump-logits "$tmp/base.bin" \
