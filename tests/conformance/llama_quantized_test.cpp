@@ -6,6 +6,8 @@
 // every tensor with its reference dequantize_row, checking that the values are
 // finite and close to the original weights (normalized mean squared error below a
 // bound per tensor type). Prints the tensor types of each file and the error table.
+// A second test checks that `pico quantize` chooses the same type as llama.cpp for
+// every tensor (mixes and pure types; hybrids, MoE, tied embeddings).
 // Fails (never skips) when PICO_LLAMA_LIB is unset or cannot be loaded.
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -26,6 +28,7 @@
 #include "temp_dir.hpp"
 #include "quant/quantize.hpp"
 #include "quant/type_traits.hpp"
+#include "quantize/model_quantizer.hpp"
 #include "synthetic/synthetic_model.hpp"
 
 namespace pico {
@@ -204,6 +207,93 @@ TEST(LlamaQuantized, PicoDequantizesEveryFileTypeLlamaCppWrites) {
   for (const Row& row : table) {
     std::printf("%-15s %-8s %8d %12.3e %12.3e %10.1e\n", row.file.c_str(), row.tensor_type.c_str(), row.tensors,
                 row.mean, row.worst, row.bound);
+  }
+}
+
+// `pico quantize` chooses, tensor by tensor, the type llama.cpp's quantizer chooses:
+// for its mixes (Q3_K_M, Q4_K_S, Q4_K_M, Q5_K_M) against llama.cpp's file types, for
+// its plain types (pure: every matrix in the one type) against llama.cpp's --pure, on
+// the hybrids (qwen35 tied with value rows of 96 that fall back; qwen35moe with 8
+// experts; qwen3next); the mixes also on qwen3moe with 8 experts, llama and tied gpt2
+// (attn_qkv).
+TEST(LlamaQuantized, PicoQuantizeChoosesLlamaCppsTensorTypes) {
+  const conformance::LlamaLibrary& llama = conformance::LlamaLibrary::get();
+  ASSERT_TRUE(llama.loaded()) << llama.error();
+  TempDir dir("llama_quantized_types");
+  using A = synthetic::Architecture;
+  using F = conformance::LlamaFileType;
+  struct Model {
+    const char* label;
+    A arch;
+    uint32_t layers, heads, kv_heads, experts, value_heads, groups, state;
+    bool tied;
+  };
+  const Model models[] = {
+      {"llama", A::llama, 8, 4, 2, 0, 0, 0, 0, false},
+      {"gpt2_tied", A::gpt2, 4, 4, 4, 0, 0, 0, 0, true},
+      {"qwen3moe_8x", A::qwen3moe, 4, 4, 2, 8, 0, 0, 0, false},
+      {"qwen35_tied", A::qwen35, 8, 4, 2, 0, 3, 1, 32, true},
+      {"qwen35moe_8x", A::qwen35moe, 4, 4, 2, 8, 4, 2, 64, false},
+      {"qwen3next", A::qwen3next, 8, 4, 1, 4, 4, 2, 64, false},
+  };
+  struct Type {
+    const char* pico;
+    F llama;
+    bool pure;
+  };
+  const Type types[] = {{"Q4_K_M", F::Q4_K_M, false}, {"Q5_K_M", F::Q5_K_M, false}, {"Q4_K_S", F::Q4_K_S, false},
+                        {"Q3_K_M", F::Q3_K_M, false}, {"q8_0", F::Q8_0, true},        {"q4_0", F::Q4_0, true},
+                        {"q6_K", F::Q6_K, true},       {"iq4_nl", F::IQ4_NL, true},   {"q2_K", F::Q2_K, true}};
+  for (const Model& m : models) {
+    synthetic::SyntheticSpec spec;
+    spec.architecture = m.arch;
+    spec.vocab = synthetic::VocabKind::llama2;
+    spec.node_modules = PICO_NODE_MODULES_DIR;
+    spec.n_layers = m.layers;
+    spec.n_embd = 256;
+    spec.n_ff = 512;
+    spec.n_head = m.heads;
+    spec.n_head_kv = m.kv_heads;
+    spec.tied_embeddings = m.tied;
+    if (m.experts) {
+      spec.n_expert = m.experts;
+      spec.n_expert_used = 2;
+      spec.n_ff_exp = 256;
+      spec.n_ff_shexp = 256;
+    }
+    if (synthetic::is_hybrid(m.arch)) {
+      spec.head_dim = 64;
+      spec.full_attention_interval = 4;
+      spec.ssm_value_heads = m.value_heads;
+      spec.ssm_groups = m.groups;
+      spec.ssm_state = m.state;
+    }
+    const fs::path source = dir.path() / (std::string(m.label) + ".gguf");
+    synthetic::write_synthetic_model(spec, source);
+    for (const Type& t : types) {
+      if (t.pure && !synthetic::is_hybrid(m.arch)) continue;  // a pure type is one type for every matrix
+      SCOPED_TRACE(std::string(m.label) + " " + t.pico);
+      const fs::path by_llama = dir.path() / "by_llama.gguf", by_pico = dir.path() / "by_pico.gguf";
+      ASSERT_EQ(llama.quantize(source, by_llama, t.llama, t.pure), 0u);
+      tools::quantize_model(source, by_pico, *tools::parse_quantize_type(t.pico));
+      const auto expected = gguf::Model::open(by_llama);
+      const auto got = gguf::Model::open(by_pico);
+      ASSERT_EQ(got->tensors().size(), expected->tensors().size());
+      int differ = 0;
+      std::map<std::string, int> histogram;
+      for (const gguf::TensorInfo& e : expected->tensors()) {
+        const gguf::TensorInfo* g = got->find_tensor(e.name);
+        ASSERT_NE(g, nullptr) << e.name;
+        ++histogram[std::string(type_traits(e.type).name)];
+        if (g->type != e.type && differ++ < 8) {
+          ADD_FAILURE() << e.name << ": pico " << type_traits(g->type).name << ", llama.cpp " << type_traits(e.type).name;
+        }
+      }
+      EXPECT_EQ(differ, 0);
+      std::string line;
+      for (const auto& [type, count] : histogram) line += " " + type + ":" + std::to_string(count);
+      std::printf("%-13s %-7s %s%s\n", m.label, t.pico, differ ? "DIFFERS" : "same types:", line.c_str());
+    }
   }
 }
 

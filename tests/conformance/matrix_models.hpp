@@ -56,6 +56,23 @@ inline synthetic::SyntheticSpec matrix_model_spec(synthetic::Architecture arch) 
       // (of a pattern of 6, only the 6th is global).
       spec.sliding_window = 16;
       break;
+    // Not in the matrix yet (pico's engine does not run them): Gated DeltaNet layer 0,
+    // full attention layer 1; every row a whole number of 256-blocks (value dim 4 x 64).
+    case synthetic::Architecture::qwen35:
+    case synthetic::Architecture::qwen35moe:
+    case synthetic::Architecture::qwen3next:
+      spec.vocab = synthetic::VocabKind::qwen3;
+      spec.tied_embeddings = true;
+      spec.head_dim = 64;
+      spec.full_attention_interval = 2;
+      spec.ssm_state = 64;
+      spec.ssm_groups = 2;
+      spec.ssm_value_heads = 4;
+      spec.n_expert = 8;
+      spec.n_expert_used = 2;
+      spec.n_ff_exp = 256;
+      spec.n_ff_shexp = 256;
+      break;
   }
   return spec;
 }

@@ -65,6 +65,28 @@ std::string human_bytes(uintmax_t bytes) {
   return fmt::format("{:.1f} MiB", static_cast<double>(bytes) / (1024.0 * 1024.0));
 }
 
+// The architecture-specific part of the summary line.
+std::string details(const synthetic::SyntheticSpec& spec) {
+  std::string out;
+  if (synthetic::is_hybrid(spec.architecture)) {
+    uint32_t full = 0;
+    for (uint32_t i = 0; i < spec.n_layers; ++i) full += synthetic::is_full_attention_layer(spec, i) ? 1 : 0;
+    out += fmt::format(
+        ", {} full-attention layers (interval {}) with rope dims {}, {} Gated DeltaNet layers (conv {}, state {}, "
+        "{} key / {} value heads)",
+        full, synthetic::full_attention_interval_of(spec), synthetic::rope_dims_of(spec), spec.n_layers - full,
+        spec.ssm_conv_kernel, spec.ssm_state, spec.ssm_groups, spec.ssm_value_heads);
+  }
+  if (synthetic::has_experts(spec.architecture)) {
+    const uint32_t n_ff_exp = spec.n_ff_exp > 0 ? spec.n_ff_exp : spec.n_ff;
+    out += fmt::format(", {} experts ({} used) of ff {}", spec.n_expert, spec.n_expert_used, n_ff_exp);
+    if (spec.architecture != synthetic::Architecture::qwen3moe) {
+      out += fmt::format(" + a shared expert of ff {}", spec.n_ff_shexp > 0 ? spec.n_ff_shexp : n_ff_exp);
+    }
+  }
+  return out;
+}
+
 void run_mkmodel(MkmodelOptions options) {
   synthetic::SyntheticSpec& spec = options.spec;
   const auto arch = synthetic::parse_architecture(options.arch);
@@ -109,10 +131,7 @@ void run_mkmodel(MkmodelOptions options) {
       options.output, options.arch, options.vocab, vocabulary.size(), spec.n_layers, spec.n_embd, spec.n_ff,
       spec.n_head, spec.n_head_kv, synthetic::head_dim_of(spec), spec.n_ctx_train, options.type, spec.seed,
       spec.tied_embeddings ? "tied" : "untied", writer.tensors().size(), ec ? std::string("?") : human_bytes(size),
-      spec.architecture == synthetic::Architecture::qwen3moe
-          ? fmt::format(", {} experts ({} used) of ff {}", spec.n_expert, spec.n_expert_used,
-                        spec.n_ff_exp > 0 ? spec.n_ff_exp : spec.n_ff)
-          : std::string());
+      details(spec));
 }
 
 }  // namespace
@@ -122,7 +141,8 @@ void add_mkmodel_command(CLI::App& app) {
   synthetic::SyntheticSpec& spec = options->spec;
   CLI::App* command =
       app.add_subcommand("mkmodel", "Write a seeded random GGUF model with a real vocabulary (for tests)");
-  command->add_option("--arch", options->arch, "Architecture: llama, qwen2, qwen3, qwen3moe, gpt2, gemma3")
+  command->add_option("--arch", options->arch,
+                      "Architecture: llama, qwen2, qwen3, qwen3moe, gpt2, gemma3, qwen35, qwen35moe, qwen3next")
       ->default_val("llama");
   command->add_option("--vocab", options->vocab, "Vocabulary: llama2, gemma3, qwen3, llama3, gpt2")
       ->default_val("llama2");
@@ -139,10 +159,32 @@ void add_mkmodel_command(CLI::App& app) {
   command->add_option("--eps", spec.norm_eps, "Norm epsilon (default: the architecture's)")->default_val(0);
   command->add_option("--sliding-window", spec.sliding_window, "gemma3 sliding window (0: none)")
       ->default_val(512);
-  command->add_option("--experts", spec.n_expert, "qwen3moe: experts per layer")->default_val(8);
-  command->add_option("--experts-used", spec.n_expert_used, "qwen3moe: experts each token uses")->default_val(2);
-  command->add_option("--expert-ff", spec.n_ff_exp, "qwen3moe: expert feed-forward length (0: --ff)")
+  command->add_option("--experts", spec.n_expert, "qwen3moe, qwen35moe, qwen3next: experts per layer")
+      ->default_val(8);
+  command->add_option("--experts-used", spec.n_expert_used, "qwen3moe, qwen35moe, qwen3next: experts each token uses")
+      ->default_val(2);
+  command->add_option("--expert-ff", spec.n_ff_exp, "qwen3moe, qwen35moe, qwen3next: expert feed-forward length (0: --ff)")
       ->default_val(0);
+  command->add_option("--shared-expert-ff", spec.n_ff_shexp,
+                      "qwen35moe, qwen3next: shared expert feed-forward length (0: --expert-ff)")
+      ->default_val(0);
+  command->add_option("--full-attention-interval", spec.full_attention_interval,
+                      "qwen35, qwen35moe, qwen3next: layer i is full attention iff (i + 1) % N == 0, the others "
+                      "Gated DeltaNet (2 <= N <= layers; 0: 4, or the layers when fewer)")
+      ->default_val(0);
+  command->add_option("--rope-dims", spec.rope_dims,
+                      "Rotated dims per head (0: head dim; qwen35, qwen35moe, qwen3next: head dim / 4, partial rope)")
+      ->default_val(0);
+  command->add_option("--ssm-conv", spec.ssm_conv_kernel, "Gated DeltaNet: conv kernel taps (ssm.conv_kernel)")
+      ->default_val(4);
+  command->add_option("--ssm-state", spec.ssm_state,
+                      "Gated DeltaNet: key/value head dim (ssm.state_size; inner size = state x value heads)")
+      ->default_val(32);
+  command->add_option("--ssm-groups", spec.ssm_groups, "Gated DeltaNet: key heads (ssm.group_count)")
+      ->default_val(2);
+  command->add_option("--ssm-value-heads", spec.ssm_value_heads,
+                      "Gated DeltaNet: value heads (ssm.time_step_rank), a multiple of --ssm-groups")
+      ->default_val(4);
   command->add_option("--type", options->type, "Matrix type: f32, f16, bf16 (norms and biases stay f32)")
       ->default_val("f32");
   command->add_option("--seed", spec.seed, "Random seed")->default_val(1);

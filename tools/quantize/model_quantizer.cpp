@@ -47,12 +47,16 @@ bool use_more_bits(int layer, int layer_count) {
   return layer < layer_count / 8 || layer >= 7 * layer_count / 8 || (layer - layer_count / 8) % 3 == 2;
 }
 
-// A type whose block fits a row length that the chosen type's block does not.
+// A type whose block fits a row length that the chosen type's block does not
+// (llama-quant.cpp tensor_type_fallback; where llama.cpp has none, F16).
 GgmlType fallback_type(GgmlType type) {
   switch (type) {
+    case GgmlType::IQ4_XS: return GgmlType::IQ4_NL;
+    case GgmlType::Q2_0:
     case GgmlType::Q2_K:
     case GgmlType::Q3_K:
-    case GgmlType::IQ4_XS: return GgmlType::IQ4_NL;
+    case GgmlType::TQ1_0:
+    case GgmlType::TQ2_0: return GgmlType::Q4_0;
     case GgmlType::Q4_K: return GgmlType::Q5_0;
     case GgmlType::Q5_K: return GgmlType::Q5_1;
     case GgmlType::Q6_K: return GgmlType::Q8_0;
@@ -78,23 +82,41 @@ std::optional<QuantizePlan> parse_quantize_type(std::string_view name) {
 }
 
 GgmlType choose_tensor_type(const QuantizePlan& plan, std::string_view name, size_t dimensions, uint64_t row_length,
-                            int layer, int layer_count, GgmlType current_type) {
-  // Vectors (norms, biases), norm weights, learned position embeddings, token-type
-  // embeddings and MoE routers (ffn_gate_inp) keep their type, as in llama.cpp.
+                            int layer, const QuantizeModelInfo& model, GgmlType current_type) {
+  // Vectors (norms, biases, ssm_a, ssm_dt.bias, the shared-expert gate), norm weights,
+  // learned position embeddings, token-type embeddings, MoE routers (ffn_gate_inp) and
+  // the Gated DeltaNet conv kernels (ssm_conv1d) keep their type, as in llama.cpp
+  // (llama-quant.cpp tensor_allows_quantization).
   if (dimensions < 2 || !ends_with(name, ".weight") || contains(name, "_norm") || name == "position_embd.weight" ||
-      name == "token_types.weight" || contains(name, "ffn_gate_inp.weight")) {
+      name == "token_types.weight" || contains(name, "ffn_gate_inp.weight") || contains(name, "ssm_conv1d")) {
     return current_type;
   }
   GgmlType type = plan.base_type;
   if (!plan.mix.empty()) {
-    const bool is_output = name == "output.weight";
-    const bool more_bits = layer >= 0 && use_more_bits(layer, layer_count);
+    // Tied embeddings: token_embd is also the head and gets the head's type.
+    const bool is_output = name == "output.weight" || (model.tied_embeddings && name == "token_embd.weight");
+    const bool more_bits = layer >= 0 && use_more_bits(layer, model.layer_count);
+    // llama.cpp counts attn_v and attn_qkv tensors (its "attention-v-like" category)
+    // in layer order: with one of them per layer (attn_qkv in gpt2 and in the Gated
+    // DeltaNet layers of the hybrids, attn_v elsewhere) that count is the layer index.
+    const bool attn_v_like = contains(name, "attn_v.weight") || contains(name, "attn_qkv.weight");
+    const bool eight_experts = model.expert_count == 8;
     if (is_output) {
       type = GgmlType::Q6_K;
-    } else if (contains(name, "attn_v.weight") || contains(name, "ffn_down")) {
+    } else if (attn_v_like) {
       if ((plan.mix == "Q4_K_M" || plan.mix == "Q5_K_M") && more_bits) type = GgmlType::Q6_K;
-      if (plan.mix == "Q4_K_S" && layer >= 0 && layer < 4 && contains(name, "attn_v")) type = GgmlType::Q5_K;
+      if (plan.mix == "Q4_K_S" && layer >= 0 && layer < 4) type = GgmlType::Q5_K;
       if (plan.mix == "Q3_K_M") type = layer < 2 ? GgmlType::Q5_K : GgmlType::Q4_K;
+      if (eight_experts) type = GgmlType::Q8_0;  // "for the 8-expert model, bumping this to Q8_0 trades just ~128MB"
+    } else if (contains(name, "attn_k.weight")) {
+      if (eight_experts) type = GgmlType::Q8_0;
+    } else if (contains(name, "attn_output.weight")) {
+      if (eight_experts && plan.mix != "Q5_K_M") type = GgmlType::Q5_K;
+      if (!eight_experts && plan.mix == "Q3_K_M") type = GgmlType::Q4_K;
+    } else if (contains(name, "ffn_down")) {  // ffn_down, ffn_down_exps, ffn_down_shexp
+      if ((plan.mix == "Q4_K_M" || plan.mix == "Q5_K_M") && more_bits) type = GgmlType::Q6_K;
+      if (plan.mix == "Q4_K_S" && layer >= 0 && layer < model.layer_count / 8) type = GgmlType::Q5_K;
+      if (plan.mix == "Q3_K_M") type = layer < model.layer_count / 16 ? GgmlType::Q5_K : GgmlType::Q4_K;
     }
   }
   while (row_length % type_traits(type).block_size != 0) type = fallback_type(type);
@@ -113,14 +135,17 @@ QuantizeReport quantize_model(const std::filesystem::path& input, const std::fil
   writer.set("general.quantization_version", static_cast<uint32_t>(2));
 
   const std::string arch(model->metadata().get_string("general.architecture").value_or(""));
-  const int layer_count = static_cast<int>(model->metadata().get_int(arch + ".block_count").value_or(0));
+  QuantizeModelInfo info;
+  info.layer_count = static_cast<int>(model->metadata().get_int(arch + ".block_count").value_or(0));
+  info.expert_count = static_cast<uint32_t>(model->metadata().get_int(arch + ".expert_count").value_or(0));
+  info.tied_embeddings = model->find_tensor("output.weight") == nullptr;
 
   QuantizeReport report;
   for (const gguf::TensorInfo& tensor : model->tensors()) {
     const auto source = model->tensor_data(tensor);
     report.bytes_in += tensor.bytes;
     const GgmlType type = choose_tensor_type(plan, tensor.name, tensor.shape.size(), tensor.shape[0],
-                                             layer_of(tensor.name), layer_count, tensor.type);
+                                             layer_of(tensor.name), info, tensor.type);
     if (type == tensor.type) {
       writer.add_tensor(tensor.name, tensor.type, tensor.shape, source);
       report.bytes_out += tensor.bytes;
