@@ -227,11 +227,8 @@ std::vector<float> StageEngine::forward(std::span<const model::BatchToken> batch
                                   std::to_string(pos) + ": its recurrent state has no checkpoint there");
     }
   }
-  for (const auto& t : batch) {
-    if (t.checkpoint_keep > 0 && !cache_->recurrent_config()) {
-      throw std::invalid_argument("a checkpoint asked of a stage without recurrent layers");
-    }
-  }
+  // Checkpoint marks concern only stages with recurrent layers: the others keep KV,
+  // which goes back to any position.
   check_limits(batch, next_pos);
   // A sequence continued from an earlier position (the coordinator reusing a cached
   // prompt prefix) drops the positions after it: the cut travels with the tokens, so no

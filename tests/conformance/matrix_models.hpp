@@ -56,8 +56,7 @@ inline synthetic::SyntheticSpec matrix_model_spec(synthetic::Architecture arch) 
       // (of a pattern of 6, only the 6th is global).
       spec.sliding_window = 16;
       break;
-    // Not in the matrix yet (pico's engine does not run them): Gated DeltaNet layer 0,
-    // full attention layer 1; every row a whole number of 256-blocks (value dim 4 x 64).
+    // Gated DeltaNet layer 0, full attention layer 1; every row a whole number of 256-blocks (value dim 4 x 64).
     case synthetic::Architecture::qwen35:
     case synthetic::Architecture::qwen35moe:
     case synthetic::Architecture::qwen3next:

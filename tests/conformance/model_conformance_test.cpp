@@ -184,6 +184,16 @@ std::vector<Case> cases() {
       // A window of 16 over ~100 positions: layer 0 slides, layer 1 (of a pattern of 6: the 6th is global) too.
       {"gemma3_gemma3", "--arch gemma3 --vocab gemma3 --layers 2 --embd 64 --ff 128 --heads 4 --kv-heads 2 "
                         "--head-dim 32 --tied --sliding-window 16"},
+      // Hybrids: 4 layers, every 2nd gated attention, the others Gated DeltaNet (key and
+      // value heads of 64, ggml's 64-float dot steps); MoE ones with a shared expert.
+      {"qwen35_qwen3", "--arch qwen35 --vocab qwen3 --layers 4 --embd 64 --ff 128 --heads 4 --kv-heads 2 "
+                       "--head-dim 32 --full-attention-interval 2 --ssm-state 64 --ssm-groups 2 --ssm-value-heads 4"},
+      {"qwen35moe_qwen3", "--arch qwen35moe --vocab qwen3 --layers 4 --embd 64 --ff 128 --heads 4 --kv-heads 2 "
+                          "--head-dim 32 --full-attention-interval 2 --ssm-state 64 --ssm-groups 2 --ssm-value-heads 4 "
+                          "--experts 8 --experts-used 2 --expert-ff 64 --shared-expert-ff 96"},
+      {"qwen3next_qwen3", "--arch qwen3next --vocab qwen3 --layers 4 --embd 64 --ff 128 --heads 4 --kv-heads 1 "
+                          "--head-dim 32 --full-attention-interval 2 --ssm-state 64 --ssm-groups 2 --ssm-value-heads 4 "
+                          "--experts 4 --experts-used 2 --expert-ff 64 --tied"},
   };
   std::vector<Case> out;
   for (const Family& f : families) {

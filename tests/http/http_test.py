@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """HTTP API tests of pico-coord (python3 stdlib only).
 
-    http_test.py BUILD_DIR MODE      MODE: local | cluster | auth | openai | prefill | limits | reasoning
+    http_test.py BUILD_DIR MODE      MODE: local | cluster | auth | openai | prefill | limits | reasoning | hybrid
 
 openai: the official npm client (tests/conformance/node_modules/openai) via
 openai_client_test.mjs; fails without node or the package (scripts/setup.sh installs both).
@@ -352,7 +352,69 @@ def reasoning_main():
           "--reasoning-format bogus is refused (%d: %s)" % (r.returncode, (r.stderr + r.stdout)[-200:]))
 
 
+def hybrid_main():
+    """A hybrid model (qwen35: Gated DeltaNet and gated attention layers) on 2 workers, the
+    split inside the linear layers: its recurrent state cannot be cut back, so a prompt
+    sharing a prefix with a kept sequence restarts from the newest checkpoint at or
+    below the common prefix, and its reply equals a fresh one; /slots and /metrics show
+    the checkpoints."""
+    model = os.path.join(tmp, "hybrid.gguf")
+    subprocess.run([PICO, "mkmodel", "--arch", "qwen35", "--vocab", "qwen3", "--layers", "4", "--embd", "64", "--ff",
+                    "128", "--heads", "4", "--kv-heads", "2", "--head-dim", "32", "--ssm-state", "64", "--ssm-groups",
+                    "2", "--ssm-value-heads", "4", "--full-attention-interval", "4", "--ctx", "4096", "--seed", "8",
+                    "-o", model], check=True, stdout=subprocess.DEVNULL)
+    coord_args = [COORD, "-m", model, "--port", "0", "-c", str(CTX), "--checkpoint-every", "32",
+                  "--checkpoint-every-gen", "8", "--checkpoint-max", "3"]
+    for k, layers in enumerate(["0-1", "2-3"]):
+        addr = "tcp://127.0.0.1:%d" % free_port()
+        start([WORKER, "-m", model, "--layers", layers, "--listen", addr, "-t", "1"], "worker-%d.log" % k)
+        coord_args += ["--worker", addr]
+    coord = start(coord_args, "coord.log")
+    api = Client(wait_port("coord.log", coord))
+    shared = " ".join("item%d" % i for i in range(60))
+    first, second = shared + " and the first ending", shared + " but a second, other ending"
+    ta, tb = tokens_of(api, first), tokens_of(api, second)
+    common = common_prefix(ta, tb)
+    s, a = api.json("POST", "/completion", {"prompt": first, "n_predict": 20, "temperature": 0})
+    check(s == 200 and a["tokens_predicted"] == 20, "hybrid: /completion")
+    s, sl = api.json("GET", "/slots")
+    kept = [x for x in sl if not x["is_processing"]]
+    cps = kept[0]["checkpoints"] if kept and "checkpoints" in kept[0] else {}
+    positions = cps.get("positions", [])
+    # Marked after positions 32, 64, ..., the prompt's end and every 8 generated tokens,
+    # 3 kept, the newest always among them.
+    check(len(positions) == 3 and cps.get("count") == 3 and positions[-1] == len(ta) + 16 and
+          all(p % 32 == 0 or p == len(ta) or (p - len(ta)) % 8 == 0 for p in positions) and cps.get("bytes", 0) > 0,
+          "hybrid: /slots shows the kept sequence's checkpoints (%r, prompt %d)" % (cps, len(ta)))
+    check(metric(api, "pico:checkpoints") == 3 and metric(api, "pico:checkpoint_bytes") == cps.get("bytes"),
+          "hybrid: /metrics counts the checkpoints")
+    want = max([p for p in positions if p <= common] or [0])
+    s, b = api.json("POST", "/completion", {"prompt": second, "n_predict": 12, "temperature": 0})
+    check(s == 200 and want > 0 and b["timings"]["cache_n"] == want and b["timings"]["prompt_n"] == len(tb) - want,
+          "hybrid: the reuse restarts at the newest checkpoint within the common prefix (cache_n %d, checkpoint %d, "
+          "common prefix %d)" % (b["timings"]["cache_n"], want, common))
+    s, fresh = api.json("POST", "/completion", {"prompt": second, "n_predict": 12, "temperature": 0,
+                                                "cache_prompt": False})
+    check(fresh["timings"]["cache_n"] == 0 and b["content"] == fresh["content"] and b["tokens_predicted"] == 12,
+          "hybrid: the reused reply equals the fresh one (%r vs %r)" % (b["content"], fresh["content"]))
+    # A chat continued: its next turn's prompt extends the first (prompt + reply), so the
+    # reuse goes back to a checkpoint of the reply.
+    chat = {"messages": [{"role": "user", "content": shared}], "max_tokens": 16, "temperature": 0}
+    s, c1 = api.json("POST", "/v1/chat/completions", chat)
+    turn2 = dict(chat, messages=chat["messages"] + [c1["choices"][0]["message"], {"role": "user", "content": "more"}])
+    s, c2 = api.json("POST", "/v1/chat/completions", turn2)
+    s, c3 = api.json("POST", "/v1/chat/completions", dict(turn2, cache_prompt=False))
+    check(c2["usage"]["prompt_tokens_details"]["cached_tokens"] > 0 and
+          c3["usage"]["prompt_tokens_details"]["cached_tokens"] == 0 and
+          c2["choices"][0]["message"]["content"] == c3["choices"][0]["message"]["content"],
+          "hybrid chat: the second turn reuses %d tokens, same reply as fresh" %
+          c2["usage"]["prompt_tokens_details"]["cached_tokens"])
+
+
 def main():
+    if MODE == "hybrid":
+        hybrid_main()
+        return
     if MODE == "prefill":
         prefill_main()
         return
