@@ -356,39 +356,45 @@ TEST(Hparams, ReadsMetadata) {
 // embedding row, the head, and per layer only the chosen experts' slices (moe_test
 // proves the CPU op reads no others): bytes per step = the dense part + layers x
 // experts used x one expert's gate, up and down, far below the file's matrices.
-TEST(Qwen3Moe, DecodeStepReadsOnlyTheChosenExperts) {
-  Loaded m("qwen3moe", GgmlType::Q8_0);
-  state::KvCache cache = m.cache(m.model->all_layers());
-  const auto ids = prompt(8, 6);
-  std::vector<BatchToken> batch;
-  for (size_t i = 0; i < ids.size(); ++i) batch.push_back({0, static_cast<int32_t>(i), ids[i]});
-  m.model->forward(*m.be, batch, nullptr, m.model->all_layers(), cache);
-  backend::RecordingBackend recording(*m.be);
-  const BatchToken step[1] = {{0, static_cast<int32_t>(ids.size()), 17}};
-  m.model->forward(recording, step, nullptr, m.model->all_layers(), cache);
+TEST(Moe, DecodeStepReadsOnlyTheChosenExperts) {
+  for (const char* arch : {"qwen3moe", "qwen35moe"}) {
+    SCOPED_TRACE(arch);
+    Loaded m(arch, GgmlType::Q8_0);
+    state::KvCache cache = m.cache(m.model->all_layers());
+    const auto ids = prompt(8, 6);
+    std::vector<BatchToken> batch;
+    for (size_t i = 0; i < ids.size(); ++i) batch.push_back({0, static_cast<int32_t>(i), ids[i]});
+    m.model->forward(*m.be, batch, nullptr, m.model->all_layers(), cache);
+    backend::RecordingBackend recording(*m.be);
+    const BatchToken step[1] = {{0, static_cast<int32_t>(ids.size()), 17}};
+    m.model->forward(recording, step, nullptr, m.model->all_layers(), cache);
 
-  uint64_t dense = 0, experts_all = 0, one_expert = 0;
-  for (const gguf::TensorInfo& t : m.file->tensors()) {
-    const uint64_t bytes = m.file->tensor_data(t).size();
-    if (t.name.find("_exps.") != std::string::npos) {
-      experts_all += bytes;
-      if (t.name.starts_with("blk.0.")) one_expert += bytes / static_cast<uint64_t>(kExperts);
-    } else if (t.name == "token_embd.weight") {
-      dense += bytes / static_cast<uint64_t>(kVocab);  // one row
-    } else if (t.shape.size() == 2) {
-      dense += bytes;  // attention, routers, head (norm vectors are not matmul weights)
+    uint64_t dense = 0, experts_all = 0, one_expert = 0;
+    for (const gguf::TensorInfo& t : m.file->tensors()) {
+      const uint64_t bytes = m.file->tensor_data(t).size();
+      if (t.name.find("_exps.") != std::string::npos) {
+        experts_all += bytes;
+        if (t.name.starts_with("blk.0.")) one_expert += bytes / static_cast<uint64_t>(kExperts);
+      } else if (t.name == "token_embd.weight") {
+        dense += bytes / static_cast<uint64_t>(kVocab);  // one row
+      } else if ((t.shape.size() == 2 && t.name.find("ssm_conv1d") == std::string::npos) ||
+                 t.name.find("ffn_gate_inp_shexp") != std::string::npos) {
+        // Attention and linear-attention projections, routers, the shared expert and its
+        // gate, the head (norm vectors and the conv's taps are not matmul weights).
+        dense += bytes;
+      }
     }
+    const uint64_t want = dense + static_cast<uint64_t>(kLayers * kExpertsUsed) * one_expert;
+    EXPECT_EQ(recording.weight_bytes, want);
+    ASSERT_EQ(recording.routes.size(), static_cast<size_t>(kLayers));
+    for (const auto& route : recording.routes) {
+      EXPECT_EQ(std::set<int32_t>(route.begin(), route.end()).size(), static_cast<size_t>(kExpertsUsed));
+    }
+    EXPECT_LT(recording.weight_bytes, dense + experts_all / 2);
+    std::printf("%s decode step: %llu weight bytes, of which experts %llu of their %llu\n", arch,
+                static_cast<unsigned long long>(recording.weight_bytes), static_cast<unsigned long long>(want - dense),
+                static_cast<unsigned long long>(experts_all));
   }
-  const uint64_t want = dense + static_cast<uint64_t>(kLayers * kExpertsUsed) * one_expert;
-  EXPECT_EQ(recording.weight_bytes, want);
-  ASSERT_EQ(recording.routes.size(), static_cast<size_t>(kLayers));
-  for (const auto& route : recording.routes) {
-    EXPECT_EQ(std::set<int32_t>(route.begin(), route.end()).size(), static_cast<size_t>(kExpertsUsed));
-  }
-  EXPECT_LT(recording.weight_bytes, dense + experts_all / 2);
-  std::printf("qwen3moe decode step: %llu weight bytes, of which experts %llu of their %llu\n",
-              static_cast<unsigned long long>(recording.weight_bytes), static_cast<unsigned long long>(want - dense),
-              static_cast<unsigned long long>(experts_all));
 }
 
 TEST(Hparams, ReadsQwen3MoeExperts) {
