@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <vector>
 
 #include "state/kv_cache.hpp"
@@ -142,6 +143,18 @@ TEST(HybridCache, KeepsKvForAttentionLayersAndStateForLinearOnes) {
   EXPECT_EQ(other.sequence(9).layer(6).n_pos, 6);
   EXPECT_THROW(other.split_snapshot(std::span<const uint8_t>(snapshot->data(), 8)), std::invalid_argument);
   EXPECT_EQ(cache.bytes_used(), other.bytes_used() + 3u * 36u * 4u);  // the checkpoint is not carried
+
+  // Malformed hybrid snapshots are refused, naming what is wrong, and change nothing.
+  std::vector<uint8_t> lying = *snapshot;
+  const uint64_t huge = uint64_t{1} << 60;
+  std::memcpy(lying.data() + 8, &huge, 8);
+  EXPECT_THROW(other.restore(9, lying), std::invalid_argument);
+  std::vector<uint8_t> cut(snapshot->begin(), snapshot->end() - 1);  // the recurrent part one byte short
+  EXPECT_THROW(other.restore(9, cut), std::invalid_argument);
+  std::vector<uint8_t> kv_only = cache.sequence(1).snapshot();  // a plain KV snapshot on a hybrid stage
+  EXPECT_THROW(other.restore(9, kv_only), std::invalid_argument);
+  EXPECT_EQ(other.positions(9), 6);
+  EXPECT_EQ(other.recurrent(9).conv(5)[0], 1.0f);
 }
 
 }  // namespace
