@@ -191,9 +191,9 @@ std::vector<Case> cases() {
       {"qwen35moe_qwen3", "--arch qwen35moe --vocab qwen3 --layers 4 --embd 64 --ff 128 --heads 4 --kv-heads 2 "
                           "--head-dim 32 --full-attention-interval 2 --ssm-state 64 --ssm-groups 2 --ssm-value-heads 4 "
                           "--experts 8 --experts-used 2 --expert-ff 64 --shared-expert-ff 96"},
-      {"qwen3next_qwen3", "--arch qwen3next --vocab qwen3 --layers 4 --embd 64 --ff 128 --heads 4 --kv-heads 1 "
+      {"qwen3next_qwen3", "--arch qwen3next --vocab qwen3 --layers 4 --embd 64 --ff 128 --heads 4 --kv-heads 2 "
                           "--head-dim 32 --full-attention-interval 2 --ssm-state 64 --ssm-groups 2 --ssm-value-heads 4 "
-                          "--experts 4 --experts-used 2 --expert-ff 64 --tied"},
+                          "--experts 8 --experts-used 2 --expert-ff 64 --tied"},
   };
   std::vector<Case> out;
   for (const Family& f : families) {
