@@ -352,15 +352,15 @@ void Engine::reuse_prefix(Seq& s) {
   // position best_len (StageEngine::forward). A message sent to every stage directly
   // could reach a later stage after that token, which comes through the stages before.
   s.kv_id = best->kv_id;
+  // The stages drop the checkpoints after the one they go back to.
+  for (int32_t c : best->checkpoints) {
+    if (static_cast<size_t>(c) <= best_len) s.checkpoints.push_back(c);
+  }
   kept_.erase(best);
   s.n_cached = static_cast<int>(best_len);
   s.n_past = static_cast<int32_t>(best_len);
   s.prefill_sent = best_len;
   s.kv_tokens.assign(prompt.begin(), prompt.begin() + static_cast<std::ptrdiff_t>(best_len));
-  // The stages drop the checkpoints after the one they go back to.
-  for (int32_t c : best->checkpoints) {
-    if (static_cast<size_t>(c) <= best_len) s.checkpoints.push_back(c);
-  }
 }
 
 void Engine::mark_checkpoint(Seq& s, model::BatchToken& row, bool prompt_end) {
