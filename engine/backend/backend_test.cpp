@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "backend/attention_sums.hpp"
+#include "cpu/cpu_features.hpp"
 #include "cpu/kernels.hpp"
 #include "quant/float_convert.hpp"
 
@@ -283,6 +284,44 @@ TEST(CpuBackend, MatmulManyEqualsMatmul) {
   EXPECT_EQ(a, a2);
   EXPECT_EQ(b, b2);
   EXPECT_TRUE(be->supports(Op::matmul, GgmlType::Q4_K));
+}
+
+// llama.cpp's F32 matrix times activations: llamafile's sgemm for two tokens or more
+// when the rows come in multiples of 4 and the width in whole vectors, else
+// ggml_vec_dot_f32 per row. pico goes by rows where sgemm would not run (the same for
+// every batch, so a token's result never depends on it) and, with as_llama_cpp, for one
+// token as well.
+TEST(CpuBackend, F32MatmulGoesByRowsWhereLlamaCppDoes) {
+  for (cpu::CpuLevel level : cpu::supported_levels()) {
+    cpu::set_cpu_level(level);
+    const cpu::DotF32Fn dot = cpu::active_kernels().dot_f32_as_ggml;
+    auto invariant = make_cpu_backend(2);
+    auto as_llama = make_cpu_backend(2, BatchNumerics::as_llama_cpp);
+    const int64_t cols = 256, tokens = 5;
+    const auto x = wave(static_cast<size_t>(cols * tokens), 0.41f);
+    for (int64_t rows : {1, 6, 8}) {
+      const auto w = wave(static_cast<size_t>(cols * rows), 0.13f, static_cast<float>(rows));
+      const Weight weight{GgmlType::F32, w.data(), cols, rows};
+      std::vector<float> batch(static_cast<size_t>(rows * tokens)), one(static_cast<size_t>(rows));
+      invariant->matmul(weight, x.data(), tokens, batch.data());
+      for (int64_t t = 0; t < tokens; ++t) {
+        invariant->matmul(weight, x.data() + t * cols, 1, one.data());
+        for (int64_t r = 0; r < rows; ++r) {
+          const float by_row = dot(cols, w.data() + r * cols, x.data() + t * cols);
+          // Invariant numerics: a token alone is the token in its batch, by rows or not.
+          EXPECT_EQ(one[static_cast<size_t>(r)], batch[static_cast<size_t>(t * rows + r)]) << rows << " rows";
+          if (rows % 4 != 0) {
+            EXPECT_EQ(batch[static_cast<size_t>(t * rows + r)], by_row) << rows << " rows";
+          }
+        }
+        as_llama->matmul(weight, x.data() + t * cols, 1, one.data());
+        for (int64_t r = 0; r < rows; ++r) {
+          EXPECT_EQ(one[static_cast<size_t>(r)], dot(cols, w.data() + r * cols, x.data() + t * cols)) << rows << " rows";
+        }
+      }
+    }
+  }
+  cpu::set_cpu_level(cpu::supported_levels().back());
 }
 
 }  // namespace

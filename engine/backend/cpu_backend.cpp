@@ -250,6 +250,7 @@ class CpuBackend final : public Backend {
   }
 
   void matmul(const Weight& w, const float* x, int64_t tokens, float* y) override {
+    if (f32_by_rows_as_ggml(w, tokens)) return matmul_f32_by_rows(w, x, tokens, y);
     cpu::matmul(pool_, w.type, w.data, w.rows, w.cols, x, tokens, y);
   }
 
@@ -263,7 +264,7 @@ class CpuBackend final : public Backend {
         if (cpu::activation_type(ws[j].type) == a_type && ws[j].cols == w.cols) shared = false;  // done already
       }
       if (!shared) {
-        if (a_type == GgmlType::F32) cpu::matmul(pool_, w.type, w.data, w.rows, w.cols, x, tokens, ys[i]);
+        if (a_type == GgmlType::F32) matmul(w, x, tokens, ys[i]);
         continue;
       }
       // Quantize once for every weight of this activation type and width.
@@ -276,6 +277,29 @@ class CpuBackend final : public Backend {
         }
       }
     }
+  }
+
+  // llama.cpp multiplies an F32 matrix through llamafile's sgemm only for two tokens or
+  // more, rows in multiples of 4 and a width of whole vectors (8 floats, 16 with
+  // AVX-512); otherwise row by row with ggml_vec_dot_f32, which adds in another order.
+  // The shape rule holds here for every batch (so batch invariance stays: a router of
+  // 6 experts or a one-row gate always goes by rows); the one-token rule only with
+  // as_llama_cpp, as for attention. Quantized models keep their routers and gates in
+  // F32, where a last-bit difference can move a later activation onto another code.
+  bool f32_by_rows_as_ggml(const Weight& w, int64_t tokens) const {
+    if (w.type != GgmlType::F32) return false;
+    const int64_t lanes = cpu::active_kernels().level == cpu::CpuLevel::avx512 ? 16 : 8;
+    return w.rows % 4 != 0 || w.cols % lanes != 0 || (numerics_ == BatchNumerics::as_llama_cpp && tokens == 1);
+  }
+  void matmul_f32_by_rows(const Weight& w, const float* x, int64_t tokens, float* y) const {
+    const cpu::DotF32Fn dot = cpu::active_kernels().dot_f32_as_ggml;
+    const auto* rows = static_cast<const float*>(w.data);
+    for_ranges(tokens * w.rows, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        const int64_t t = i / w.rows, r = i % w.rows;
+        y[i] = dot(w.cols, rows + r * w.cols, x + t * w.cols);
+      }
+    });
   }
 
   void get_rows(const Weight& table, const int32_t* ids, int64_t count, float* out) override {
@@ -598,21 +622,26 @@ class CpuBackend final : public Backend {
       up.resize(static_cast<size_t>(m * n_ff));
       rows_out.resize(static_cast<size_t>(m * n_embd));
       const Weight gate_w = w.gate.expert(e), up_w = w.up.expert(e), down_w = w.down.expert(e);
-      if (across) {
-        // Matmuls are batch- and thread-invariant: the same numbers as the pooled path.
-        cpu::matmul(pool_, gate_w.type, gate_w.data, gate_w.rows, gate_w.cols, rows_in.data(), m, gate.data());
-        cpu::matmul(pool_, up_w.type, up_w.data, up_w.rows, up_w.cols, rows_in.data(), m, up.data());
+      // llama.cpp's MUL_MAT_ID multiplies F32 experts row by row with ggml_vec_dot_f32
+      // (never its sgemm), at any token count. Matmuls are batch- and thread-invariant,
+      // so both paths below give the same numbers; from a pool task they run inline.
+      const auto expert_matmul = [&](const Weight& ew, const float* in, float* product) {
+        if (ew.type == GgmlType::F32) return matmul_f32_by_rows(ew, in, m, product);
+        cpu::matmul(pool_, ew.type, ew.data, ew.rows, ew.cols, in, m, product);
+      };
+      if (across || gate_w.type == GgmlType::F32) {
+        expert_matmul(gate_w, rows_in.data(), gate.data());
+        expert_matmul(up_w, rows_in.data(), up.data());
         for (int64_t r = 0; r < m; ++r) cpu::active_kernels().silu_row(gate.data() + r * n_ff, n_ff, gate.data() + r * n_ff);
         for (int64_t i = 0; i < m * n_ff; ++i) gate[static_cast<size_t>(i)] *= up[static_cast<size_t>(i)];
-        cpu::matmul(pool_, down_w.type, down_w.data, down_w.rows, down_w.cols, gate.data(), m, rows_out.data());
       } else {
         const Weight gate_up[2] = {gate_w, up_w};
         float* const gate_up_out[2] = {gate.data(), up.data()};
         matmul_many(gate_up, rows_in.data(), m, gate_up_out);
         silu(gate.data(), n_ff, m, gate.data());
         mul(gate.data(), up.data(), n_ff, m, m, gate.data());
-        matmul(down_w, gate.data(), m, rows_out.data());
       }
+      expert_matmul(down_w, gate.data(), rows_out.data());
       for (int64_t r = 0; r < m; ++r) {
         std::memcpy(all_pairs + pairs[static_cast<size_t>(r)] * n_embd, rows_out.data() + r * n_embd,
                     static_cast<size_t>(n_embd) * sizeof(float));

@@ -56,6 +56,7 @@ KernelTable build_table(CpuLevel level) {
     if (own.centered_squares_row != nullptr) table.centered_squares_row = own.centered_squares_row;
     if (own.delta_rule_step != nullptr) table.delta_rule_step = own.delta_rule_step;
     if (own.conv_row != nullptr) table.conv_row = own.conv_row;
+    if (own.dot_f32_as_ggml != nullptr) table.dot_f32_as_ggml = own.dot_f32_as_ggml;
   }
   table.level = level;
   return table;
@@ -112,9 +113,11 @@ void set_quantizer(KernelTable& table, GgmlType activation, QuantizeRowFn quanti
   table.quantize[slot(activation)] = quantize;
 }
 
-void set_recurrent_functions(KernelTable& table, DeltaRuleStepFn delta_rule_step, ConvRowFn conv_row) {
+void set_recurrent_functions(KernelTable& table, DeltaRuleStepFn delta_rule_step, ConvRowFn conv_row,
+                             DotF32Fn dot_f32_as_ggml) {
   table.delta_rule_step = delta_rule_step;
   table.conv_row = conv_row;
+  table.dot_f32_as_ggml = dot_f32_as_ggml;
 }
 
 void set_row_functions(KernelTable& table, SiluRowFn silu_row, ExpRowFn exp_row,

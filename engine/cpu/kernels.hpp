@@ -58,10 +58,15 @@ using DeltaRuleStepFn = void (*)(int64_t d, float* state, const float* q, const 
 // One output row of a causal depthwise convolution: y[c] = sum over taps i of
 // window[i * stride + c] * weights[i * stride + c] for c < channels (window: `taps`
 // input rows `stride` apart, oldest first; weights: tap-major, rows as far apart). The terms are added in tap order as
-// llama.cpp's ssm_conv compiles: rounded products for the first multiple of 8 taps,
-// fused multiply-adds after (at the scalar level: rounded products throughout).
+// llama.cpp's ssm_conv compiles for the level: rounded products for the first multiple
+// of 8 taps (AVX-512) or of 4 (AVX2), fused multiply-adds after (at the scalar level:
+// rounded products throughout).
 using ConvRowFn = void (*)(int64_t channels, int64_t taps, const float* window, const float* weights, int64_t stride,
                            float* y);
+// The dot product of two float rows of n as ggml_vec_dot_f32 adds them at the level:
+// the delta rule's dot, and llama.cpp's F32 matrix times one token (its prompt
+// batches go through llamafile's sgemm, whose order the F32 gemm follows).
+using DotF32Fn = float (*)(int64_t n, const float* x, const float* y);
 
 // Indexed by ggml type number (Q6_0 = 133 is the largest).
 inline constexpr size_t kTypeSlots = 134;
@@ -80,6 +85,7 @@ struct KernelTable {
   CenteredSquaresRowFn centered_squares_row = nullptr;
   DeltaRuleStepFn delta_rule_step = nullptr;
   ConvRowFn conv_row = nullptr;
+  DotF32Fn dot_f32_as_ggml = nullptr;
   CpuLevel level = CpuLevel::scalar;
 };
 
@@ -101,7 +107,8 @@ CpuLevel cpu_level();
 // since the linker may keep that copy for everyone.
 void set_kernel(KernelTable& table, GgmlType weight, VecDotFn vec_dot, GemmFn gemm);
 void set_quantizer(KernelTable& table, GgmlType activation, QuantizeRowFn quantize);
-void set_recurrent_functions(KernelTable& table, DeltaRuleStepFn delta_rule_step, ConvRowFn conv_row);
+void set_recurrent_functions(KernelTable& table, DeltaRuleStepFn delta_rule_step, ConvRowFn conv_row,
+                             DotF32Fn dot_f32_as_ggml);
 void set_row_functions(KernelTable& table, SiluRowFn silu_row, ExpRowFn exp_row,
                        CenteredSquaresRowFn centered_squares_row);
 

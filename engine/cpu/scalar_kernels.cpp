@@ -491,6 +491,8 @@ double dot_double(int64_t n, const float* x, const float* y) {
   return sum;
 }
 
+float dot_f32_scalar(int64_t n, const float* x, const float* y) { return static_cast<float>(dot_double(n, x, y)); }
+
 void delta_rule_step_scalar(int64_t d, float* state, const float* q, const float* k, const float* v, float decay,
                             float beta, float scale, float* out) {
   for (int64_t j = 0; j < d; ++j) {
@@ -543,7 +545,7 @@ void fill_scalar_kernels(KernelTable& table) {
   table.quantize[slot(T::Q8_1)] = quantize_activation_q8_1;
   table.quantize[slot(T::Q8_K)] = quantize_reference<T::Q8_K>;
   set_row_functions(table, silu_row_scalar, exp_row_scalar, centered_squares_row_scalar);
-  set_recurrent_functions(table, delta_rule_step_scalar, conv_row_scalar);
+  set_recurrent_functions(table, delta_rule_step_scalar, conv_row_scalar, dot_f32_scalar);
 }
 
 }  // namespace pico::cpu

@@ -6,9 +6,10 @@
 //
 // The matmuls have their own oracle (engine/cpu/ggml_matmul_crosscheck_test.cpp);
 // this one covers the rest of the graph (norms, bias adds, residuals, RoPE, softmax,
-// SiLU/GELU gates, scales), where a last-bit difference is enough to move an
-// activation onto another 8-bit code in the next quantized matmul. Prints, per
-// architecture and op, how many nodes and values differ.
+// SiLU/GELU gates, scales; the hybrids' sigmoid and softplus gates, L2 norms and
+// causal conv), where a last-bit difference is enough to move an activation onto
+// another 8-bit code in the next quantized matmul. Prints, per architecture and op,
+// how many nodes and values differ.
 //
 // pico runs at its best CPU level, the counterpart of the build llama.cpp picks for
 // the same host (AVX-512 or AVX2): the row functions with vector code (SiLU, softmax,
@@ -67,9 +68,9 @@ static_assert(offsetof(GgmlTensor, name) == 256);
 
 // ggml enum values of that build.
 constexpr int32_t kTypeF32 = 0, kTypeF16 = 1, kTypeI32 = 26;
-constexpr int32_t kOpAdd = 2, kOpMul = 7, kOpNorm = 24, kOpRmsNorm = 25, kOpScale = 32, kOpSoftMax = 46,
-                  kOpRope = 48, kOpUnary = 91, kOpGlu = 100;
-constexpr int32_t kUnaryGelu = 8, kUnarySilu = 10;
+constexpr int32_t kOpAdd = 2, kOpMul = 7, kOpNorm = 24, kOpRmsNorm = 25, kOpL2Norm = 28, kOpScale = 32,
+                  kOpSoftMax = 46, kOpRope = 48, kOpSsmConv = 76, kOpUnary = 91, kOpGlu = 100;
+constexpr int32_t kUnarySigmoid = 7, kUnaryGelu = 8, kUnarySilu = 10, kUnarySoftplus = 15;
 constexpr int32_t kGluGeglu = 1, kGluSwiglu = 2;
 constexpr int32_t kRopeNeox = 2;
 
@@ -84,6 +85,8 @@ const char* op_name(int32_t op) {
     case kOpRope: return "ROPE";
     case kOpUnary: return "UNARY";
     case kOpGlu: return "GLU";
+    case kOpL2Norm: return "L2_NORM";
+    case kOpSsmConv: return "SSM_CONV";
     default: return "?";
   }
 }
@@ -142,7 +145,7 @@ struct Node {
 bool traced(int32_t op) {
   switch (op) {
     case kOpAdd: case kOpMul: case kOpNorm: case kOpRmsNorm: case kOpScale: case kOpSoftMax: case kOpRope:
-    case kOpUnary: case kOpGlu:
+    case kOpUnary: case kOpGlu: case kOpL2Norm: case kOpSsmConv:
       return true;
     default:
       return false;
@@ -210,6 +213,43 @@ bool run_pico(backend::Backend& be, const Node& node, std::vector<float>& y) {
     case kOpRmsNorm:
       be.rms_norm(a.values.data(), nullptr, n, rows, node.param_float(0), y.data());
       return true;
+    case kOpL2Norm:
+      be.l2_norm(a.values.data(), n, rows, node.param_float(0), y.data());
+      return true;
+    case kOpSsmConv: {
+      // src0 {taps - 1 + tokens, channels, sequences}: per channel the held inputs, then
+      // the batch's; src1 {taps, channels}. pico takes rows by token (the held ones as
+      // the sequence's conv state) and tap-major weights; ggml's output is by token too.
+      if (node.src.size() != 2 || a.ne[3] != 1) return false;
+      const Operand& kernel = node.src[1];
+      const int64_t taps = kernel.ne[0], channels = kernel.ne[1], sequences = a.ne[2];
+      const int64_t tokens = a.ne[0] - (taps - 1);
+      if (a.ne[1] != channels || tokens < 1) return false;
+      std::vector<float> weights(static_cast<size_t>(taps * channels));
+      for (int64_t c = 0; c < channels; ++c) {
+        for (int64_t i = 0; i < taps; ++i) weights[static_cast<size_t>(i * channels + c)] = kernel.values[static_cast<size_t>(c * taps + i)];
+      }
+      std::vector<float> x(static_cast<size_t>(sequences * tokens * channels));
+      std::vector<float> states(static_cast<size_t>(sequences * (taps - 1) * channels));
+      std::vector<backend::RecurrentSequence> seqs;
+      for (int64_t s = 0; s < sequences; ++s) {
+        const float* in = a.values.data() + s * channels * a.ne[0];
+        for (int64_t c = 0; c < channels; ++c) {
+          for (int64_t i = 0; i < a.ne[0]; ++i) {
+            const float value = in[c * a.ne[0] + i];
+            if (i < taps - 1) {
+              states[static_cast<size_t>((s * (taps - 1) + i) * channels + c)] = value;
+            } else {
+              x[static_cast<size_t>((s * tokens + i - (taps - 1)) * channels + c)] = value;
+            }
+          }
+        }
+        seqs.push_back({s * tokens, tokens, states.data() + s * (taps - 1) * channels, nullptr});
+      }
+      y.assign(x.size(), 0.0f);
+      be.ssm_conv(x.data(), channels, weights.data(), taps, seqs, y.data());
+      return true;
+    }
     case kOpNorm:
       be.layer_norm(a.values.data(), nullptr, nullptr, n, rows, node.param_float(0), y.data());
       return true;
@@ -223,6 +263,10 @@ bool run_pico(backend::Backend& be, const Node& node, std::vector<float>& y) {
         be.gelu(a.values.data(), static_cast<int64_t>(a.values.size()), y.data());
       } else if (node.params[0] == kUnarySilu) {
         be.silu(a.values.data(), n, rows, y.data());
+      } else if (node.params[0] == kUnarySigmoid) {
+        be.sigmoid(a.values.data(), static_cast<int64_t>(a.values.size()), y.data());
+      } else if (node.params[0] == kUnarySoftplus) {
+        be.softplus(a.values.data(), static_cast<int64_t>(a.values.size()), y.data());
       } else {
         return false;
       }
@@ -365,7 +409,8 @@ INSTANTIATE_TEST_SUITE_P(Architectures, GgmlOpTrace,
                          ::testing::Values(TraceCase{Architecture::llama, false}, TraceCase{Architecture::qwen2, false},
                                            TraceCase{Architecture::qwen3, false}, TraceCase{Architecture::gpt2, false},
                                            TraceCase{Architecture::gemma3, false}, TraceCase{Architecture::llama, true},
-                                           TraceCase{Architecture::qwen2, true}),
+                                           TraceCase{Architecture::qwen2, true}, TraceCase{Architecture::qwen35, false},
+                                           TraceCase{Architecture::qwen35moe, false}, TraceCase{Architecture::qwen3next, false}),
                          [](const ::testing::TestParamInfo<TraceCase>& param_info) { return case_name(param_info.param); });
 
 }  // namespace

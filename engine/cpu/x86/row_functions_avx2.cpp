@@ -147,9 +147,12 @@ void delta_rule_step_avx2(int64_t d, float* state, const float* q, const float* 
   }
 }
 
+// llama.cpp's haswell build compiles ssm_conv's tap loop into 8 products at a time,
+// then 4, each added in lane order, and fuses the last taps (objdump of
+// libggml-cpu-haswell.so): every product of the first multiple of 4 taps is rounded.
 void conv_row_avx2(int64_t channels, int64_t taps, const float* window, const float* weights, int64_t stride,
                    float* y) {
-  const int64_t rounded = taps / 8 * 8;  // taps whose products are rounded before the sum
+  const int64_t rounded = taps / 4 * 4;  // taps whose products are rounded before the sum
   int64_t c = 0;
   for (; c + 8 <= channels; c += 8) {
     __m256 sum = _mm256_setzero_ps();
@@ -173,7 +176,7 @@ void conv_row_avx2(int64_t channels, int64_t taps, const float* window, const fl
 
 void fill_avx2_row_functions(KernelTable& table) {
   set_row_functions(table, silu_row_avx2, exp_row_avx2, centered_squares_row_avx2);
-  set_recurrent_functions(table, delta_rule_step_avx2, conv_row_avx2);
+  set_recurrent_functions(table, delta_rule_step_avx2, conv_row_avx2, dot_as_ggml);
 }
 
 }  // namespace pico::cpu

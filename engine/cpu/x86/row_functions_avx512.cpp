@@ -140,6 +140,8 @@ void delta_rule_step_avx512(int64_t d, float* state, const float* q, const float
 
 void conv_row_avx512(int64_t channels, int64_t taps, const float* window, const float* weights, int64_t stride,
                    float* y) {
+  // The zen4 / skylakex builds: 16 products at a time, then 8, then the last taps
+  // fused (objdump of libggml-cpu-zen4.so).
   const int64_t rounded = taps / 8 * 8;  // taps whose products are rounded before the sum
   int64_t c = 0;
   for (; c + 16 <= channels; c += 16) {
@@ -164,7 +166,7 @@ void conv_row_avx512(int64_t channels, int64_t taps, const float* window, const 
 
 void fill_avx512_row_functions(KernelTable& table) {
   set_row_functions(table, silu_row_avx512, exp_row_avx512, centered_squares_row_avx512);
-  set_recurrent_functions(table, delta_rule_step_avx512, conv_row_avx512);
+  set_recurrent_functions(table, delta_rule_step_avx512, conv_row_avx512, dot_as_ggml);
 }
 
 }  // namespace pico::cpu
