@@ -8,8 +8,10 @@
 // ggml_vec_dot_q2_K_q8_K's AVX2 code instead (8 float lanes, mins term first).
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #include "cpu/tile_driver.hpp"
 #include "cpu/x86/k4_scales.hpp"
@@ -154,10 +156,158 @@ struct Q2_KVecDotOrderKernel {
   }
 };
 
+// ---------------------------------------------------------------- Q4_K GEMM, 8 rows in lanes
+// The same operations per output as Q4_KRepackOrderKernel, arranged as llama.cpp's own
+// AVX2 Q4_K GEMM arranges them: lane r of every vector is weight row r of an 8-row
+// tile, so an output's integer sums never need a horizontal add and its two float
+// chains run as vector FMAs, 8 rows at a time. Per 4 values of a sub-block the 8 rows'
+// codes sit side by side (32 bytes), multiplied by the token's 4 activation bytes
+// broadcast; the 8 such int16 pair sums of a sub-block add up in int16 exactly
+// (|sum| <= 8 * 2 * 15 * 128 < 2^15) before the sub-block's scale (madd).
+
+// One super-block of an 8-row tile, decoded.
+struct alignas(32) Q4_KEightRows {
+  __m256i codes[8][8];   // [sub-block i][values 4q .. 4q + 3]: row r's 4 codes at bytes 4r ..
+  __m256i scales[8];     // sub-block i: row r's scale in int16 lanes 2r and 2r + 1
+  __m256i min_pairs[4];  // chunk g: row r's (min 2g, min 2g + 1) in int16 lanes 2r, 2r + 1
+  __m256 d, dmin;
+};
+
+void decode_eight_rows(const uint8_t* w, size_t w_row_bytes, int64_t blocks, Q4_KEightRows* out) {
+  for (int64_t b = 0; b < blocks; ++b) {
+    Q4_KEightRows& t = out[b];
+    alignas(32) uint8_t codes[8][8][32];
+    alignas(32) int16_t scales[8][16], mins[4][16];
+    alignas(32) float d[8], dmin[8];
+    for (int r = 0; r < 8; ++r) {
+      const BlockQ4_K* blk = reinterpret_cast<const BlockQ4_K*>(w + static_cast<size_t>(r) * w_row_bytes) + b;
+      const K4Scales k = unpack_k4_scales(blk->scales);
+      uint8_t sc[8], mn[8];
+      std::memcpy(sc, &k.scales_lo, 4);
+      std::memcpy(sc + 4, &k.scales_hi, 4);
+      std::memcpy(mn, &k.mins_lo, 4);
+      std::memcpy(mn + 4, &k.mins_hi, 4);
+      for (int i = 0; i < 8; ++i) scales[i][2 * r] = scales[i][2 * r + 1] = sc[i];
+      for (int g = 0; g < 4; ++g) {
+        mins[g][2 * r] = mn[2 * g];
+        mins[g][2 * r + 1] = mn[2 * g + 1];
+      }
+      for (int g = 0; g < 4; ++g) {
+        for (int j = 0; j < 32; ++j) {
+          const uint8_t byte = blk->qs[32 * g + j];
+          codes[2 * g][j / 4][4 * r + j % 4] = byte & 0x0f;       // sub-block 2g: low nibbles
+          codes[2 * g + 1][j / 4][4 * r + j % 4] = byte >> 4;     // sub-block 2g + 1: high nibbles
+        }
+      }
+      d[r] = _cvtsh_ss(blk->d);
+      dmin[r] = _cvtsh_ss(blk->dmin);
+    }
+    for (int i = 0; i < 8; ++i) {
+      for (int q = 0; q < 8; ++q) t.codes[i][q] = _mm256_load_si256(reinterpret_cast<const __m256i*>(codes[i][q]));
+      t.scales[i] = _mm256_load_si256(reinterpret_cast<const __m256i*>(scales[i]));
+    }
+    for (int g = 0; g < 4; ++g) t.min_pairs[g] = _mm256_load_si256(reinterpret_cast<const __m256i*>(mins[g]));
+    t.d = _mm256_load_ps(d);
+    t.dmin = _mm256_load_ps(dmin);
+  }
+}
+
+// The int32 (sum of sub-block 2g's activations) | (sum of 2g + 1's) << 16 of chunk g.
+inline int32_t bsum_pair(const BlockQ8_K* a, int g) {
+  const auto lo = static_cast<uint16_t>(a->bsums[4 * g] + a->bsums[4 * g + 1]);
+  const auto hi = static_cast<uint16_t>(a->bsums[4 * g + 2] + a->bsums[4 * g + 3]);
+  return static_cast<int32_t>(static_cast<uint32_t>(lo) | static_cast<uint32_t>(hi) << 16);
+}
+
+// TOKENS tokens (1 or 2) against one 8-row tile: the 8 outputs of each token.
+template <int TOKENS>
+inline void eight_rows_tile(const Q4_KEightRows* w, int64_t blocks, const uint8_t* const token[TOKENS], float* out[TOKENS]) {
+  __m256 sums[TOKENS], min_sums[TOKENS];
+  for (int t = 0; t < TOKENS; ++t) sums[t] = min_sums[t] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < blocks; ++b) {
+    const Q4_KEightRows& tile = w[b];
+    const BlockQ8_K* a[TOKENS];
+    __m256 d[TOKENS], dmin[TOKENS];
+    for (int t = 0; t < TOKENS; ++t) {
+      a[t] = reinterpret_cast<const BlockQ8_K*>(token[t]) + b;
+      d[t] = _mm256_mul_ps(tile.d, _mm256_set1_ps(a[t]->d));
+      dmin[t] = _mm256_mul_ps(tile.dmin, _mm256_set1_ps(a[t]->d));
+    }
+    for (int g = 0; g < 4; ++g) {
+      __m256i chunk[TOKENS];
+      for (int t = 0; t < TOKENS; ++t) chunk[t] = _mm256_setzero_si256();
+      for (int half = 0; half < 2; ++half) {
+        const int i = 2 * g + half;
+        __m256i pairs[TOKENS];
+        for (int t = 0; t < TOKENS; ++t) pairs[t] = _mm256_setzero_si256();
+        for (int q = 0; q < 8; ++q) {
+          const __m256i codes = tile.codes[i][q];
+          for (int t = 0; t < TOKENS; ++t) {
+            int32_t four;
+            std::memcpy(&four, a[t]->qs + 32 * i + 4 * q, 4);
+            pairs[t] = _mm256_add_epi16(pairs[t], _mm256_maddubs_epi16(codes, _mm256_set1_epi32(four)));
+          }
+        }
+        for (int t = 0; t < TOKENS; ++t) chunk[t] = _mm256_add_epi32(chunk[t], _mm256_madd_epi16(pairs[t], tile.scales[i]));
+      }
+      for (int t = 0; t < TOKENS; ++t) {
+        sums[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(chunk[t]), d[t], sums[t]);
+        const __m256i mins = _mm256_madd_epi16(tile.min_pairs[g], _mm256_set1_epi32(bsum_pair(a[t], g)));
+        min_sums[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(mins), dmin[t], min_sums[t]);
+      }
+    }
+  }
+  for (int t = 0; t < TOKENS; ++t) _mm256_storeu_ps(out[t], _mm256_sub_ps(sums[t], min_sums[t]));
+}
+
+void q4_k_gemm_eight_rows(int64_t k, const void* w, size_t w_row_bytes, int64_t rows, const void* a, size_t a_row_bytes,
+                          int64_t cols, float* out, int64_t out_stride) {
+  using Kernel = Q4_KRepackOrderKernel;
+  if (cols == 1 || rows < 8) {
+    tiled_gemm<Kernel>(k, w, w_row_bytes, rows, a, a_row_bytes, cols, out, out_stride);
+    return;
+  }
+  const auto* wb = static_cast<const uint8_t*>(w);
+  const auto* ab = static_cast<const uint8_t*>(a);
+  const int64_t blocks = k / Kernel::kStep;
+  // Decoded tiles kept per block of rows (about half an L2 cache), run against every token.
+  const auto tile_bytes = static_cast<int64_t>(sizeof(Q4_KEightRows)) * blocks;
+  const int64_t tiles_per_block = std::max<int64_t>(1, static_cast<int64_t>(kWeightPanelBytes) / tile_bytes);
+  thread_local std::vector<Q4_KEightRows> panel;
+  const int64_t full_rows = rows / 8 * 8;
+  for (int64_t r0 = 0; r0 < full_rows; r0 += 8 * tiles_per_block) {
+    const int64_t tiles = std::min(tiles_per_block, (full_rows - r0) / 8);
+    panel.resize(static_cast<size_t>(tiles * blocks));
+    for (int64_t i = 0; i < tiles; ++i) {
+      decode_eight_rows(wb + static_cast<size_t>(r0 + 8 * i) * w_row_bytes, w_row_bytes, blocks, panel.data() + i * blocks);
+    }
+    int64_t c = 0;
+    for (; c + 2 <= cols; c += 2) {
+      const uint8_t* token[2] = {ab + c * a_row_bytes, ab + (c + 1) * a_row_bytes};
+      for (int64_t i = 0; i < tiles; ++i) {
+        float* o[2] = {out + c * out_stride + r0 + 8 * i, out + (c + 1) * out_stride + r0 + 8 * i};
+        eight_rows_tile<2>(panel.data() + i * blocks, blocks, token, o);
+      }
+    }
+    for (; c < cols; ++c) {
+      const uint8_t* token[1] = {ab + c * a_row_bytes};
+      for (int64_t i = 0; i < tiles; ++i) {
+        float* o[1] = {out + c * out_stride + r0 + 8 * i};
+        eight_rows_tile<1>(panel.data() + i * blocks, blocks, token, o);
+      }
+    }
+  }
+  // The rows past the last whole tile: the same outputs through the per-row kernel.
+  if (full_rows < rows) {
+    tiled_gemm<Kernel>(k, wb + static_cast<size_t>(full_rows) * w_row_bytes, w_row_bytes, rows - full_rows, a,
+                       a_row_bytes, cols, out + full_rows, out_stride);
+  }
+}
+
 }  // namespace
 
 void set_k_quant_repack_order_kernels_avx2(KernelTable& table) {
-  set_kernel(table, GgmlType::Q4_K, tiled_vec_dot<Q4_KRepackOrderKernel>, tiled_gemm<Q4_KRepackOrderKernel>);
+  set_kernel(table, GgmlType::Q4_K, tiled_vec_dot<Q4_KRepackOrderKernel>, q4_k_gemm_eight_rows);
   set_kernel(table, GgmlType::Q2_K, tiled_vec_dot<Q2_KVecDotOrderKernel>, tiled_gemm<Q2_KVecDotOrderKernel>);
 }
 
