@@ -110,6 +110,8 @@ StageStats LocalStage::stats() {
   StageStats s;
   s.memory_bytes = worker::resident_bytes();
   s.kv_bytes = engine_.kv_bytes();
+  s.recurrent_bytes = engine_.recurrent_bytes();
+  s.checkpoint_bytes = engine_.checkpoint_bytes();
   s.sequences = static_cast<uint32_t>(engine_.sequences());
   s.batches = engine_.batches();
   s.tokens = engine_.tokens();
@@ -528,7 +530,8 @@ StageStats RemoteStage::stats() {
   const auto msg = expect(Envelope::Body::STATS, "a stats request");
   protocol::Decoded d(msg.header_bytes());
   const auto s = d.envelope().getBody().getStats();
-  return {s.getMemoryBytes(), s.getKvBytes(), s.getBatches(), s.getTokens(), s.getSequences(), s.getChainedSteps()};
+  return {s.getMemoryBytes(), s.getKvBytes(),          s.getBatches(),        s.getTokens(),
+          s.getSequences(),   s.getChainedSteps(), s.getRecurrentBytes(), s.getCheckpointBytes()};
 }
 
 std::optional<std::vector<uint8_t>> RemoteStage::snapshot(int32_t seq_id) {

@@ -100,6 +100,9 @@ struct StageStats {
   uint64_t memory_bytes = 0, kv_bytes = 0, batches = 0, tokens = 0;
   uint32_t sequences = 0;
   uint64_t chained_steps = 0;  // steps the (last) stage started itself
+  // Of kv_bytes (all sequence state): a hybrid's recurrent states with their
+  // checkpoints, and of those the checkpoints.
+  uint64_t recurrent_bytes = 0, checkpoint_bytes = 0;
 };
 
 // A grant to the last stage to start up to `steps` further steps itself (protocol

@@ -190,6 +190,8 @@ struct Stats {
   batches @3 :UInt64;
   tokens @4 :UInt64;
   chainedSteps @5 :UInt64;   # steps this (last) stage started itself (Forward.chainSteps)
+  recurrentBytes @6 :UInt64; # of kvBytes: the recurrent states of a hybrid's linear layers, checkpoints included
+  checkpointBytes @7 :UInt64; # of recurrentBytes: the checkpoints
 }
 
 struct Error {

@@ -192,6 +192,8 @@ void Server::handle(net::Received& msg) {
         auto s = b.envelope().getBody().initStats();
         s.setMemoryBytes(resident_bytes());
         s.setKvBytes(engine_.kv_bytes());
+        s.setRecurrentBytes(engine_.recurrent_bytes());
+        s.setCheckpointBytes(engine_.checkpoint_bytes());
         s.setSequences(static_cast<uint32_t>(engine_.sequences()));
         s.setBatches(engine_.batches());
         s.setTokens(engine_.tokens());

@@ -106,7 +106,9 @@ class StageEngine {
   void close(int32_t seq_id) { cache_->remove(seq_id); }
   void close_all() { cache_->clear(); }  // a new session's plan: the old one's sequences go
   void truncate(int32_t seq_id, int64_t pos) { cache_->truncate(seq_id, pos); }
-  size_t kv_bytes() const { return cache_->bytes_used(); }
+  size_t kv_bytes() const { return cache_->bytes_used(); }  // all sequence state: KV, recurrent, checkpoints
+  size_t recurrent_bytes() const { return cache_->recurrent_bytes(); }  // of which recurrent states and checkpoints
+  size_t checkpoint_bytes() const { return cache_->checkpoint_bytes(); }  // of which checkpoints
   size_t sequences() const { return cache_->size(); }
   uint64_t batches() const { return batches_; }  // forward calls served
   uint64_t tokens() const { return tokens_; }    // tokens in them

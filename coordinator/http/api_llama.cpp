@@ -253,7 +253,12 @@ awaitable<void> metrics(Session& s) {
     }
   };
   stage_metric("pico:stage_memory_bytes", "Resident bytes of the stage.", [](const StageStats& x) { return x.memory_bytes; });
-  stage_metric("pico:stage_kv_bytes", "KV cache bytes of the stage.", [](const StageStats& x) { return x.kv_bytes; });
+  stage_metric("pico:stage_kv_bytes", "Bytes of the sequence state on the stage: KV cache, recurrent state, checkpoints.",
+               [](const StageStats& x) { return x.kv_bytes; });
+  stage_metric("pico:stage_recurrent_bytes", "Of those, the recurrent states of a hybrid's linear layers and their checkpoints.",
+               [](const StageStats& x) { return x.recurrent_bytes; });
+  stage_metric("pico:stage_checkpoint_bytes", "Of those, the checkpoints.",
+               [](const StageStats& x) { return x.checkpoint_bytes; });
   stage_metric("pico:stage_batches", "Batches the stage has run.", [](const StageStats& x) { return x.batches; });
   stage_metric("pico:stage_tokens", "Tokens the stage has run.", [](const StageStats& x) { return x.tokens; });
   stage_metric("pico:stage_sequences", "Sequences open on the stage.", [](const StageStats& x) { return x.sequences; });

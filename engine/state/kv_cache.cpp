@@ -369,6 +369,18 @@ size_t KvCache::bytes_used() const {
   return total;
 }
 
+size_t KvCache::recurrent_bytes() const {
+  size_t total = 0;
+  for (const auto& [id, e] : sequences_) total += e.recurrent ? e.recurrent->bytes_used() : 0;
+  return total;
+}
+
+size_t KvCache::checkpoint_bytes() const {
+  size_t total = 0;
+  for (const auto& [id, e] : sequences_) total += e.recurrent ? e.recurrent->checkpoint_bytes() : 0;
+  return total;
+}
+
 size_t KvCache::bytes_used(int32_t seq_id) const {
   auto it = sequences_.find(seq_id);
   if (it == sequences_.end()) return 0;

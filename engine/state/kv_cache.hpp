@@ -150,6 +150,9 @@ class KvCache {
   // Throws std::invalid_argument, changing nothing, when it cannot be done.
   void truncate(int32_t seq_id, int64_t pos);
   size_t bytes_used() const;  // KV, recurrent state and checkpoints
+  // The parts of bytes_used(): recurrent states with their checkpoints, and those checkpoints.
+  size_t recurrent_bytes() const;
+  size_t checkpoint_bytes() const;
   size_t bytes_used(int32_t seq_id) const;  // one sequence's (0 when it is not open)
   size_t size() const { return sequences_.size(); }
   // Fixed bytes per open sequence (its recurrent state; 0 without one).

@@ -388,6 +388,16 @@ def hybrid_main():
           "hybrid: /slots shows the kept sequence's checkpoints (%r, prompt %d)" % (cps, len(ta)))
     check(metric(api, "pico:checkpoints") == 3 and metric(api, "pico:checkpoint_bytes") == cps.get("bytes"),
           "hybrid: /metrics counts the checkpoints")
+    # Each worker's own memory report: its recurrent state (checkpoints included) within
+    # all its sequence state, and the checkpoints it holds adding up to the coordinator's count.
+    _, m = api.request("GET", "/metrics")
+    per_stage = lambda name: [float(v) for v in re.findall(r'^%s\{stage="\d+"\} (\S+)$' % re.escape(name), m, re.M)]
+    state, recurrent, held = (per_stage("pico:stage_kv_bytes"), per_stage("pico:stage_recurrent_bytes"),
+                              per_stage("pico:stage_checkpoint_bytes"))
+    # (Stage 0 holds layers 0-1, both linear: no KV; stage 1 the attention layer 3's KV too.)
+    check(len(state) == 2 and all(s >= r > c > 0 for s, r, c in zip(state, recurrent, held)) and
+          state[0] == recurrent[0] and state[1] > recurrent[1] and sum(held) == cps.get("bytes"),
+          "hybrid: each worker reports its KV, recurrent state and checkpoints (%r %r %r)" % (state, recurrent, held))
     want = max([p for p in positions if p <= common] or [0])
     s, b = api.json("POST", "/completion", {"prompt": second, "n_predict": 12, "temperature": 0})
     check(s == 200 and want > 0 and b["timings"]["cache_n"] == want and b["timings"]["prompt_n"] == len(tb) - want,
