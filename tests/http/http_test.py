@@ -377,6 +377,9 @@ def hybrid_main():
     common = common_prefix(ta, tb)
     s, a = api.json("POST", "/completion", {"prompt": first, "n_predict": 20, "temperature": 0})
     check(s == 200 and a["tokens_predicted"] == 20, "hybrid: /completion")
+    # The reply goes out as its last token is sampled; the sequence is kept, and the stages
+    # report it, once its last step is back: /slots and /metrics settle a moment later.
+    check(stages_hold_only_kept(api), "hybrid: the engine settles with the sequence kept")
     s, sl = api.json("GET", "/slots")
     kept = [x for x in sl if not x["is_processing"]]
     cps = kept[0]["checkpoints"] if kept and "checkpoints" in kept[0] else {}
