@@ -177,8 +177,13 @@ def run(h):
     before = cpu_seconds(b_proc.pid)
     time.sleep(2)
     used = cpu_seconds(b_proc.pid) - before
-    failed = open(os.path.join(tmp, "coord-b.log")).read().count("accept failed")
-    check(failed == 1, "accept failures logged once (%d)" % failed)
+    text = open(os.path.join(tmp, "coord-b.log")).read()
+    failed, resumed = text.count("accept failed"), text.count("accepting connections again")
+    # Once per run of failures, not per retry (25 in these 2.5 s): a second run happens when
+    # the server closes one of the test's earlier connections late (under load) and so
+    # frees a file for a moment; each run is logged once and its end too.
+    check(1 <= failed <= 3 and failed - resumed in (0, 1),
+          "accept failures logged once per run of them (%d failed, %d resumed)" % (failed, resumed))
     check(used < 0.5, "no spinning while accept fails (%.2f s of CPU in 2 s)" % used)
     for sock in socks:
         sock.close()
