@@ -1,0 +1,15 @@
+#version 450
+// out row i = table row ids[i]: one workgroup per output row.
+layout(local_size_x_id = 0) in;
+layout(constant_id = 0) const uint WG = 64;
+layout(std430, binding = 0) readonly buffer Table { float table[]; };
+layout(std430, binding = 1) readonly buffer Ids { int ids[]; };
+layout(std430, binding = 2) writeonly buffer Output { float y[]; };
+layout(push_constant) uniform Push { uint cols; uint rows; } p;
+
+void main() {
+  const uint i = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;
+  const uint row = uint(ids[i]);
+  if (row >= p.rows) return;  // refused on the host; never read past the table
+  for (uint c = gl_LocalInvocationID.x; c < p.cols; c += WG) y[i * p.cols + c] = table[row * p.cols + c];
+}

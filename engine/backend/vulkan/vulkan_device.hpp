@@ -1,0 +1,128 @@
+// A Vulkan compute device: the instance, one logical device and its compute queue,
+// storage buffers, the embedded compute shaders as pipelines, and a command stream
+// that records many dispatches and submits them at once. The C API (vulkan.h): a
+// translation unit with vulkan.hpp takes four times as long to compile.
+//
+// Everything here is about running shaders; what they compute is vulkan_ops.hpp's.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace pico::backend::vulkan {
+
+// What a device is and what the shaders may assume of it (queried, never assumed).
+struct DeviceInfo {
+  uint32_t index = 0;
+  std::string name;
+  std::string driver;            // driver name and version text
+  std::string type;              // "discrete", "integrated", "virtual", "cpu", "other"
+  uint64_t memory_bytes = 0;     // the largest device-local heap
+  uint32_t subgroup_size = 0;
+  uint32_t shared_memory_bytes = 0;
+  uint64_t max_storage_range = 0;       // bytes one storage binding may span
+  uint64_t storage_offset_alignment = 0;
+  bool usable = false;           // has what pico's shaders need (16/8-bit storage, F16, push descriptors)
+  std::string unusable_reason;
+};
+
+// Every device the Vulkan loader reports, in its order. Empty when there is no loader
+// or no driver; `error` then says why.
+std::vector<DeviceInfo> list_devices(std::string* error = nullptr);
+
+// The embedded shaders (shaders/*.comp, compiled to SPIR-V at build time).
+enum class Shader : uint32_t {
+  matmul_f32,
+  matmul_f16,
+  matmul_q8_0,
+  get_rows_f32,
+  get_rows_f16,
+  get_rows_q8_0,
+  rms_norm,
+  add,
+  mul,
+  silu,
+  softmax,
+  count,
+};
+
+class Device;
+
+// A storage buffer in device memory. Move-only; freed with its device's help.
+class Buffer {
+ public:
+  Buffer() = default;
+  Buffer(Buffer&& other) noexcept;
+  Buffer& operator=(Buffer&& other) noexcept;
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  ~Buffer();
+
+  size_t size() const { return size_; }
+  explicit operator bool() const { return buffer_ != 0; }
+  uint64_t handle() const { return buffer_; }
+
+ private:
+  friend class Device;
+  void release();
+  Device* device_ = nullptr;
+  uint64_t buffer_ = 0;  // VkBuffer
+  uint64_t memory_ = 0;  // VkDeviceMemory
+  size_t size_ = 0;
+  void* mapped_ = nullptr;  // host-visible memory stays mapped
+};
+
+// A range of a buffer bound to one of a shader's bindings.
+struct BufferRange {
+  const Buffer* buffer = nullptr;
+  size_t offset = 0;
+  size_t bytes = 0;  // 0: to the end of the buffer
+};
+
+class Device {
+ public:
+  // Opens device `index` of list_devices(); throws std::runtime_error naming what is
+  // missing (no loader, no such device, a feature the shaders need).
+  static std::unique_ptr<Device> open(uint32_t index);
+  ~Device();
+  Device(const Device&) = delete;
+  Device& operator=(const Device&) = delete;
+
+  const DeviceInfo& info() const { return info_; }
+  // Bytes of the buffers allocated now (the device's memory accounting).
+  uint64_t allocated_bytes() const { return allocated_; }
+
+  Buffer allocate(size_t bytes);
+  // Host to device and back. A host-visible buffer is copied directly; otherwise
+  // through a staging buffer. Either waits for the recorded work first.
+  void upload(Buffer& to, size_t offset, const void* data, size_t bytes);
+  void download(const Buffer& from, size_t offset, void* data, size_t bytes);
+
+  // Records a dispatch of `groups` workgroups with the buffers bound in order and the
+  // push constants, after everything recorded before it (a barrier between). Nothing
+  // runs until submit().
+  void dispatch(Shader shader, std::span<const BufferRange> buffers, const void* push, size_t push_bytes,
+                uint32_t groups_x, uint32_t groups_y = 1, uint32_t groups_z = 1);
+  // Submits what was recorded, in one submission, and waits for it.
+  void submit();
+  // Dispatches recorded and submissions made since the device was opened.
+  uint64_t dispatches() const { return dispatches_; }
+  uint64_t submissions() const { return submissions_; }
+
+ private:
+  friend class Buffer;
+  struct Impl;
+  Device();
+  void free(Buffer& buffer);
+  std::unique_ptr<Impl> impl_;
+  DeviceInfo info_;
+  uint64_t allocated_ = 0;
+  uint64_t dispatches_ = 0;
+  uint64_t submissions_ = 0;
+};
+
+}  // namespace pico::backend::vulkan

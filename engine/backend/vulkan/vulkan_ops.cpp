@@ -1,0 +1,168 @@
+#include "backend/vulkan/vulkan_ops.hpp"
+
+#include <algorithm>
+#include <array>
+#include <numeric>
+#include <stdexcept>
+#include <string>
+
+#include "backend/vulkan/vulkan_shaders.hpp"
+
+namespace pico::backend::vulkan {
+namespace {
+
+constexpr uint32_t kMaxGroups = 65535;  // per grid dimension (Vulkan's guaranteed minimum)
+
+uint32_t checked_u32(int64_t v, const char* what) {
+  if (v < 0 || v > static_cast<int64_t>(UINT32_MAX)) throw std::invalid_argument(std::string("vulkan: ") + what + " out of range");
+  return static_cast<uint32_t>(v);
+}
+
+// `groups` workgroups as a grid of x <= 65535 by y.
+std::array<uint32_t, 2> grid(uint64_t groups) {
+  if (groups <= kMaxGroups) return {static_cast<uint32_t>(groups), 1};
+  return {kMaxGroups, static_cast<uint32_t>((groups + kMaxGroups - 1) / kMaxGroups)};
+}
+
+Shader matmul_shader(GgmlType type) {
+  switch (type) {
+    case GgmlType::F32: return Shader::matmul_f32;
+    case GgmlType::F16: return Shader::matmul_f16;
+    case GgmlType::Q8_0: return Shader::matmul_q8_0;
+    default: throw std::invalid_argument(std::string("vulkan: no matmul for ") + std::string(type_traits(type).name));
+  }
+}
+
+Shader get_rows_shader(GgmlType type) {
+  switch (type) {
+    case GgmlType::F32: return Shader::get_rows_f32;
+    case GgmlType::F16: return Shader::get_rows_f16;
+    case GgmlType::Q8_0: return Shader::get_rows_q8_0;
+    default: throw std::invalid_argument(std::string("vulkan: no get_rows for ") + std::string(type_traits(type).name));
+  }
+}
+
+// A whole buffer of floats from `float_offset`.
+BufferRange floats(BufferRange r, int64_t float_offset, int64_t count) {
+  return {r.buffer, r.offset + static_cast<size_t>(float_offset) * sizeof(float), static_cast<size_t>(count) * sizeof(float)};
+}
+
+}  // namespace
+
+bool Ops::supports(Op op, GgmlType type) {
+  switch (op) {
+    case Op::matmul:
+    case Op::get_rows: return type == GgmlType::F32 || type == GgmlType::F16 || type == GgmlType::Q8_0;
+    case Op::rms_norm:
+    case Op::add:
+    case Op::mul:
+    case Op::silu:
+    case Op::softmax: return type == GgmlType::F32;
+    default: return false;
+  }
+}
+
+DeviceWeight Ops::upload(const Weight& w) {
+  if (!supports(Op::matmul, w.type))
+    throw std::invalid_argument(std::string("vulkan: weights of type ") + std::string(type_traits(w.type).name) + " are not supported yet");
+  DeviceWeight d;
+  d.type = w.type;
+  d.cols = w.cols;
+  d.rows = w.rows;
+  const auto row = bytes_of(type_traits(w.type), static_cast<uint64_t>(w.cols));
+  if (!row) throw std::invalid_argument("vulkan: a row is not whole blocks of its type");
+  d.row_bytes = static_cast<size_t>(*row);
+  const size_t bytes = d.row_bytes * static_cast<size_t>(w.rows);
+  d.buffer = device_.allocate(bytes);
+  device_.upload(d.buffer, 0, w.data, bytes);
+  return d;
+}
+
+void Ops::matmul(const DeviceWeight& w, BufferRange x, int64_t tokens, BufferRange y, int64_t y_stride) {
+  const Shader shader = matmul_shader(w.type);
+  const DeviceInfo& info = device_.info();
+  // A matrix larger than one binding may span (lavapipe: 128 MiB) goes in chunks of
+  // rows, each starting at an offset the device accepts.
+  const uint64_t align = std::max<uint64_t>(info.storage_offset_alignment, 1);
+  const uint64_t rows_per_align = align / std::gcd<uint64_t>(align, w.row_bytes);
+  uint64_t chunk = std::max<uint64_t>(info.max_storage_range / w.row_bytes, 1);
+  chunk = std::max<uint64_t>(chunk / rows_per_align * rows_per_align, rows_per_align);
+  if (chunk * w.row_bytes > info.max_storage_range)
+    throw std::invalid_argument("vulkan: a row of " + std::to_string(w.row_bytes) + " bytes does not fit one binding");
+  const uint32_t token_groups = checked_u32(tokens, "tokens");
+  if (token_groups > kMaxGroups) throw std::invalid_argument("vulkan: over 65535 tokens in one matmul");
+  const BufferRange xs = floats(x, 0, tokens * w.cols);
+  for (int64_t first = 0; first < w.rows; first += static_cast<int64_t>(chunk)) {
+    const int64_t rows = std::min<int64_t>(static_cast<int64_t>(chunk), w.rows - first);
+    const struct {
+      uint32_t cols, rows, y_stride, row_offset;
+    } push{checked_u32(w.cols, "cols"), static_cast<uint32_t>(rows), checked_u32(y_stride, "y stride"),
+           static_cast<uint32_t>(first)};
+    const BufferRange weights{&w.buffer, static_cast<size_t>(first) * w.row_bytes, static_cast<size_t>(rows) * w.row_bytes};
+    const BufferRange out = floats(y, 0, (tokens - 1) * y_stride + w.rows);
+    const BufferRange bindings[] = {weights, xs, out};
+    const auto [gx, gz] = grid(static_cast<uint64_t>(rows));
+    device_.dispatch(shader, bindings, &push, sizeof push, gx, token_groups, gz);
+  }
+}
+
+void Ops::get_rows(const DeviceWeight& table, BufferRange ids, int64_t count, BufferRange out) {
+  const struct {
+    uint32_t cols, rows;
+  } push{checked_u32(table.cols, "cols"), checked_u32(table.rows, "rows")};
+  const BufferRange bindings[] = {{&table.buffer, 0, 0}, {ids.buffer, ids.offset, static_cast<size_t>(count) * 4},
+                                  floats(out, 0, count * table.cols)};
+  const auto [gx, gy] = grid(static_cast<uint64_t>(count));
+  device_.dispatch(get_rows_shader(table.type), bindings, &push, sizeof push, gx, gy);
+}
+
+void Ops::rms_norm(BufferRange x, BufferRange weight, int64_t n, int64_t rows, float eps, BufferRange y) {
+  const struct {
+    uint32_t n, has_weight;
+    float eps;
+  } push{checked_u32(n, "n"), weight.buffer ? 1u : 0u, eps};
+  // Without a weight the binding still needs a buffer: x stands in, never read.
+  const BufferRange w = weight.buffer ? floats(weight, 0, n) : floats(x, 0, n);
+  const BufferRange bindings[] = {floats(x, 0, n * rows), w, floats(y, 0, n * rows)};
+  const auto [gx, gy] = grid(static_cast<uint64_t>(rows));
+  device_.dispatch(Shader::rms_norm, bindings, &push, sizeof push, gx, gy);
+}
+
+void Ops::elementwise(Shader shader, BufferRange a, BufferRange b, int64_t n, int64_t rows, int64_t b_rows, BufferRange y) {
+  if (b_rows != 1 && b_rows != rows) throw std::invalid_argument("vulkan: b must have 1 row or as many as a");
+  const int64_t count = n * rows;
+  const struct {
+    uint32_t n, count, b_rows;
+  } push{checked_u32(n, "n"), checked_u32(count, "count"), checked_u32(b_rows, "b rows")};
+  const BufferRange bindings[] = {floats(a, 0, count), floats(b, 0, n * b_rows), floats(y, 0, count)};
+  const auto [gx, gy] = grid((static_cast<uint64_t>(count) + kWorkgroupSize - 1) / kWorkgroupSize);
+  device_.dispatch(shader, bindings, &push, sizeof push, gx, gy);
+}
+
+void Ops::add(BufferRange a, BufferRange b, int64_t n, int64_t rows, int64_t b_rows, BufferRange y) {
+  elementwise(Shader::add, a, b, n, rows, b_rows, y);
+}
+
+void Ops::mul(BufferRange a, BufferRange b, int64_t n, int64_t rows, int64_t b_rows, BufferRange y) {
+  elementwise(Shader::mul, a, b, n, rows, b_rows, y);
+}
+
+void Ops::silu(BufferRange x, int64_t count, BufferRange y) {
+  const struct {
+    uint32_t count;
+  } push{checked_u32(count, "count")};
+  const BufferRange bindings[] = {floats(x, 0, count), floats(y, 0, count)};
+  const auto [gx, gy] = grid((static_cast<uint64_t>(count) + kWorkgroupSize - 1) / kWorkgroupSize);
+  device_.dispatch(Shader::silu, bindings, &push, sizeof push, gx, gy);
+}
+
+void Ops::softmax(BufferRange x, int64_t n, int64_t rows) {
+  const struct {
+    uint32_t n;
+  } push{checked_u32(n, "n")};
+  const BufferRange bindings[] = {floats(x, 0, n * rows)};
+  const auto [gx, gy] = grid(static_cast<uint64_t>(rows));
+  device_.dispatch(Shader::softmax, bindings, &push, sizeof push, gx, gy);
+}
+
+}  // namespace pico::backend::vulkan

@@ -1,0 +1,54 @@
+// The ops of backend.hpp over device buffers: what a device-resident stage records,
+// one dispatch each, into its device's command stream (nothing runs until
+// Device::submit). Every output is reduced in one fixed order (a strided share per
+// invocation, then a fixed tree over the workgroup), the same for a token alone and
+// in a batch: batch invariance on the device.
+#pragma once
+
+#include <cstdint>
+
+#include "backend/backend.hpp"
+#include "backend/vulkan/vulkan_device.hpp"
+
+namespace pico::backend::vulkan {
+
+// A weight matrix uploaded to the device once (at load), in its file's type.
+struct DeviceWeight {
+  GgmlType type = GgmlType::F32;
+  int64_t cols = 0;
+  int64_t rows = 0;
+  size_t row_bytes = 0;
+  Buffer buffer;
+};
+
+class Ops {
+ public:
+  explicit Ops(Device& device) : device_(device) {}
+
+  Device& device() { return device_; }
+  // The ops and weight types these shaders cover (others stay on the CPU for now).
+  static bool supports(Op op, GgmlType type);
+
+  DeviceWeight upload(const Weight& w);
+
+  // y row t (at y + t * y_stride floats) = w x_t for tokens rows of x (w.cols floats each).
+  void matmul(const DeviceWeight& w, BufferRange x, int64_t tokens, BufferRange y, int64_t y_stride);
+  void matmul(const DeviceWeight& w, BufferRange x, int64_t tokens, BufferRange y) {
+    matmul(w, x, tokens, y, w.rows);
+  }
+  // out row i = table row ids[i] (ids: count int32 on the device; an id outside the
+  // table leaves its row unwritten: the caller checks ids on the host).
+  void get_rows(const DeviceWeight& table, BufferRange ids, int64_t count, BufferRange out);
+  // weight: n floats, or a null buffer for none.
+  void rms_norm(BufferRange x, BufferRange weight, int64_t n, int64_t rows, float eps, BufferRange y);
+  void add(BufferRange a, BufferRange b, int64_t n, int64_t rows, int64_t b_rows, BufferRange y);
+  void mul(BufferRange a, BufferRange b, int64_t n, int64_t rows, int64_t b_rows, BufferRange y);
+  void silu(BufferRange x, int64_t count, BufferRange y);
+  void softmax(BufferRange x, int64_t n, int64_t rows);
+
+ private:
+  void elementwise(Shader shader, BufferRange a, BufferRange b, int64_t n, int64_t rows, int64_t b_rows, BufferRange y);
+  Device& device_;
+};
+
+}  // namespace pico::backend::vulkan

@@ -1,0 +1,272 @@
+// The Vulkan ops against the CPU backend on odd shapes (NMSE as llama.cpp's
+// test-backend-ops: <= 5e-4 for matmul-like ops, <= 1e-6 elementwise), and batch
+// invariance on the device. Runs on whatever device 0 is (lavapipe here); with no
+// usable device every test reports itself skipped, saying why.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backend/backend.hpp"
+#include "backend/vulkan/vulkan_device.hpp"
+#include "backend/vulkan/vulkan_ops.hpp"
+#include "quant/quantize.hpp"
+
+namespace pico::backend::vulkan {
+namespace {
+
+// The first usable device, or the reason there is none.
+Device* device_or_reason(std::string& reason) {
+  static std::string why;
+  static const std::unique_ptr<Device> device = []() -> std::unique_ptr<Device> {
+    std::string error;
+    for (const DeviceInfo& info : list_devices(&error)) {
+      if (!info.usable) {
+        why += info.name + " " + info.unusable_reason + "; ";
+        continue;
+      }
+      return Device::open(info.index);
+    }
+    why += error.empty() ? "no usable Vulkan device" : error;
+    return nullptr;
+  }();
+  reason = why;
+  return device.get();
+}
+
+#define REQUIRE_DEVICE(d)                                      \
+  std::string reason_;                                         \
+  Device* d = device_or_reason(reason_);                       \
+  if (!d) GTEST_SKIP() << "no Vulkan device: " << reason_
+
+std::vector<float> random_floats(size_t n, uint32_t seed, float scale = 1.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = dist(rng);
+  return v;
+}
+
+double nmse(const std::vector<float>& want, const std::vector<float>& got) {
+  EXPECT_EQ(want.size(), got.size());
+  double err = 0, norm = 0;
+  for (size_t i = 0; i < want.size() && i < got.size(); ++i) {
+    const double d = static_cast<double>(got[i]) - want[i];
+    err += d * d;
+    norm += static_cast<double>(want[i]) * want[i];
+  }
+  return norm == 0 ? err : err / norm;
+}
+
+Buffer to_device(Device& d, const void* data, size_t bytes) {
+  Buffer b = d.allocate(bytes);
+  d.upload(b, 0, data, bytes);
+  return b;
+}
+template <class T>
+Buffer to_device(Device& d, const std::vector<T>& v) {
+  return to_device(d, v.data(), v.size() * sizeof(T));
+}
+std::vector<float> from_device(Device& d, const Buffer& b, size_t count) {
+  std::vector<float> v(count);
+  d.download(b, 0, v.data(), count * sizeof(float));
+  return v;
+}
+BufferRange all(const Buffer& b) { return {&b, 0, 0}; }
+
+// A weight matrix of `type` from random floats, kept in host memory for the CPU backend.
+struct HostWeight {
+  std::vector<uint8_t> bytes;
+  Weight weight;
+};
+HostWeight make_weight(GgmlType type, int64_t cols, int64_t rows, uint32_t seed) {
+  const std::vector<float> values = random_floats(static_cast<size_t>(cols * rows), seed, 0.5f);
+  HostWeight h;
+  const size_t row = static_cast<size_t>(*bytes_of(type_traits(type), static_cast<uint64_t>(cols)));
+  h.bytes.resize(row * static_cast<size_t>(rows));
+  for (int64_t r = 0; r < rows; ++r) quantize_row(type, values.data() + r * cols, h.bytes.data() + r * row, cols);
+  h.weight = Weight{type, h.bytes.data(), cols, rows};
+  return h;
+}
+
+class MatmulTypes : public ::testing::TestWithParam<GgmlType> {};
+
+TEST_P(MatmulTypes, MatchesCpuOnOddShapes) {
+  REQUIRE_DEVICE(device);
+  const GgmlType type = GetParam();
+  Ops ops(*device);
+  auto cpu = make_cpu_backend(1);
+  for (const auto [cols, rows, tokens] : {std::array<int64_t, 3>{32, 1, 1}, {96, 37, 1}, {224, 61, 5}, {4096, 33, 3}}) {
+    SCOPED_TRACE(std::to_string(cols) + "x" + std::to_string(rows) + ", " + std::to_string(tokens) + " tokens");
+    const HostWeight w = make_weight(type, cols, rows, 7);
+    const std::vector<float> x = random_floats(static_cast<size_t>(cols * tokens), 11);
+    std::vector<float> want(static_cast<size_t>(rows * tokens));
+    cpu->matmul(w.weight, x.data(), tokens, want.data());
+    const DeviceWeight dw = ops.upload(w.weight);
+    const Buffer dx = to_device(*device, x);
+    Buffer dy = device->allocate(want.size() * sizeof(float));
+    ops.matmul(dw, all(dx), tokens, all(dy));
+    device->submit();
+    EXPECT_LE(nmse(want, from_device(*device, dy, want.size())), 5e-4);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Types, MatmulTypes, ::testing::Values(GgmlType::F32, GgmlType::F16, GgmlType::Q8_0),
+                         [](const auto& param_info) { return std::string(type_traits(param_info.param).name); });
+
+TEST(VulkanOps, MatmulRowIsTheSameAloneAndInABatch) {
+  REQUIRE_DEVICE(device);
+  Ops ops(*device);
+  const int64_t cols = 1000, rows = 53, tokens = 7;
+  const HostWeight w = make_weight(GgmlType::F16, cols, rows, 3);
+  const DeviceWeight dw = ops.upload(w.weight);
+  const std::vector<float> x = random_floats(static_cast<size_t>(cols * tokens), 5);
+  const Buffer dx = to_device(*device, x);
+  Buffer batch = device->allocate(static_cast<size_t>(rows * tokens) * sizeof(float));
+  ops.matmul(dw, all(dx), tokens, all(batch));
+  device->submit();
+  const std::vector<float> together = from_device(*device, batch, static_cast<size_t>(rows * tokens));
+  for (int64_t t = 0; t < tokens; ++t) {
+    const std::vector<float> one(x.begin() + t * cols, x.begin() + (t + 1) * cols);
+    const Buffer d1 = to_device(*device, one);
+    Buffer y1 = device->allocate(static_cast<size_t>(rows) * sizeof(float));
+    ops.matmul(dw, all(d1), 1, all(y1));
+    device->submit();
+    const std::vector<float> alone = from_device(*device, y1, static_cast<size_t>(rows));
+    EXPECT_EQ(0, std::memcmp(alone.data(), together.data() + t * rows, alone.size() * sizeof(float))) << "token " << t;
+  }
+}
+
+TEST(VulkanOps, MatrixLargerThanOneBindingGoesInChunks) {
+  REQUIRE_DEVICE(device);
+  // Q8_0 rows of 4352 bytes: the chunks start at offsets that are whole rows and a
+  // multiple of the device's alignment.
+  const int64_t cols = 4096;
+  const int64_t row_bytes = cols / 32 * 34;
+  const int64_t rows = static_cast<int64_t>(device->info().max_storage_range / static_cast<uint64_t>(row_bytes)) + 97;
+  if (rows * row_bytes > (int64_t{1} << 30)) GTEST_SKIP() << "this device's bindings span over 1 GiB: nothing to split here";
+  Ops ops(*device);
+  auto cpu = make_cpu_backend(2);
+  const HostWeight w = make_weight(GgmlType::Q8_0, cols, rows, 9);
+  const std::vector<float> x = random_floats(static_cast<size_t>(cols), 2);
+  std::vector<float> want(static_cast<size_t>(rows));
+  cpu->matmul(w.weight, x.data(), 1, want.data());
+  const DeviceWeight dw = ops.upload(w.weight);
+  const Buffer dx = to_device(*device, x);
+  Buffer dy = device->allocate(want.size() * sizeof(float));
+  const uint64_t before = device->dispatches();
+  ops.matmul(dw, all(dx), 1, all(dy));
+  device->submit();
+  EXPECT_GE(device->dispatches() - before, 2u);
+  EXPECT_LE(nmse(want, from_device(*device, dy, want.size())), 5e-4);
+}
+
+TEST(VulkanOps, GetRowsMatchesCpu) {
+  REQUIRE_DEVICE(device);
+  Ops ops(*device);
+  auto cpu = make_cpu_backend(1);
+  for (GgmlType type : {GgmlType::F32, GgmlType::F16, GgmlType::Q8_0}) {
+    SCOPED_TRACE(std::string(type_traits(type).name));
+    const HostWeight table = make_weight(type, 96, 41, 4);
+    const std::vector<int32_t> ids = {0, 40, 7, 7, 13};
+    std::vector<float> want(ids.size() * 96);
+    cpu->get_rows(table.weight, ids.data(), static_cast<int64_t>(ids.size()), want.data());
+    const DeviceWeight dt = ops.upload(table.weight);
+    const Buffer did = to_device(*device, ids);
+    Buffer out = device->allocate(want.size() * sizeof(float));
+    ops.get_rows(dt, all(did), static_cast<int64_t>(ids.size()), all(out));
+    device->submit();
+    EXPECT_EQ(nmse(want, from_device(*device, out, want.size())), 0.0);
+  }
+}
+
+TEST(VulkanOps, RowOpsMatchCpu) {
+  REQUIRE_DEVICE(device);
+  Ops ops(*device);
+  auto cpu = make_cpu_backend(1);
+  const int64_t n = 333, rows = 5;
+  const std::vector<float> a = random_floats(static_cast<size_t>(n * rows), 1);
+  const std::vector<float> b = random_floats(static_cast<size_t>(n * rows), 2);
+  const std::vector<float> w = random_floats(static_cast<size_t>(n), 3);
+  const Buffer da = to_device(*device, a), db = to_device(*device, b), dw = to_device(*device, w);
+  const size_t count = a.size();
+  Buffer dy = device->allocate(count * sizeof(float));
+  std::vector<float> want(count);
+
+  cpu->rms_norm(a.data(), w.data(), n, rows, 1e-6f, want.data());
+  ops.rms_norm(all(da), all(dw), n, rows, 1e-6f, all(dy));
+  device->submit();
+  EXPECT_LE(nmse(want, from_device(*device, dy, count)), 1e-6) << "rms_norm";
+
+  cpu->rms_norm(a.data(), nullptr, n, rows, 1e-5f, want.data());
+  ops.rms_norm(all(da), BufferRange{}, n, rows, 1e-5f, all(dy));
+  device->submit();
+  EXPECT_LE(nmse(want, from_device(*device, dy, count)), 1e-6) << "rms_norm without a weight";
+
+  for (const int64_t b_rows : {int64_t{1}, rows}) {
+    cpu->add(a.data(), b.data(), n, rows, b_rows, want.data());
+    ops.add(all(da), all(db), n, rows, b_rows, all(dy));
+    device->submit();
+    EXPECT_LE(nmse(want, from_device(*device, dy, count)), 1e-7) << "add, b rows " << b_rows;
+    cpu->mul(a.data(), b.data(), n, rows, b_rows, want.data());
+    ops.mul(all(da), all(db), n, rows, b_rows, all(dy));
+    device->submit();
+    EXPECT_LE(nmse(want, from_device(*device, dy, count)), 1e-7) << "mul, b rows " << b_rows;
+  }
+
+  cpu->silu(a.data(), n, rows, want.data());
+  ops.silu(all(da), static_cast<int64_t>(count), all(dy));
+  device->submit();
+  EXPECT_LE(nmse(want, from_device(*device, dy, count)), 1e-6) << "silu";
+
+  want = a;
+  cpu->softmax(want.data(), n, rows);
+  Buffer ds = to_device(*device, a);
+  ops.softmax(all(ds), n, rows);
+  device->submit();
+  EXPECT_LE(nmse(want, from_device(*device, ds, count)), 1e-6) << "softmax";
+}
+
+TEST(VulkanDevice, WorkIsRecordedAndSubmittedOnce) {
+  REQUIRE_DEVICE(device);
+  Ops ops(*device);
+  const std::vector<float> a = random_floats(1000, 1);
+  const Buffer da = to_device(*device, a);
+  Buffer dy = device->allocate(a.size() * sizeof(float));
+  const uint64_t submissions = device->submissions();
+  for (int i = 0; i < 10; ++i) ops.silu(all(i == 0 ? da : dy), 1000, all(dy));
+  device->submit();
+  EXPECT_EQ(device->submissions() - submissions, 1u);
+}
+
+TEST(VulkanDevice, MisuseIsRefusedWithAReason) {
+  REQUIRE_DEVICE(device);
+  Buffer small = device->allocate(16);
+  const BufferRange past[] = {{&small, 0, 64}, {&small, 0, 0}};
+  EXPECT_THROW(device->dispatch(Shader::silu, past, nullptr, 0, 1), std::invalid_argument);
+  const BufferRange one[] = {{&small, 0, 0}};
+  EXPECT_THROW(device->dispatch(Shader::silu, one, nullptr, 0, 1), std::invalid_argument);
+  std::vector<float> big(8);
+  EXPECT_THROW(device->upload(small, 0, big.data(), big.size() * sizeof(float)), std::out_of_range);
+  Ops ops(*device);
+  const HostWeight q4 = make_weight(GgmlType::Q4_0, 64, 2, 1);
+  EXPECT_THROW(ops.upload(q4.weight), std::invalid_argument);
+}
+
+TEST(VulkanDevice, ListsDevicesWithWhatTheShadersNeed) {
+  std::string error;
+  const auto devices = list_devices(&error);
+  if (devices.empty()) GTEST_SKIP() << "no Vulkan device: " << error;
+  for (const DeviceInfo& d : devices) {
+    EXPECT_FALSE(d.name.empty());
+    EXPECT_GT(d.subgroup_size, 0u) << d.name;
+    EXPECT_GT(d.max_storage_range, 0u) << d.name;
+    EXPECT_EQ(d.usable, d.unusable_reason.empty()) << d.name;
+  }
+}
+
+}  // namespace
+}  // namespace pico::backend::vulkan
