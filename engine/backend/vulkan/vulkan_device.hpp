@@ -47,6 +47,7 @@ enum class Shader : uint32_t {
   mul,
   silu,
   softmax,
+  rope,
   count,
 };
 

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
+#include <numbers>
 #include <numeric>
 #include <stdexcept>
 #include <string>
@@ -57,7 +59,8 @@ bool Ops::supports(Op op, GgmlType type) {
     case Op::add:
     case Op::mul:
     case Op::silu:
-    case Op::softmax: return type == GgmlType::F32;
+    case Op::softmax:
+    case Op::rope: return type == GgmlType::F32;
     default: return false;
   }
 }
@@ -163,6 +166,35 @@ void Ops::softmax(BufferRange x, int64_t n, int64_t rows) {
   const BufferRange bindings[] = {floats(x, 0, n * rows)};
   const auto [gx, gy] = grid(static_cast<uint64_t>(rows));
   device_.dispatch(Shader::softmax, bindings, &push, sizeof push, gx, gy);
+}
+
+void Ops::rope(BufferRange x, int64_t tokens, int64_t row_stride, int64_t heads, int64_t head_dim, BufferRange pos,
+               const RopeParams& params) {
+  const int64_t n_dims = params.n_dims;
+  if (n_dims <= 0 || n_dims > head_dim || n_dims % 2 != 0) throw std::invalid_argument("vulkan: rope: bad n_dims");
+  // YaRN's correction range and magnitude, as the CPU backend computes them.
+  float corr_low = 0.0f, corr_high = 0.0f, mscale = params.attn_factor;
+  if (params.ext_factor != 0.0f) {
+    const auto corr_dim = [&](float n_rot) {
+      return static_cast<float>(n_dims) *
+             std::log(static_cast<float>(params.n_ctx_orig) / (n_rot * 2.0f * std::numbers::pi_v<float>)) /
+             (2.0f * std::log(params.freq_base));
+    };
+    corr_low = std::max(0.0f, std::floor(corr_dim(params.beta_fast)));
+    corr_high = std::min(static_cast<float>(n_dims - 1), std::ceil(corr_dim(params.beta_slow)));
+    mscale *= std::fma(0.1f, std::log(1.0f / params.freq_scale), 1.0f);
+  }
+  const struct {
+    uint32_t row_stride, heads, head_dim, n_dims, neox;
+    float theta_scale, freq_scale, ext_factor, corr_low, corr_high, mscale;
+  } push{checked_u32(row_stride, "row stride"), checked_u32(heads, "heads"), checked_u32(head_dim, "head dim"),
+         static_cast<uint32_t>(n_dims), params.neox ? 1u : 0u,
+         std::pow(params.freq_base, -2.0f / static_cast<float>(n_dims)), params.freq_scale, params.ext_factor,
+         corr_low, corr_high, mscale};
+  const BufferRange bindings[] = {floats(x, 0, (tokens - 1) * row_stride + heads * head_dim),
+                                  {pos.buffer, pos.offset, static_cast<size_t>(tokens) * 4}};
+  const auto [gx, gy] = grid(static_cast<uint64_t>(tokens));
+  device_.dispatch(Shader::rope, bindings, &push, sizeof push, gx, gy);
 }
 
 }  // namespace pico::backend::vulkan

@@ -45,6 +45,10 @@ class Ops {
   void mul(BufferRange a, BufferRange b, int64_t n, int64_t rows, int64_t b_rows, BufferRange y);
   void silu(BufferRange x, int64_t count, BufferRange y);
   void softmax(BufferRange x, int64_t n, int64_t rows);
+  // Rotates, in place, `heads` heads of head_dim per token (token t's at t * row_stride
+  // floats), at positions pos (tokens int32 on the device).
+  void rope(BufferRange x, int64_t tokens, int64_t row_stride, int64_t heads, int64_t head_dim, BufferRange pos,
+            const RopeParams& params);
 
  private:
   void elementwise(Shader shader, BufferRange a, BufferRange b, int64_t n, int64_t rows, int64_t b_rows, BufferRange y);

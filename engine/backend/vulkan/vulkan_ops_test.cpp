@@ -230,6 +230,39 @@ TEST(VulkanOps, RowOpsMatchCpu) {
   EXPECT_LE(nmse(want, from_device(*device, ds, count)), 1e-6) << "softmax";
 }
 
+TEST(VulkanOps, RopeMatchesCpu) {
+  REQUIRE_DEVICE(device);
+  Ops ops(*device);
+  auto cpu = make_cpu_backend(1);
+  // 5 tokens at scattered positions, 3 heads of 40 in rows of 130 floats (a strided view).
+  const int64_t tokens = 5, heads = 3, head_dim = 40, stride = 130;
+  const std::vector<int32_t> pos = {0, 1, 17, 300, 4095};
+  const Buffer dpos = to_device(*device, pos);
+  for (const bool neox : {false, true}) {
+    for (const int32_t n_dims : {40, 16}) {
+      for (const float ext : {0.0f, 1.0f}) {
+        SCOPED_TRACE(std::string(neox ? "neox" : "normal") + ", dims " + std::to_string(n_dims) + ", ext " + std::to_string(ext));
+        RopeParams p;
+        p.n_dims = n_dims;
+        p.neox = neox;
+        p.freq_base = 1000000.0f;
+        if (ext != 0.0f) {
+          p.freq_scale = 0.25f;
+          p.ext_factor = ext;
+          p.n_ctx_orig = 4096;
+        }
+        const std::vector<float> x = random_floats(static_cast<size_t>(tokens * stride), 21);
+        std::vector<float> want = x;
+        cpu->rope(want.data(), tokens, stride, heads, head_dim, pos.data(), p);
+        Buffer dx = to_device(*device, x);
+        ops.rope(all(dx), tokens, stride, heads, head_dim, all(dpos), p);
+        device->submit();
+        EXPECT_LE(nmse(want, from_device(*device, dx, x.size())), 1e-6);
+      }
+    }
+  }
+}
+
 TEST(VulkanDevice, WorkIsRecordedAndSubmittedOnce) {
   REQUIRE_DEVICE(device);
   Ops ops(*device);
