@@ -5,6 +5,7 @@
 #include <cmath>
 #include <numbers>
 #include <numeric>
+#include <optional>
 #include <stdexcept>
 #include <string>
 
@@ -26,22 +27,28 @@ std::array<uint32_t, 2> grid(uint64_t groups) {
   return {kMaxGroups, static_cast<uint32_t>((groups + kMaxGroups - 1) / kMaxGroups)};
 }
 
-Shader matmul_shader(GgmlType type) {
+// The matmul and get_rows shaders of a weight type.
+struct TypeShaders {
+  Shader matmul, get_rows;
+};
+std::optional<TypeShaders> type_shaders(GgmlType type) {
   switch (type) {
-    case GgmlType::F32: return Shader::matmul_f32;
-    case GgmlType::F16: return Shader::matmul_f16;
-    case GgmlType::Q8_0: return Shader::matmul_q8_0;
-    default: throw std::invalid_argument(std::string("vulkan: no matmul for ") + std::string(type_traits(type).name));
+    case GgmlType::F32: return TypeShaders{Shader::matmul_f32, Shader::get_rows_f32};
+    case GgmlType::F16: return TypeShaders{Shader::matmul_f16, Shader::get_rows_f16};
+    case GgmlType::Q8_0: return TypeShaders{Shader::matmul_q8_0, Shader::get_rows_q8_0};
+    case GgmlType::Q4_0: return TypeShaders{Shader::matmul_q4_0, Shader::get_rows_q4_0};
+    case GgmlType::Q4_1: return TypeShaders{Shader::matmul_q4_1, Shader::get_rows_q4_1};
+    case GgmlType::Q5_0: return TypeShaders{Shader::matmul_q5_0, Shader::get_rows_q5_0};
+    case GgmlType::Q5_1: return TypeShaders{Shader::matmul_q5_1, Shader::get_rows_q5_1};
+    case GgmlType::IQ4_NL: return TypeShaders{Shader::matmul_iq4_nl, Shader::get_rows_iq4_nl};
+    default: return std::nullopt;
   }
 }
 
-Shader get_rows_shader(GgmlType type) {
-  switch (type) {
-    case GgmlType::F32: return Shader::get_rows_f32;
-    case GgmlType::F16: return Shader::get_rows_f16;
-    case GgmlType::Q8_0: return Shader::get_rows_q8_0;
-    default: throw std::invalid_argument(std::string("vulkan: no get_rows for ") + std::string(type_traits(type).name));
-  }
+TypeShaders shaders_of(GgmlType type) {
+  const auto s = type_shaders(type);
+  if (!s) throw std::invalid_argument("vulkan: no shaders for " + std::string(type_traits(type).name));
+  return *s;
 }
 
 // A whole buffer of floats from `float_offset`.
@@ -54,7 +61,7 @@ BufferRange floats(BufferRange r, int64_t float_offset, int64_t count) {
 bool Ops::supports(Op op, GgmlType type) {
   switch (op) {
     case Op::matmul:
-    case Op::get_rows: return type == GgmlType::F32 || type == GgmlType::F16 || type == GgmlType::Q8_0;
+    case Op::get_rows: return type_shaders(type).has_value();
     case Op::rms_norm:
     case Op::add:
     case Op::mul:
@@ -82,7 +89,7 @@ DeviceWeight Ops::upload(const Weight& w) {
 }
 
 void Ops::matmul(const DeviceWeight& w, BufferRange x, int64_t tokens, BufferRange y, int64_t y_stride) {
-  const Shader shader = matmul_shader(w.type);
+  const Shader shader = shaders_of(w.type).matmul;
   const DeviceInfo& info = device_.info();
   // A matrix larger than one binding may span (lavapipe: 128 MiB) goes in chunks of
   // rows, each starting at an offset the device accepts.
@@ -116,7 +123,7 @@ void Ops::get_rows(const DeviceWeight& table, BufferRange ids, int64_t count, Bu
   const BufferRange bindings[] = {{&table.buffer, 0, 0}, {ids.buffer, ids.offset, static_cast<size_t>(count) * 4},
                                   floats(out, 0, count * table.cols)};
   const auto [gx, gy] = grid(static_cast<uint64_t>(count));
-  device_.dispatch(get_rows_shader(table.type), bindings, &push, sizeof push, gx, gy);
+  device_.dispatch(shaders_of(table.type).get_rows, bindings, &push, sizeof push, gx, gy);
 }
 
 void Ops::rms_norm(BufferRange x, BufferRange weight, int64_t n, int64_t rows, float eps, BufferRange y) {

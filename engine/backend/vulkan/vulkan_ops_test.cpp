@@ -114,7 +114,9 @@ TEST_P(MatmulTypes, MatchesCpuOnOddShapes) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Types, MatmulTypes, ::testing::Values(GgmlType::F32, GgmlType::F16, GgmlType::Q8_0),
+INSTANTIATE_TEST_SUITE_P(Types, MatmulTypes,
+                         ::testing::Values(GgmlType::F32, GgmlType::F16, GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_1,
+                                           GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::IQ4_NL),
                          [](const auto& param_info) { return std::string(type_traits(param_info.param).name); });
 
 TEST(VulkanOps, MatmulRowIsTheSameAloneAndInABatch) {
@@ -168,7 +170,8 @@ TEST(VulkanOps, GetRowsMatchesCpu) {
   REQUIRE_DEVICE(device);
   Ops ops(*device);
   auto cpu = make_cpu_backend(1);
-  for (GgmlType type : {GgmlType::F32, GgmlType::F16, GgmlType::Q8_0}) {
+  for (GgmlType type : {GgmlType::F32, GgmlType::F16, GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0,
+                        GgmlType::Q5_1, GgmlType::IQ4_NL}) {
     SCOPED_TRACE(std::string(type_traits(type).name));
     const HostWeight table = make_weight(type, 96, 41, 4);
     const std::vector<int32_t> ids = {0, 40, 7, 7, 13};
@@ -285,8 +288,8 @@ TEST(VulkanDevice, MisuseIsRefusedWithAReason) {
   std::vector<float> big(8);
   EXPECT_THROW(device->upload(small, 0, big.data(), big.size() * sizeof(float)), std::out_of_range);
   Ops ops(*device);
-  const HostWeight q4 = make_weight(GgmlType::Q4_0, 64, 2, 1);
-  EXPECT_THROW(ops.upload(q4.weight), std::invalid_argument);
+  const HostWeight q2 = make_weight(GgmlType::Q2_K, 256, 2, 1);
+  EXPECT_THROW(ops.upload(q2.weight), std::invalid_argument);
 }
 
 TEST(VulkanDevice, ListsDevicesWithWhatTheShadersNeed) {

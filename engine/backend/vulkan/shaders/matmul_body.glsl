@@ -1,12 +1,9 @@
-#version 450
-// matmul over Q8_0 weights (blocks of 32: an F16 scale d, 32 int8 q; 34 bytes): each
-// invocation takes whole blocks, block b's 32 products summed in order, times d; then
-// matmul_f32's fixed tree.
-#extension GL_EXT_shader_8bit_storage : require
-#extension GL_EXT_shader_explicit_arithmetic_types_int8 : require
+// matmul over a block type (included by the type's file, which defines BLOCK_BYTES,
+// BLOCK_VALUES and float block_value(uint base, uint j), value j of the block at byte
+// base of w): each invocation takes whole blocks, a block's products summed in order;
+// then matmul_f32's fixed tree over the workgroup.
 layout(local_size_x_id = 0) in;
 layout(constant_id = 0) const uint WG = 64;
-layout(std430, binding = 0) readonly buffer Weights { uint8_t w[]; };
 layout(std430, binding = 1) readonly buffer Input { float x[]; };
 layout(std430, binding = 2) writeonly buffer Output { float y[]; };
 layout(push_constant) uniform Push { uint cols; uint rows; uint y_stride; uint row_offset; } p;
@@ -17,15 +14,14 @@ void main() {
   if (r >= p.rows) return;
   const uint t = gl_WorkGroupID.y;
   const uint lid = gl_LocalInvocationID.x;
-  const uint blocks = p.cols / 32;
+  const uint blocks = p.cols / BLOCK_VALUES;
   float sum = 0.0;
   for (uint b = lid; b < blocks; b += WG) {
-    const uint base = (r * blocks + b) * 34;
-    const float d = unpackHalf2x16(uint(w[base]) | (uint(w[base + 1]) << 8)).x;
-    const uint xi = t * p.cols + b * 32;
+    const uint base = (r * blocks + b) * BLOCK_BYTES;
+    const uint xi = t * p.cols + b * BLOCK_VALUES;
     float block = 0.0;
-    for (uint j = 0; j < 32; ++j) block += float(int8_t(w[base + 2 + j])) * x[xi + j];
-    sum += d * block;
+    for (uint j = 0; j < BLOCK_VALUES; ++j) block += block_value(base, j) * x[xi + j];
+    sum += block;
   }
   partial[lid] = sum;
   barrier();
