@@ -41,6 +41,11 @@ std::optional<TypeShaders> type_shaders(GgmlType type) {
     case GgmlType::Q5_0: return TypeShaders{Shader::matmul_q5_0, Shader::get_rows_q5_0};
     case GgmlType::Q5_1: return TypeShaders{Shader::matmul_q5_1, Shader::get_rows_q5_1};
     case GgmlType::IQ4_NL: return TypeShaders{Shader::matmul_iq4_nl, Shader::get_rows_iq4_nl};
+    case GgmlType::Q2_K: return TypeShaders{Shader::matmul_q2_K, Shader::get_rows_q2_K};
+    case GgmlType::Q3_K: return TypeShaders{Shader::matmul_q3_K, Shader::get_rows_q3_K};
+    case GgmlType::Q4_K: return TypeShaders{Shader::matmul_q4_K, Shader::get_rows_q4_K};
+    case GgmlType::Q5_K: return TypeShaders{Shader::matmul_q5_K, Shader::get_rows_q5_K};
+    case GgmlType::Q6_K: return TypeShaders{Shader::matmul_q6_K, Shader::get_rows_q6_K};
     default: return std::nullopt;
   }
 }

@@ -99,7 +99,9 @@ TEST_P(MatmulTypes, MatchesCpuOnOddShapes) {
   const GgmlType type = GetParam();
   Ops ops(*device);
   auto cpu = make_cpu_backend(1);
-  for (const auto [cols, rows, tokens] : {std::array<int64_t, 3>{32, 1, 1}, {96, 37, 1}, {224, 61, 5}, {4096, 33, 3}}) {
+  const int64_t block = type_traits(type).block_size;
+  for (const auto [cols, rows, tokens] :
+       {std::array<int64_t, 3>{block, 1, 1}, {3 * block, 37, 1}, {7 * block, 61, 5}, {4096, 33, 3}}) {
     SCOPED_TRACE(std::to_string(cols) + "x" + std::to_string(rows) + ", " + std::to_string(tokens) + " tokens");
     const HostWeight w = make_weight(type, cols, rows, 7);
     const std::vector<float> x = random_floats(static_cast<size_t>(cols * tokens), 11);
@@ -116,7 +118,8 @@ TEST_P(MatmulTypes, MatchesCpuOnOddShapes) {
 
 INSTANTIATE_TEST_SUITE_P(Types, MatmulTypes,
                          ::testing::Values(GgmlType::F32, GgmlType::F16, GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_1,
-                                           GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::IQ4_NL),
+                                           GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::IQ4_NL, GgmlType::Q2_K,
+                                           GgmlType::Q3_K, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K),
                          [](const auto& param_info) { return std::string(type_traits(param_info.param).name); });
 
 TEST(VulkanOps, MatmulRowIsTheSameAloneAndInABatch) {
@@ -171,11 +174,13 @@ TEST(VulkanOps, GetRowsMatchesCpu) {
   Ops ops(*device);
   auto cpu = make_cpu_backend(1);
   for (GgmlType type : {GgmlType::F32, GgmlType::F16, GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0,
-                        GgmlType::Q5_1, GgmlType::IQ4_NL}) {
+                        GgmlType::Q5_1, GgmlType::IQ4_NL, GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q4_K,
+                        GgmlType::Q5_K, GgmlType::Q6_K}) {
     SCOPED_TRACE(std::string(type_traits(type).name));
-    const HostWeight table = make_weight(type, 96, 41, 4);
+    const int64_t cols = 3 * type_traits(type).block_size;
+    const HostWeight table = make_weight(type, cols, 41, 4);
     const std::vector<int32_t> ids = {0, 40, 7, 7, 13};
-    std::vector<float> want(ids.size() * 96);
+    std::vector<float> want(ids.size() * static_cast<size_t>(cols));
     cpu->get_rows(table.weight, ids.data(), static_cast<int64_t>(ids.size()), want.data());
     const DeviceWeight dt = ops.upload(table.weight);
     const Buffer did = to_device(*device, ids);
@@ -288,8 +293,8 @@ TEST(VulkanDevice, MisuseIsRefusedWithAReason) {
   std::vector<float> big(8);
   EXPECT_THROW(device->upload(small, 0, big.data(), big.size() * sizeof(float)), std::out_of_range);
   Ops ops(*device);
-  const HostWeight q2 = make_weight(GgmlType::Q2_K, 256, 2, 1);
-  EXPECT_THROW(ops.upload(q2.weight), std::invalid_argument);
+  const HostWeight unsupported = make_weight(GgmlType::IQ4_XS, 256, 2, 1);
+  EXPECT_THROW(ops.upload(unsupported.weight), std::invalid_argument);
 }
 
 TEST(VulkanDevice, ListsDevicesWithWhatTheShadersNeed) {
