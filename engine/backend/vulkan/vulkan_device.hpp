@@ -65,9 +65,11 @@ enum class Shader : uint32_t {
   rms_norm,
   add,
   mul,
-  silu,
+  unary,
   softmax,
   rope,
+  layer_norm,
+  l2_norm,
   count,
 };
 

@@ -71,6 +71,13 @@ bool Ops::supports(Op op, GgmlType type) {
     case Op::add:
     case Op::mul:
     case Op::silu:
+    case Op::sigmoid:
+    case Op::softplus:
+    case Op::gelu:
+    case Op::gelu_erf:
+    case Op::scale:
+    case Op::layer_norm:
+    case Op::l2_norm:
     case Op::softmax:
     case Op::rope: return type == GgmlType::F32;
     default: return false;
@@ -162,13 +169,44 @@ void Ops::mul(BufferRange a, BufferRange b, int64_t n, int64_t rows, int64_t b_r
   elementwise(Shader::mul, a, b, n, rows, b_rows, y);
 }
 
-void Ops::silu(BufferRange x, int64_t count, BufferRange y) {
+void Ops::unary(UnaryOp op, BufferRange x, int64_t count, BufferRange y, float factor) {
   const struct {
-    uint32_t count;
-  } push{checked_u32(count, "count")};
+    uint32_t count, op;
+    float factor;
+  } push{checked_u32(count, "count"), static_cast<uint32_t>(op), factor};
   const BufferRange bindings[] = {floats(x, 0, count), floats(y, 0, count)};
   const auto [gx, gy] = grid((static_cast<uint64_t>(count) + kWorkgroupSize - 1) / kWorkgroupSize);
-  device_.dispatch(Shader::silu, bindings, &push, sizeof push, gx, gy);
+  device_.dispatch(Shader::unary, bindings, &push, sizeof push, gx, gy);
+}
+
+void Ops::silu(BufferRange x, int64_t count, BufferRange y) { unary(UnaryOp::silu, x, count, y); }
+void Ops::sigmoid(BufferRange x, int64_t count, BufferRange y) { unary(UnaryOp::sigmoid, x, count, y); }
+void Ops::softplus(BufferRange x, int64_t count, BufferRange y) { unary(UnaryOp::softplus, x, count, y); }
+void Ops::gelu(BufferRange x, int64_t count, BufferRange y) { unary(UnaryOp::gelu, x, count, y); }
+void Ops::gelu_erf(BufferRange x, int64_t count, BufferRange y) { unary(UnaryOp::gelu_erf, x, count, y); }
+void Ops::scale(BufferRange x, int64_t count, float factor) { unary(UnaryOp::scale, x, count, x, factor); }
+
+void Ops::layer_norm(BufferRange x, BufferRange weight, BufferRange bias, int64_t n, int64_t rows, float eps,
+                     BufferRange y) {
+  const struct {
+    uint32_t n, has_weight, has_bias;
+    float eps;
+  } push{checked_u32(n, "n"), weight.buffer ? 1u : 0u, bias.buffer ? 1u : 0u, eps};
+  // An absent weight or bias binds x in its place, never read.
+  const BufferRange bindings[] = {floats(x, 0, n * rows), floats(weight.buffer ? weight : x, 0, n),
+                                  floats(bias.buffer ? bias : x, 0, n), floats(y, 0, n * rows)};
+  const auto [gx, gy] = grid(static_cast<uint64_t>(rows));
+  device_.dispatch(Shader::layer_norm, bindings, &push, sizeof push, gx, gy);
+}
+
+void Ops::l2_norm(BufferRange x, int64_t n, int64_t rows, float eps, BufferRange y) {
+  const struct {
+    uint32_t n;
+    float eps;
+  } push{checked_u32(n, "n"), eps};
+  const BufferRange bindings[] = {floats(x, 0, n * rows), floats(y, 0, n * rows)};
+  const auto [gx, gy] = grid(static_cast<uint64_t>(rows));
+  device_.dispatch(Shader::l2_norm, bindings, &push, sizeof push, gx, gy);
 }
 
 void Ops::softmax(BufferRange x, int64_t n, int64_t rows) {

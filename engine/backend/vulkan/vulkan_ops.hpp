@@ -43,7 +43,15 @@ class Ops {
   void rms_norm(BufferRange x, BufferRange weight, int64_t n, int64_t rows, float eps, BufferRange y);
   void add(BufferRange a, BufferRange b, int64_t n, int64_t rows, int64_t b_rows, BufferRange y);
   void mul(BufferRange a, BufferRange b, int64_t n, int64_t rows, int64_t b_rows, BufferRange y);
+  void layer_norm(BufferRange x, BufferRange weight, BufferRange bias, int64_t n, int64_t rows, float eps, BufferRange y);
+  void l2_norm(BufferRange x, int64_t n, int64_t rows, float eps, BufferRange y);
+  // Elementwise over count floats (backend.hpp's definitions).
   void silu(BufferRange x, int64_t count, BufferRange y);
+  void sigmoid(BufferRange x, int64_t count, BufferRange y);
+  void softplus(BufferRange x, int64_t count, BufferRange y);
+  void gelu(BufferRange x, int64_t count, BufferRange y);
+  void gelu_erf(BufferRange x, int64_t count, BufferRange y);
+  void scale(BufferRange x, int64_t count, float factor);
   void softmax(BufferRange x, int64_t n, int64_t rows);
   // Rotates, in place, `heads` heads of head_dim per token (token t's at t * row_stride
   // floats), at positions pos (tokens int32 on the device).
@@ -51,6 +59,8 @@ class Ops {
             const RopeParams& params);
 
  private:
+  enum class UnaryOp : uint32_t { silu, sigmoid, softplus, gelu, gelu_erf, scale };
+  void unary(UnaryOp op, BufferRange x, int64_t count, BufferRange y, float factor = 1.0f);
   void elementwise(Shader shader, BufferRange a, BufferRange b, int64_t n, int64_t rows, int64_t b_rows, BufferRange y);
   Device& device_;
 };

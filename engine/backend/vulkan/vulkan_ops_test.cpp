@@ -230,6 +230,44 @@ TEST(VulkanOps, RowOpsMatchCpu) {
   device->submit();
   EXPECT_LE(nmse(want, from_device(*device, dy, count)), 1e-6) << "silu";
 
+  // Inputs spread over the ranges where each function bends: [-25, 25).
+  std::vector<float> wide(count);
+  for (size_t i = 0; i < count; ++i) wide[i] = -25.0f + 50.0f * static_cast<float>(i) / static_cast<float>(count);
+  const Buffer dwide = to_device(*device, wide);
+  const auto check_unary = [&](const char* name, auto cpu_op, auto device_op) {
+    cpu_op(wide.data(), static_cast<int64_t>(count), want.data());
+    device_op(all(dwide), static_cast<int64_t>(count), all(dy));
+    device->submit();
+    EXPECT_LE(nmse(want, from_device(*device, dy, count)), 1e-6) << name;
+  };
+  check_unary("sigmoid", [&](auto... args) { cpu->sigmoid(args...); }, [&](auto... args) { ops.sigmoid(args...); });
+  check_unary("softplus", [&](auto... args) { cpu->softplus(args...); }, [&](auto... args) { ops.softplus(args...); });
+  check_unary("gelu", [&](auto... args) { cpu->gelu(args...); }, [&](auto... args) { ops.gelu(args...); });
+  check_unary("gelu_erf", [&](auto... args) { cpu->gelu_erf(args...); }, [&](auto... args) { ops.gelu_erf(args...); });
+
+  want = a;
+  cpu->scale(want.data(), static_cast<int64_t>(count), 0.37f);
+  Buffer dscaled = to_device(*device, a);
+  ops.scale(all(dscaled), static_cast<int64_t>(count), 0.37f);
+  device->submit();
+  EXPECT_LE(nmse(want, from_device(*device, dscaled, count)), 1e-7) << "scale";
+
+  const Buffer dbias = to_device(*device, random_floats(static_cast<size_t>(n), 4));
+  const std::vector<float> bias = from_device(*device, dbias, static_cast<size_t>(n));
+  for (const bool with_weight : {false, true}) {
+    cpu->layer_norm(a.data(), with_weight ? w.data() : nullptr, with_weight ? bias.data() : nullptr, n, rows, 1e-5f,
+                    want.data());
+    ops.layer_norm(all(da), with_weight ? all(dw) : BufferRange{}, with_weight ? all(dbias) : BufferRange{}, n, rows,
+                   1e-5f, all(dy));
+    device->submit();
+    EXPECT_LE(nmse(want, from_device(*device, dy, count)), 1e-6) << "layer_norm, weight and bias " << with_weight;
+  }
+
+  cpu->l2_norm(a.data(), n, rows, 1e-6f, want.data());
+  ops.l2_norm(all(da), n, rows, 1e-6f, all(dy));
+  device->submit();
+  EXPECT_LE(nmse(want, from_device(*device, dy, count)), 1e-6) << "l2_norm";
+
   want = a;
   cpu->softmax(want.data(), n, rows);
   Buffer ds = to_device(*device, a);
@@ -287,9 +325,9 @@ TEST(VulkanDevice, MisuseIsRefusedWithAReason) {
   REQUIRE_DEVICE(device);
   Buffer small = device->allocate(16);
   const BufferRange past[] = {{&small, 0, 64}, {&small, 0, 0}};
-  EXPECT_THROW(device->dispatch(Shader::silu, past, nullptr, 0, 1), std::invalid_argument);
+  EXPECT_THROW(device->dispatch(Shader::unary, past, nullptr, 0, 1), std::invalid_argument);
   const BufferRange one[] = {{&small, 0, 0}};
-  EXPECT_THROW(device->dispatch(Shader::silu, one, nullptr, 0, 1), std::invalid_argument);
+  EXPECT_THROW(device->dispatch(Shader::unary, one, nullptr, 0, 1), std::invalid_argument);
   std::vector<float> big(8);
   EXPECT_THROW(device->upload(small, 0, big.data(), big.size() * sizeof(float)), std::out_of_range);
   Ops ops(*device);
