@@ -70,6 +70,7 @@ enum class Shader : uint32_t {
   rope,
   layer_norm,
   l2_norm,
+  attention_f16,
   count,
 };
 

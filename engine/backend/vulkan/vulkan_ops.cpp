@@ -80,6 +80,7 @@ bool Ops::supports(Op op, GgmlType type) {
     case Op::l2_norm:
     case Op::softmax:
     case Op::rope: return type == GgmlType::F32;
+    case Op::attention: return type == GgmlType::F16;  // the cache's type
     default: return false;
   }
 }
@@ -216,6 +217,43 @@ void Ops::softmax(BufferRange x, int64_t n, int64_t rows) {
   const BufferRange bindings[] = {floats(x, 0, n * rows)};
   const auto [gx, gy] = grid(static_cast<uint64_t>(rows));
   device_.dispatch(Shader::softmax, bindings, &push, sizeof push, gx, gy);
+}
+
+void Ops::attention(BufferRange q, int64_t q_row_stride, const DeviceKvLayer& kv, BufferRange queries,
+                    BufferRange page_table, int64_t n_queries, int64_t max_keys, const AttentionParams& params,
+                    BufferRange out) {
+  if (params.n_head_kv <= 0 || params.n_head % params.n_head_kv != 0 || params.n_head_kv != kv.n_kv_heads ||
+      params.head_dim_k != kv.head_dim_k || params.head_dim_v != kv.head_dim_v)
+    throw std::invalid_argument("vulkan: attention: the heads do not match the cache's");
+  if (n_queries <= 0) return;
+  if (n_queries > kMaxGroups || params.n_head > kMaxGroups) throw std::invalid_argument("vulkan: attention: too many queries");
+  const int64_t keys = std::max<int64_t>(max_keys, 1);
+  const size_t scores_bytes = static_cast<size_t>(n_queries * params.n_head * keys) * sizeof(float);
+  if (scores_.size() < scores_bytes) scores_ = device_.allocate(scores_bytes);
+  const struct {
+    uint32_t q_row_stride, n_head, n_head_kv, dk, dv, k_row, v_row, page_shift, max_keys, window;
+    float scale, softcap;
+  } push{checked_u32(q_row_stride, "q stride"),
+         checked_u32(params.n_head, "heads"),
+         checked_u32(params.n_head_kv, "kv heads"),
+         checked_u32(params.head_dim_k, "head dim"),
+         checked_u32(params.head_dim_v, "head dim"),
+         checked_u32(kv.n_kv_heads * kv.head_dim_k, "k row"),
+         checked_u32(kv.n_kv_heads * kv.head_dim_v, "v row"),
+         checked_u32(kv.page_shift, "page shift"),
+         static_cast<uint32_t>(keys),
+         checked_u32(params.window, "window"),
+         params.scale,
+         params.softcap};
+  const BufferRange bindings[] = {floats(q, 0, (n_queries - 1) * q_row_stride + params.n_head * params.head_dim_k),
+                                  {kv.k, 0, 0},
+                                  {kv.v, 0, 0},
+                                  {queries.buffer, queries.offset, static_cast<size_t>(n_queries) * sizeof(DeviceQuery)},
+                                  page_table,
+                                  {&scores_, 0, scores_bytes},
+                                  floats(out, 0, n_queries * params.n_head * params.head_dim_v)};
+  device_.dispatch(Shader::attention_f16, bindings, &push, sizeof push, static_cast<uint32_t>(n_queries),
+                   static_cast<uint32_t>(params.n_head));
 }
 
 void Ops::rope(BufferRange x, int64_t tokens, int64_t row_stride, int64_t heads, int64_t head_dim, BufferRange pos,

@@ -21,6 +21,27 @@ struct DeviceWeight {
   Buffer buffer;
 };
 
+// A layer's KV cache in device memory: F16 rows of n_kv_heads heads (K and V at the same
+// row index), a sequence's positions in pages of 2^page_shift rows.
+struct DeviceKvLayer {
+  const Buffer* k = nullptr;
+  const Buffer* v = nullptr;
+  int64_t n_kv_heads = 0;
+  int64_t head_dim_k = 0;
+  int64_t head_dim_v = 0;
+  int page_shift = 0;
+};
+
+// One query of an attention call, as the device reads it: its position, the positions
+// its sequence's cache holds, and where its sequence's page table starts (the first row
+// of each page, in position order).
+struct DeviceQuery {
+  uint32_t pos = 0;
+  uint32_t n_pos = 0;
+  uint32_t page_table = 0;
+  uint32_t unused = 0;
+};
+
 class Ops {
  public:
   explicit Ops(Device& device) : device_(device) {}
@@ -53,6 +74,11 @@ class Ops {
   void gelu_erf(BufferRange x, int64_t count, BufferRange y);
   void scale(BufferRange x, int64_t count, float factor);
   void softmax(BufferRange x, int64_t n, int64_t rows);
+  // backend.hpp's attention over a device KV cache: queries (n_queries DeviceQuery) and
+  // page_table on the device; max_keys bounds the keys any query sees (its scores' room).
+  void attention(BufferRange q, int64_t q_row_stride, const DeviceKvLayer& kv, BufferRange queries,
+                 BufferRange page_table, int64_t n_queries, int64_t max_keys, const AttentionParams& params,
+                 BufferRange out);
   // Rotates, in place, `heads` heads of head_dim per token (token t's at t * row_stride
   // floats), at positions pos (tokens int32 on the device).
   void rope(BufferRange x, int64_t tokens, int64_t row_stride, int64_t heads, int64_t head_dim, BufferRange pos,
@@ -63,6 +89,7 @@ class Ops {
   void unary(UnaryOp op, BufferRange x, int64_t count, BufferRange y, float factor = 1.0f);
   void elementwise(Shader shader, BufferRange a, BufferRange b, int64_t n, int64_t rows, int64_t b_rows, BufferRange y);
   Device& device_;
+  Buffer scores_;  // attention's scratch, grown as needed
 };
 
 }  // namespace pico::backend::vulkan

@@ -4,6 +4,7 @@
 // usable device every test reports itself skipped, saying why.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <memory>
 #include <random>
@@ -13,7 +14,9 @@
 #include "backend/backend.hpp"
 #include "backend/vulkan/vulkan_device.hpp"
 #include "backend/vulkan/vulkan_ops.hpp"
+#include "quant/float_convert.hpp"
 #include "quant/quantize.hpp"
+#include "state/kv_cache.hpp"
 
 namespace pico::backend::vulkan {
 namespace {
@@ -305,6 +308,104 @@ TEST(VulkanOps, RopeMatchesCpu) {
         device->submit();
         EXPECT_LE(nmse(want, from_device(*device, dx, x.size())), 1e-6);
       }
+    }
+  }
+}
+
+// Two sequences' F16 caches in pages of 8 positions, laid out for the CPU (a page
+// pointer per page) and for the device (pages at scattered row indices of one buffer).
+TEST(VulkanOps, AttentionOverPagedF16CacheMatchesCpu) {
+  REQUIRE_DEVICE(device);
+  Ops ops(*device);
+  auto cpu = make_cpu_backend(1);
+  const int64_t n_head = 4, n_kv = 2, dk = 40, dv = 24;
+  const int page_shift = 3, page_rows = 1 << page_shift;
+  const int64_t k_row = n_kv * dk, v_row = n_kv * dv;
+  const std::vector<int32_t> lengths = {37, 5};
+  // Device rows: each page of each sequence at its own place, in reverse order.
+  std::vector<std::vector<uint32_t>> device_pages(lengths.size());
+  int64_t total_pages = 0;
+  for (int32_t n : lengths) total_pages += (n + page_rows - 1) / page_rows;
+  std::vector<uint16_t> k_rows(static_cast<size_t>(total_pages * page_rows * k_row));
+  std::vector<uint16_t> v_rows(static_cast<size_t>(total_pages * page_rows * v_row));
+  std::vector<std::vector<const uint8_t*>> k_pages(lengths.size()), v_pages(lengths.size());
+  std::mt19937 rng(17);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  int64_t next_page = total_pages - 1;
+  for (size_t s = 0; s < lengths.size(); ++s) {
+    for (int32_t first = 0; first < lengths[s]; first += page_rows, --next_page) {
+      device_pages[s].push_back(static_cast<uint32_t>(next_page * page_rows));
+      uint16_t* kp = k_rows.data() + next_page * page_rows * k_row;
+      uint16_t* vp = v_rows.data() + next_page * page_rows * v_row;
+      for (int64_t i = 0; i < page_rows * k_row; ++i) kp[i] = fp32_to_fp16(dist(rng));
+      for (int64_t i = 0; i < page_rows * v_row; ++i) vp[i] = fp32_to_fp16(dist(rng));
+      k_pages[s].push_back(reinterpret_cast<const uint8_t*>(kp));
+      v_pages[s].push_back(reinterpret_cast<const uint8_t*>(vp));
+    }
+  }
+  std::vector<uint32_t> table;
+  std::vector<uint32_t> table_start;
+  for (const auto& pages : device_pages) {
+    table_start.push_back(static_cast<uint32_t>(table.size()));
+    table.insert(table.end(), pages.begin(), pages.end());
+  }
+  const Buffer dk_rows = to_device(*device, k_rows), dv_rows = to_device(*device, v_rows), dtable = to_device(*device, table);
+  const DeviceKvLayer kv{&dk_rows, &dv_rows, n_kv, dk, dv, page_shift};
+  const auto cpu_view = [&](size_t s) {
+    state::KvLayerView view;
+    view.k_pages = k_pages[s].data();
+    view.v_pages = v_pages[s].data();
+    view.page_shift = page_shift;
+    view.page_mask = page_rows - 1;
+    view.k_row_bytes = static_cast<size_t>(k_row) * 2;
+    view.v_row_bytes = static_cast<size_t>(v_row) * 2;
+    view.n_pos = lengths[s];
+    view.n_kv_heads = n_kv;
+    view.head_dim_k = dk;
+    view.head_dim_v = dv;
+    return view;
+  };
+  // Queries: a prompt's last 4 positions of sequence 0, sequence 1's last, sequence 0's first.
+  const std::vector<std::pair<size_t, int32_t>> asked = {{0, 33}, {0, 34}, {0, 35}, {0, 36}, {1, 4}, {0, 0}};
+  const int64_t stride = n_head * dk + 8;
+  const std::vector<float> q = random_floats(asked.size() * static_cast<size_t>(stride), 23);
+  const Buffer dq = to_device(*device, q);
+  std::vector<AttentionQuery> cpu_queries;
+  std::vector<DeviceQuery> device_queries;
+  for (const auto& [s, pos] : asked) {
+    cpu_queries.push_back({pos, cpu_view(s)});
+    device_queries.push_back({static_cast<uint32_t>(pos), static_cast<uint32_t>(lengths[s]), table_start[s], 0});
+  }
+  const Buffer dqueries = to_device(*device, device_queries.data(), device_queries.size() * sizeof(DeviceQuery));
+  const size_t out_count = asked.size() * static_cast<size_t>(n_head * dv);
+  Buffer dout = device->allocate(out_count * sizeof(float));
+  for (const auto& [window, softcap] : {std::pair<int32_t, float>{0, 0.0f}, {6, 0.0f}, {0, 5.0f}}) {
+    SCOPED_TRACE("window " + std::to_string(window) + ", softcap " + std::to_string(softcap));
+    AttentionParams p;
+    p.n_head = n_head;
+    p.n_head_kv = n_kv;
+    p.head_dim_k = dk;
+    p.head_dim_v = dv;
+    p.scale = 1.0f / std::sqrt(static_cast<float>(dk));
+    p.window = window;
+    p.softcap = softcap;
+    std::vector<float> want(out_count);
+    cpu->attention(q.data(), stride, cpu_queries, p, want.data());
+    ops.attention(all(dq), stride, kv, all(dqueries), all(dtable), static_cast<int64_t>(asked.size()), 37, p, all(dout));
+    device->submit();
+    const std::vector<float> got = from_device(*device, dout, out_count);
+    EXPECT_LE(nmse(want, got), 5e-4);
+    // Each query alone gives the same floats as in the batch.
+    for (size_t i = 0; i < asked.size(); ++i) {
+      // (Own buffers: an offset into the batch's may not meet the device's alignment.)
+      const Buffer one_query = to_device(*device, &device_queries[i], sizeof(DeviceQuery));
+      const Buffer one_q = to_device(*device, q.data() + i * static_cast<size_t>(stride), static_cast<size_t>(stride) * 4);
+      Buffer alone = device->allocate(static_cast<size_t>(n_head * dv) * sizeof(float));
+      ops.attention(all(one_q), stride, kv, all(one_query), all(dtable), 1, 37, p, all(alone));
+      device->submit();
+      const std::vector<float> single = from_device(*device, alone, static_cast<size_t>(n_head * dv));
+      EXPECT_EQ(0, std::memcmp(single.data(), got.data() + i * static_cast<size_t>(n_head * dv), single.size() * 4))
+          << "query " << i;
     }
   }
 }
