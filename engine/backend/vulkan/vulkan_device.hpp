@@ -71,6 +71,8 @@ enum class Shader : uint32_t {
   layer_norm,
   l2_norm,
   attention_f16,
+  ssm_conv,
+  delta_rule,
   count,
 };
 

@@ -81,6 +81,8 @@ bool Ops::supports(Op op, GgmlType type) {
     case Op::softmax:
     case Op::rope: return type == GgmlType::F32;
     case Op::attention: return type == GgmlType::F16;  // the cache's type
+    case Op::ssm_conv:
+    case Op::delta_rule: return type == GgmlType::F32;
     default: return false;
   }
 }
@@ -254,6 +256,41 @@ void Ops::attention(BufferRange q, int64_t q_row_stride, const DeviceKvLayer& kv
                                   floats(out, 0, n_queries * params.n_head * params.head_dim_v)};
   device_.dispatch(Shader::attention_f16, bindings, &push, sizeof push, static_cast<uint32_t>(n_queries),
                    static_cast<uint32_t>(params.n_head));
+}
+
+void Ops::ssm_conv(BufferRange x, int64_t channels, BufferRange weights, int64_t taps, BufferRange sequences,
+                   int64_t n_sequences, const Buffer& conv_states, int64_t rows, BufferRange y) {
+  if (taps < 1 || taps > 8) throw std::invalid_argument("vulkan: ssm_conv takes 1 to 8 taps");
+  if (n_sequences <= 0) return;
+  const struct {
+    uint32_t channels, taps;
+  } push{checked_u32(channels, "channels"), static_cast<uint32_t>(taps)};
+  const BufferRange bindings[] = {floats(x, 0, rows * channels), floats(weights, 0, taps * channels),
+                                  {sequences.buffer, sequences.offset, static_cast<size_t>(n_sequences) * sizeof(DeviceSequence)},
+                                  {&conv_states, 0, 0}, floats(y, 0, rows * channels)};
+  device_.dispatch(Shader::ssm_conv, bindings, &push, sizeof push,
+                   static_cast<uint32_t>((channels + kWorkgroupSize - 1) / kWorkgroupSize),
+                   checked_u32(n_sequences, "sequences"));
+}
+
+void Ops::delta_rule(BufferRange q, BufferRange k, BufferRange v, int64_t row_stride, BufferRange log_decay,
+                     BufferRange beta, BufferRange sequences, int64_t n_sequences, const Buffer& ssm_states,
+                     const DeltaRuleParams& params, int64_t rows, BufferRange out) {
+  if (params.n_k_heads <= 0 || params.n_v_heads % params.n_k_heads != 0 || params.head_dim <= 0)
+    throw std::invalid_argument("vulkan: delta_rule: bad head counts");
+  if (n_sequences <= 0) return;
+  const struct {
+    uint32_t row_stride, n_k_heads, n_v_heads, d, grouped;
+    float scale;
+  } push{checked_u32(row_stride, "row stride"), checked_u32(params.n_k_heads, "key heads"),
+         checked_u32(params.n_v_heads, "value heads"), checked_u32(params.head_dim, "head dim"),
+         params.grouped_heads ? 1u : 0u, 1.0f / std::sqrt(static_cast<float>(params.head_dim))};
+  const int64_t heads = params.n_v_heads;
+  const BufferRange bindings[] = {q, k, v, floats(log_decay, 0, rows * heads), floats(beta, 0, rows * heads),
+                                  {sequences.buffer, sequences.offset, static_cast<size_t>(n_sequences) * sizeof(DeviceSequence)},
+                                  {&ssm_states, 0, 0}, floats(out, 0, rows * heads * params.head_dim)};
+  device_.dispatch(Shader::delta_rule, bindings, &push, sizeof push, checked_u32(n_sequences, "sequences"),
+                   checked_u32(heads, "value heads"));
 }
 
 void Ops::rope(BufferRange x, int64_t tokens, int64_t row_stride, int64_t heads, int64_t head_dim, BufferRange pos,

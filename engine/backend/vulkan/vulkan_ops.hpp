@@ -42,6 +42,16 @@ struct DeviceQuery {
   uint32_t unused = 0;
 };
 
+// One sequence of a recurrent call, as the device reads it: its rows [first_row,
+// first_row + rows) of the inputs, and where its conv state and delta-rule state start
+// (in floats) in the state buffers.
+struct DeviceSequence {
+  uint32_t first_row = 0;
+  uint32_t rows = 0;
+  uint32_t conv_state = 0;
+  uint32_t ssm_state = 0;
+};
+
 class Ops {
  public:
   explicit Ops(Device& device) : device_(device) {}
@@ -79,6 +89,13 @@ class Ops {
   void attention(BufferRange q, int64_t q_row_stride, const DeviceKvLayer& kv, BufferRange queries,
                  BufferRange page_table, int64_t n_queries, int64_t max_keys, const AttentionParams& params,
                  BufferRange out);
+  // backend.hpp's ssm_conv and delta_rule over n_sequences DeviceSequence (on the device),
+  // the states updated in place in conv_states / ssm_states; `rows` is the inputs' row count.
+  void ssm_conv(BufferRange x, int64_t channels, BufferRange weights, int64_t taps, BufferRange sequences,
+                int64_t n_sequences, const Buffer& conv_states, int64_t rows, BufferRange y);
+  void delta_rule(BufferRange q, BufferRange k, BufferRange v, int64_t row_stride, BufferRange log_decay,
+                  BufferRange beta, BufferRange sequences, int64_t n_sequences, const Buffer& ssm_states,
+                  const DeltaRuleParams& params, int64_t rows, BufferRange out);
   // Rotates, in place, `heads` heads of head_dim per token (token t's at t * row_stride
   // floats), at positions pos (tokens int32 on the device).
   void rope(BufferRange x, int64_t tokens, int64_t row_stride, int64_t heads, int64_t head_dim, BufferRange pos,

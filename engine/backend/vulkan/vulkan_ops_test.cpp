@@ -410,6 +410,75 @@ TEST(VulkanOps, AttentionOverPagedF16CacheMatchesCpu) {
   }
 }
 
+// Two sequences (a prompt of 6 rows, a decoding step of 1) with states carried in.
+TEST(VulkanOps, RecurrentOpsMatchCpuAndUpdateTheirStates) {
+  REQUIRE_DEVICE(device);
+  Ops ops(*device);
+  auto cpu = make_cpu_backend(1);
+  const std::vector<std::pair<int64_t, int64_t>> seqs = {{0, 6}, {6, 1}};  // first row, rows
+  const int64_t rows = 7;
+  {
+    const int64_t channels = 100, taps = 4, held = taps - 1;
+    const std::vector<float> x = random_floats(static_cast<size_t>(rows * channels), 31);
+    const std::vector<float> w = random_floats(static_cast<size_t>(taps * channels), 32);
+    std::vector<float> states = random_floats(static_cast<size_t>(2 * held * channels), 33);
+    const Buffer dx = to_device(*device, x), dw = to_device(*device, w), dstates = to_device(*device, states);
+    std::vector<RecurrentSequence> cpu_seqs;
+    std::vector<DeviceSequence> device_seqs;
+    for (size_t s = 0; s < seqs.size(); ++s) {
+      cpu_seqs.push_back({seqs[s].first, seqs[s].second, states.data() + s * held * channels, nullptr});
+      device_seqs.push_back({static_cast<uint32_t>(seqs[s].first), static_cast<uint32_t>(seqs[s].second),
+                             static_cast<uint32_t>(s * held * channels), 0});
+    }
+    const Buffer dseqs = to_device(*device, device_seqs.data(), device_seqs.size() * sizeof(DeviceSequence));
+    std::vector<float> want(x.size());
+    cpu->ssm_conv(x.data(), channels, w.data(), taps, cpu_seqs, want.data());
+    Buffer dy = device->allocate(x.size() * sizeof(float));
+    ops.ssm_conv(all(dx), channels, all(dw), taps, all(dseqs), 2, dstates, rows, all(dy));
+    device->submit();
+    EXPECT_LE(nmse(want, from_device(*device, dy, want.size())), 1e-6) << "ssm_conv";
+    EXPECT_LE(nmse(states, from_device(*device, dstates, states.size())), 0.0) << "ssm_conv's states";
+  }
+  for (const bool grouped : {false, true}) {
+    SCOPED_TRACE(grouped ? "grouped heads" : "tiled heads");
+    const int64_t d = 24, hk = 2, hv = 4, stride = 3 * hv * d;
+    const std::vector<float> qkv = random_floats(static_cast<size_t>(rows * stride), 41, 0.3f);
+    std::vector<float> log_decay = random_floats(static_cast<size_t>(rows * hv), 42, 0.5f);
+    for (float& g : log_decay) g = -std::fabs(g);
+    std::vector<float> beta = random_floats(static_cast<size_t>(rows * hv), 43);
+    for (float& b : beta) b = 1.0f / (1.0f + std::exp(-b));
+    std::vector<float> states = random_floats(static_cast<size_t>(2 * hv * d * d), 44, 0.1f);
+    const Buffer dqkv = to_device(*device, qkv), ddecay = to_device(*device, log_decay), dbeta = to_device(*device, beta);
+    const Buffer dstates = to_device(*device, states);
+    std::vector<RecurrentSequence> cpu_seqs;
+    std::vector<DeviceSequence> device_seqs;
+    for (size_t s = 0; s < seqs.size(); ++s) {
+      cpu_seqs.push_back({seqs[s].first, seqs[s].second, nullptr, states.data() + s * hv * d * d});
+      device_seqs.push_back({static_cast<uint32_t>(seqs[s].first), static_cast<uint32_t>(seqs[s].second), 0,
+                             static_cast<uint32_t>(s * hv * d * d)});
+    }
+    const Buffer dseqs = to_device(*device, device_seqs.data(), device_seqs.size() * sizeof(DeviceSequence));
+    DeltaRuleParams p;
+    p.n_k_heads = hk;
+    p.n_v_heads = hv;
+    p.head_dim = d;
+    p.grouped_heads = grouped;
+    // q, k and v share rows: q at 0, k at hv * d, v at 2 * hv * d.
+    std::vector<float> want(static_cast<size_t>(rows * hv * d));
+    cpu->delta_rule(qkv.data(), qkv.data() + hv * d, qkv.data() + 2 * hv * d, stride, log_decay.data(), beta.data(),
+                    cpu_seqs, p, want.data());
+    Buffer dout = device->allocate(want.size() * sizeof(float));
+    // (K and V as buffers of their own that start where they do in the rows: an offset
+    // into one buffer may not meet the device's alignment.)
+    const Buffer dk = to_device(*device, qkv.data() + hv * d, (qkv.size() - static_cast<size_t>(hv * d)) * 4);
+    const Buffer dv = to_device(*device, qkv.data() + 2 * hv * d, (qkv.size() - static_cast<size_t>(2 * hv * d)) * 4);
+    ops.delta_rule(all(dqkv), all(dk), all(dv), stride, all(ddecay), all(dbeta), all(dseqs), 2, dstates, p, rows, all(dout));
+    device->submit();
+    EXPECT_LE(nmse(want, from_device(*device, dout, want.size())), 1e-6) << "delta_rule";
+    EXPECT_LE(nmse(states, from_device(*device, dstates, states.size())), 1e-6) << "delta_rule's states";
+  }
+}
+
 TEST(VulkanDevice, WorkIsRecordedAndSubmittedOnce) {
   REQUIRE_DEVICE(device);
   Ops ops(*device);
