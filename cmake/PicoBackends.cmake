@@ -1,7 +1,14 @@
 # GPU backends: each option exists from the start and turns itself off, with a
 # message, when its toolchain is not installed. The backend code arrives with the
 # backend issues; engine/backend/ holds the interface they implement.
-option(PICO_VULKAN "Build the Vulkan backend" OFF)
+# Vulkan is on by default for native builds (scripts/setup.sh installs libvulkan-dev,
+# glslc and Mesa's lavapipe, so its tests run in the plain test run); cross builds of
+# the engine leave it out.
+if(CMAKE_CROSSCOMPILING)
+  option(PICO_VULKAN "Build the Vulkan backend" OFF)
+else()
+  option(PICO_VULKAN "Build the Vulkan backend" ON)
+endif()
 option(PICO_CUDA "Build the CUDA backend" OFF)
 option(PICO_HIP "Build the HIP backend" OFF)
 

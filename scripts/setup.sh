@@ -16,6 +16,9 @@ debian_packages=(
   libcli11-dev nlohmann-json3-dev libtomlplusplus-dev
   # tests and benchmarks
   libgtest-dev libgmock-dev googletest libbenchmark-dev
+  # the Vulkan backend: loader and headers, the shader compiler, Mesa's lavapipe (a
+  # Vulkan device on the CPU, which its tests run on)
+  libvulkan-dev glslc mesa-vulkan-drivers
   # big-endian (s390x) and ARM cross builds of the engine tests, run under qemu-user
   g++-s390x-linux-gnu g++-aarch64-linux-gnu g++-arm-linux-gnueabihf qemu-user
   # test drivers and plots of the cluster benchmarks; namespaces and link shaping of
