@@ -246,12 +246,17 @@ bool listed(const std::string& list, const std::string& name) {
 }
 
 // The plain test run's matrix (CI's short mode; PICO_MATRIX_FULL=1 runs every cell):
-// every architecture with the greedy-checked types (F32, F16, Q8_0), and each other type
-// on every third architecture in turn, so that each type meets three architectures of
-// both quantizers (a dense and a hybrid among them): 111 of the 243 cells.
+// every architecture with the greedy-checked types (F32, F16, Q8_0), each other type on
+// every third architecture in turn (so that each meets a dense and a hybrid one of both
+// quantizers), and the hybrid and MoE architectures in every type issue 16 names (BF16,
+// Q4_0, Q4_K, Q6_K, IQ4_NL too): 139 of the 243 cells.
 bool in_short_matrix(Architecture arch, size_t type_index) {
   const WeightType& type = weight_types()[type_index];
   if (type.greedy) return true;
+  if (synthetic::is_hybrid(arch) || synthetic::has_experts(arch)) {
+    for (const char* name : {"BF16", "Q4_0", "Q4_K", "Q6_K", "IQ4_NL"})
+      if (std::string(type.name) == name) return true;
+  }
   return (static_cast<size_t>(arch) + type_index) % 3 == 0;
 }
 
