@@ -98,23 +98,19 @@ float fused(float a, float b, float c) {  // a * b + c, one rounding
   return _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(a), _mm_set_ss(b), _mm_set_ss(c)));
 }
 
-// ggml_vec_dot_f32 at AVX2: four accumulators over 32-float steps, reduced (0+2, 1+3,
-// their sum, the halves, then two horizontal adds: GGML_F32x8_REDUCE), then the
-// leftovers: products a vector at a time added in lane order, the last few fused (as
-// GCC compiles ggml's `sumf += x[i]*y[i]` tail).
-float dot_as_ggml(int64_t n, const float* x, const float* y) {
-  const int64_t steps = n & ~int64_t{31};
-  __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-  for (int64_t i = 0; i < steps; i += 32) {
-    for (int j = 0; j < 4; ++j) {
-      acc[j] = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 8 * j), _mm256_loadu_ps(y + i + 8 * j), acc[j]);
-    }
-  }
+// ggml_vec_dot_f32 at AVX2: four accumulators over 32-float steps (acc[j] takes the
+// floats 8j..8j+7 of each step), reduced (0+2, 1+3, their sum, the halves, then two
+// horizontal adds: GGML_F32x8_REDUCE), then the leftovers from `steps` on: products a
+// vector at a time added in lane order, the last few fused (as GCC compiles ggml's
+// `sumf += x[i]*y[i]` tail). dot_steps_end is where the 32-float steps end.
+int64_t dot_steps_end(int64_t n) { return n & ~int64_t{31}; }
+
+float finish_dot(const __m256 acc[4], int64_t n, const float* x, const float* y) {
   const __m256 all = _mm256_add_ps(_mm256_add_ps(acc[0], acc[2]), _mm256_add_ps(acc[1], acc[3]));
   const __m128 halves = _mm_add_ps(_mm256_castps256_ps128(all), _mm256_extractf128_ps(all, 1));
   const __m128 pairs = _mm_hadd_ps(halves, halves);
   float sum = _mm_cvtss_f32(_mm_hadd_ps(pairs, pairs));
-  int64_t i = steps;
+  int64_t i = dot_steps_end(n);
   alignas(32) float lanes[8];
   for (; i + 8 <= n; i += 8) {
     _mm256_store_ps(lanes, _mm256_mul_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
@@ -129,21 +125,53 @@ float dot_as_ggml(int64_t n, const float* x, const float* y) {
   return sum;
 }
 
+float dot_as_ggml(int64_t n, const float* x, const float* y) {
+  __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+  for (int64_t i = 0; i < dot_steps_end(n); i += 32) {
+    for (int j = 0; j < 4; ++j) {
+      acc[j] = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 8 * j), _mm256_loadu_ps(y + i + 8 * j), acc[j]);
+    }
+  }
+  return finish_dot(acc, n, x, y);
+}
+
+// Per state row: decay it, dot it with k, add k * u, dot it with q. The decay and the
+// first dot share one pass over the row, the update and the second dot another: the
+// same float operations in the same order as the four passes they replace (each dot
+// reads the row as just stored), in half the loads and stores.
 void delta_rule_step_avx2(int64_t d, float* state, const float* q, const float* k, const float* v, float decay,
                           float beta, float scale, float* out) {
   const __m256 decay_v = _mm256_set1_ps(decay);
+  const int64_t steps_end = dot_steps_end(d);
   for (int64_t j = 0; j < d; ++j) {
     float* row = state + j * d;
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
     int64_t i = 0;
+    for (; i < steps_end; i += 32) {
+      for (int p = 0; p < 4; ++p) {
+        const __m256 decayed = _mm256_mul_ps(_mm256_loadu_ps(row + i + 8 * p), decay_v);
+        _mm256_storeu_ps(row + i + 8 * p, decayed);
+        acc[p] = _mm256_fmadd_ps(decayed, _mm256_loadu_ps(k + i + 8 * p), acc[p]);
+      }
+    }
     for (; i + 8 <= d; i += 8) _mm256_storeu_ps(row + i, _mm256_mul_ps(_mm256_loadu_ps(row + i), decay_v));
     for (; i < d; ++i) row[i] *= decay;
-    const float u = (v[j] - dot_as_ggml(d, row, k)) * beta;
+    const float u = (v[j] - finish_dot(acc, d, row, k)) * beta;
     const __m256 u_v = _mm256_set1_ps(u);
-    for (i = 0; i + 8 <= d; i += 8) {
+    for (int p = 0; p < 4; ++p) acc[p] = _mm256_setzero_ps();
+    for (i = 0; i < steps_end; i += 32) {
+      for (int p = 0; p < 4; ++p) {
+        const __m256 updated =
+            _mm256_fmadd_ps(_mm256_loadu_ps(k + i + 8 * p), u_v, _mm256_loadu_ps(row + i + 8 * p));
+        _mm256_storeu_ps(row + i + 8 * p, updated);
+        acc[p] = _mm256_fmadd_ps(updated, _mm256_loadu_ps(q + i + 8 * p), acc[p]);
+      }
+    }
+    for (; i + 8 <= d; i += 8) {
       _mm256_storeu_ps(row + i, _mm256_fmadd_ps(_mm256_loadu_ps(k + i), u_v, _mm256_loadu_ps(row + i)));
     }
     for (; i < d; ++i) row[i] = fused(k[i], u, row[i]);
-    out[j] = dot_as_ggml(d, row, q) * scale;
+    out[j] = finish_dot(acc, d, row, q) * scale;
   }
 }
 
