@@ -1,12 +1,15 @@
 // pico inspect: the metadata and tensor table of a GGUF (split models included),
 // in the spirit of llama.cpp's gguf-dump. Reads nothing beyond the headers.
+// `pico inspect --devices`: the compute devices this build can run stages on.
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <iostream>
 #include <map>
+#include <stdexcept>
 #include <string>
 
+#include "backend/devices.hpp"
 #include "commands.hpp"
 #include "gguf/reader.hpp"
 #include "model/layer_split.hpp"
@@ -20,6 +23,7 @@ struct InspectOptions {
   bool show_tensors = false;
   size_t array_items = 8;
   int split = 0;  // > 0: print only the balanced layer ranges for that many stages
+  bool devices = false;
 };
 
 std::string shape_string(const std::vector<uint64_t>& shape) {
@@ -86,7 +90,28 @@ void print_tensors(const gguf::Model& model, std::ostream& out) {
   }
 }
 
+// One line per device (`--device N` takes its index), then its limits; a backend
+// without a device says why. Unusable devices are listed with the reason.
+void print_devices(std::ostream& out) {
+  const backend::DeviceListing listing = backend::list_compute_devices();
+  for (const backend::ComputeDevice& device : listing.devices) {
+    out << fmt::format("{} {}: {} ({}), {}, {} memory, {}\n", device.backend, device.index, device.name, device.type,
+                       device.driver, human_bytes(device.memory_bytes),
+                       device.usable ? "usable" : "not usable: " + device.unusable_reason);
+    std::string limits;
+    for (const auto& [label, value] : device.limits) limits += (limits.empty() ? "" : ", ") + label + " " + value;
+    if (!limits.empty()) out << "    " << limits << "\n";
+  }
+  for (const std::string& note : listing.notes) out << note << "\n";
+  if (listing.devices.empty()) out << "no compute device: stages run on the CPU\n";
+}
+
 void run_inspect(const InspectOptions& options) {
+  if (options.devices) {
+    print_devices(std::cout);
+    return;
+  }
+  if (options.model_path.empty()) throw std::runtime_error("give a model (-m FILE) or --devices");
   auto model = gguf::Model::open(options.model_path);
   if (options.split > 0) {
     std::cout << model::format_layer_ranges(model::balanced_layer_split(*model, options.split)) << "\n";
@@ -104,8 +129,9 @@ void add_inspect_command(CLI::App& app) {
   auto options = std::make_shared<InspectOptions>();
   CLI::App* command = app.add_subcommand("inspect", "Print a GGUF's metadata and tensor table (reads headers only)");
   command->add_option("-m,--model", options->model_path, "GGUF file (first part of a split model)")
-      ->required()
       ->check(CLI::ExistingFile);
+  command->add_flag("--devices", options->devices,
+                    "List the compute devices (Vulkan) this build can run stages on, with their memory and limits");
   command->add_flag("--kv", options->show_kv, "Print the metadata (default: metadata and tensors)");
   command->add_flag("--tensors", options->show_tensors, "Print the tensor table");
   command->add_option("--split", options->split,

@@ -40,6 +40,8 @@ enum class Shader : uint32_t {
   matmul_f16,
   get_rows_f32,
   get_rows_f16,
+  matmul_bf16,
+  get_rows_bf16,
   matmul_q8_0,
   get_rows_q8_0,
   matmul_q4_0,

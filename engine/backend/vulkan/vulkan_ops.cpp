@@ -35,6 +35,7 @@ std::optional<TypeShaders> type_shaders(GgmlType type) {
   switch (type) {
     case GgmlType::F32: return TypeShaders{Shader::matmul_f32, Shader::get_rows_f32};
     case GgmlType::F16: return TypeShaders{Shader::matmul_f16, Shader::get_rows_f16};
+    case GgmlType::BF16: return TypeShaders{Shader::matmul_bf16, Shader::get_rows_bf16};
     case GgmlType::Q8_0: return TypeShaders{Shader::matmul_q8_0, Shader::get_rows_q8_0};
     case GgmlType::Q4_0: return TypeShaders{Shader::matmul_q4_0, Shader::get_rows_q4_0};
     case GgmlType::Q4_1: return TypeShaders{Shader::matmul_q4_1, Shader::get_rows_q4_1};
@@ -98,7 +99,9 @@ DeviceWeight Ops::upload(const Weight& w) {
   if (!row) throw std::invalid_argument("vulkan: a row is not whole blocks of its type");
   d.row_bytes = static_cast<size_t>(*row);
   const size_t bytes = d.row_bytes * static_cast<size_t>(w.rows);
-  d.buffer = device_.allocate(bytes);
+  // Whole 32-bit words: shaders that read the weights as words (BF16) may touch the
+  // last one's unused half.
+  d.buffer = device_.allocate((bytes + 3) / 4 * 4);
   device_.upload(d.buffer, 0, w.data, bytes);
   return d;
 }
@@ -123,7 +126,9 @@ void Ops::matmul(const DeviceWeight& w, BufferRange x, int64_t tokens, BufferRan
       uint32_t cols, rows, y_stride, row_offset;
     } push{checked_u32(w.cols, "cols"), static_cast<uint32_t>(rows), checked_u32(y_stride, "y stride"),
            static_cast<uint32_t>(first)};
-    const BufferRange weights{&w.buffer, static_cast<size_t>(first) * w.row_bytes, static_cast<size_t>(rows) * w.row_bytes};
+    const size_t offset = static_cast<size_t>(first) * w.row_bytes;
+    const size_t range = std::min((static_cast<size_t>(rows) * w.row_bytes + 3) / 4 * 4, w.buffer.size() - offset);
+    const BufferRange weights{&w.buffer, offset, range};
     const BufferRange out = floats(y, 0, (tokens - 1) * y_stride + w.rows);
     const BufferRange bindings[] = {weights, xs, out};
     const auto [gx, gz] = grid(static_cast<uint64_t>(rows));

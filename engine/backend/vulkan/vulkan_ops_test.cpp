@@ -120,7 +120,7 @@ TEST_P(MatmulTypes, MatchesCpuOnOddShapes) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Types, MatmulTypes,
-                         ::testing::Values(GgmlType::F32, GgmlType::F16, GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_1,
+                         ::testing::Values(GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_1,
                                            GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::IQ4_NL, GgmlType::Q2_K,
                                            GgmlType::Q3_K, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K),
                          [](const auto& param_info) { return std::string(type_traits(param_info.param).name); });
@@ -176,7 +176,7 @@ TEST(VulkanOps, GetRowsMatchesCpu) {
   REQUIRE_DEVICE(device);
   Ops ops(*device);
   auto cpu = make_cpu_backend(1);
-  for (GgmlType type : {GgmlType::F32, GgmlType::F16, GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0,
+  for (GgmlType type : {GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0,
                         GgmlType::Q5_1, GgmlType::IQ4_NL, GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q4_K,
                         GgmlType::Q5_K, GgmlType::Q6_K}) {
     SCOPED_TRACE(std::string(type_traits(type).name));

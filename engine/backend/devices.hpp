@@ -1,0 +1,38 @@
+// The compute devices this build can run stages on, whatever backend drives them:
+// what `pico inspect --devices` prints and what a worker will report in its
+// capabilities. Each device backend folder supplies its part (vulkan/vulkan_listing.cpp);
+// a backend left out of the build supplies a note saying so (CMake picks the file, so
+// no backend name is tested for with the preprocessor here or in the callers).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace pico::backend {
+
+struct ComputeDevice {
+  std::string backend;  // "vulkan"
+  uint32_t index = 0;   // within its backend: what `--device N` selects
+  std::string name;
+  std::string driver;
+  std::string type;     // "discrete", "integrated", "virtual", "cpu", "other"
+  uint64_t memory_bytes = 0;
+  std::vector<std::pair<std::string, std::string>> limits;  // what the kernels query, as label and value
+  bool usable = false;
+  std::string unusable_reason;
+};
+
+struct DeviceListing {
+  std::vector<ComputeDevice> devices;
+  std::vector<std::string> notes;  // per backend with no device: why ("vulkan: not in this build", ...)
+};
+
+// Every backend's devices; never throws (a missing driver is a note).
+DeviceListing list_compute_devices();
+
+// One backend's part (each implemented in the backend's folder, or by a stub when the
+// build leaves that backend out).
+DeviceListing list_vulkan_devices();
+
+}  // namespace pico::backend

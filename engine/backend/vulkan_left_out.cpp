@@ -1,0 +1,8 @@
+// The Vulkan part of the device listing in a build without Vulkan (PICO_VULKAN=OFF).
+#include "backend/devices.hpp"
+
+namespace pico::backend {
+
+DeviceListing list_vulkan_devices() { return {{}, {"vulkan: not in this build (configured with PICO_VULKAN=OFF)"}}; }
+
+}  // namespace pico::backend
