@@ -27,29 +27,31 @@ std::array<uint32_t, 2> grid(uint64_t groups) {
   return {kMaxGroups, static_cast<uint32_t>((groups + kMaxGroups - 1) / kMaxGroups)};
 }
 
-// The matmul and get_rows shaders of a weight type.
+// The matmul, get_rows and experts' matmul shaders of a weight type.
 struct TypeShaders {
-  Shader matmul, get_rows;
+  Shader matmul, get_rows, matmul_id;
 };
+#define PICO_TYPE_SHADERS(type) TypeShaders{Shader::matmul_##type, Shader::get_rows_##type, Shader::matmul_id_##type}
 std::optional<TypeShaders> type_shaders(GgmlType type) {
   switch (type) {
-    case GgmlType::F32: return TypeShaders{Shader::matmul_f32, Shader::get_rows_f32};
-    case GgmlType::F16: return TypeShaders{Shader::matmul_f16, Shader::get_rows_f16};
-    case GgmlType::BF16: return TypeShaders{Shader::matmul_bf16, Shader::get_rows_bf16};
-    case GgmlType::Q8_0: return TypeShaders{Shader::matmul_q8_0, Shader::get_rows_q8_0};
-    case GgmlType::Q4_0: return TypeShaders{Shader::matmul_q4_0, Shader::get_rows_q4_0};
-    case GgmlType::Q4_1: return TypeShaders{Shader::matmul_q4_1, Shader::get_rows_q4_1};
-    case GgmlType::Q5_0: return TypeShaders{Shader::matmul_q5_0, Shader::get_rows_q5_0};
-    case GgmlType::Q5_1: return TypeShaders{Shader::matmul_q5_1, Shader::get_rows_q5_1};
-    case GgmlType::IQ4_NL: return TypeShaders{Shader::matmul_iq4_nl, Shader::get_rows_iq4_nl};
-    case GgmlType::Q2_K: return TypeShaders{Shader::matmul_q2_K, Shader::get_rows_q2_K};
-    case GgmlType::Q3_K: return TypeShaders{Shader::matmul_q3_K, Shader::get_rows_q3_K};
-    case GgmlType::Q4_K: return TypeShaders{Shader::matmul_q4_K, Shader::get_rows_q4_K};
-    case GgmlType::Q5_K: return TypeShaders{Shader::matmul_q5_K, Shader::get_rows_q5_K};
-    case GgmlType::Q6_K: return TypeShaders{Shader::matmul_q6_K, Shader::get_rows_q6_K};
+    case GgmlType::F32: return PICO_TYPE_SHADERS(f32);
+    case GgmlType::F16: return PICO_TYPE_SHADERS(f16);
+    case GgmlType::BF16: return PICO_TYPE_SHADERS(bf16);
+    case GgmlType::Q8_0: return PICO_TYPE_SHADERS(q8_0);
+    case GgmlType::Q4_0: return PICO_TYPE_SHADERS(q4_0);
+    case GgmlType::Q4_1: return PICO_TYPE_SHADERS(q4_1);
+    case GgmlType::Q5_0: return PICO_TYPE_SHADERS(q5_0);
+    case GgmlType::Q5_1: return PICO_TYPE_SHADERS(q5_1);
+    case GgmlType::IQ4_NL: return PICO_TYPE_SHADERS(iq4_nl);
+    case GgmlType::Q2_K: return PICO_TYPE_SHADERS(q2_K);
+    case GgmlType::Q3_K: return PICO_TYPE_SHADERS(q3_K);
+    case GgmlType::Q4_K: return PICO_TYPE_SHADERS(q4_K);
+    case GgmlType::Q5_K: return PICO_TYPE_SHADERS(q5_K);
+    case GgmlType::Q6_K: return PICO_TYPE_SHADERS(q6_K);
     default: return std::nullopt;
   }
 }
+#undef PICO_TYPE_SHADERS
 
 TypeShaders shaders_of(GgmlType type) {
   const auto s = type_shaders(type);
@@ -83,26 +85,50 @@ bool Ops::supports(Op op, GgmlType type) {
     case Op::rope: return type == GgmlType::F32;
     case Op::attention: return type == GgmlType::F16;  // the cache's type
     case Op::ssm_conv:
-    case Op::delta_rule: return type == GgmlType::F32;
+    case Op::delta_rule:
+    case Op::moe_route: return type == GgmlType::F32;
+    case Op::moe_ffn: return type_shaders(type).has_value();
     default: return false;
   }
 }
 
 DeviceWeight Ops::upload(const Weight& w) {
-  if (!supports(Op::matmul, w.type))
-    throw std::invalid_argument(std::string("vulkan: weights of type ") + std::string(type_traits(w.type).name) + " are not supported yet");
+  return upload_rows(w.type, w.cols, w.rows, w.data);
+}
+
+DeviceExperts Ops::upload(const ExpertWeights& w) {
+  const uint64_t range = device_.info().max_storage_range;
+  auto stack = [&](const ExpertStack& s) {
+    const uint64_t bytes = static_cast<uint64_t>(s.expert_bytes()) * static_cast<uint64_t>(s.n_expert);
+    if (bytes > range)
+      throw std::invalid_argument("vulkan: an expert stack of " + std::to_string(bytes) +
+                                  " bytes is over one binding's range (" + std::to_string(range) +
+                                  "): not supported yet");
+    DeviceWeight d = upload_rows(s.type, s.cols, s.rows * s.n_expert, s.data);
+    d.rows = s.rows;  // one expert's
+    return d;
+  };
+  if (w.gate.n_expert != w.up.n_expert || w.gate.n_expert != w.down.n_expert || w.gate.rows != w.up.rows ||
+      w.down.cols != w.gate.rows || w.up.cols != w.gate.cols || w.down.rows != w.gate.cols)
+    throw std::invalid_argument("vulkan: expert gate, up and down shapes do not fit together");
+  return DeviceExperts{stack(w.gate), stack(w.up), stack(w.down), w.gate.n_expert};
+}
+
+DeviceWeight Ops::upload_rows(GgmlType type, int64_t cols, int64_t rows, const void* data) {
+  if (!supports(Op::matmul, type))
+    throw std::invalid_argument(std::string("vulkan: weights of type ") + std::string(type_traits(type).name) + " are not supported yet");
   DeviceWeight d;
-  d.type = w.type;
-  d.cols = w.cols;
-  d.rows = w.rows;
-  const auto row = bytes_of(type_traits(w.type), static_cast<uint64_t>(w.cols));
+  d.type = type;
+  d.cols = cols;
+  d.rows = rows;
+  const auto row = bytes_of(type_traits(type), static_cast<uint64_t>(cols));
   if (!row) throw std::invalid_argument("vulkan: a row is not whole blocks of its type");
   d.row_bytes = static_cast<size_t>(*row);
-  const size_t bytes = d.row_bytes * static_cast<size_t>(w.rows);
-  // Whole 32-bit words: shaders that read the weights as words (BF16) may touch the
-  // last one's unused half.
+  const size_t bytes = d.row_bytes * static_cast<size_t>(rows);
+  // Whole 32-bit words: shaders that read the weights as words (F32, F16, BF16) may touch
+  // the last one's unused half.
   d.buffer = device_.allocate((bytes + 3) / 4 * 4);
-  device_.upload(d.buffer, 0, w.data, bytes);
+  device_.upload(d.buffer, 0, data, bytes);
   return d;
 }
 
@@ -325,6 +351,82 @@ void Ops::rope(BufferRange x, int64_t tokens, int64_t row_stride, int64_t heads,
                                   {pos.buffer, pos.offset, static_cast<size_t>(tokens) * 4}};
   const auto [gx, gy] = grid(static_cast<uint64_t>(tokens));
   device_.dispatch(Shader::rope, bindings, &push, sizeof push, gx, gy);
+}
+
+void Ops::moe_route(BufferRange logits, int64_t n_expert, int64_t tokens, int64_t k, bool normalize,
+                    BufferRange experts, BufferRange weights) {
+  if (k <= 0 || k > n_expert) throw std::invalid_argument("vulkan: moe_route needs 0 < k <= n_expert");
+  const uint64_t groups = (static_cast<uint64_t>(tokens) + kWorkgroupSize - 1) / kWorkgroupSize;
+  const auto [gx, gy] = grid(groups);
+  const struct {
+    uint32_t n_expert, tokens, k, normalize, groups_x;
+  } push{checked_u32(n_expert, "n_expert"), checked_u32(tokens, "tokens"), checked_u32(k, "k"), normalize ? 1u : 0u, gx};
+  const BufferRange bindings[] = {floats(logits, 0, n_expert * tokens), floats(experts, 0, k * tokens),
+                                  floats(weights, 0, k * tokens)};
+  device_.dispatch(Shader::moe_route, bindings, &push, sizeof push, gx, gy);
+}
+
+namespace {
+// The experts' intermediate rows inside a moe_ffn scratch buffer, each part starting at
+// an offset every device accepts for a binding (256 bytes: Vulkan's largest
+// minStorageBufferOffsetAlignment).
+struct MoeParts {
+  size_t gate, up, down, end;
+};
+constexpr size_t kBindingAlignment = 256;
+size_t aligned(size_t bytes) { return (bytes + kBindingAlignment - 1) / kBindingAlignment * kBindingAlignment; }
+MoeParts moe_parts(const DeviceExperts& w, int64_t tokens, int64_t k) {
+  const size_t slots = static_cast<size_t>(tokens * k);
+  const size_t hidden = slots * static_cast<size_t>(w.gate.rows) * sizeof(float);
+  const size_t out = slots * static_cast<size_t>(w.down.rows) * sizeof(float);
+  MoeParts p{};
+  p.gate = 0;
+  p.up = aligned(hidden);
+  p.down = p.up + aligned(hidden);
+  p.end = p.down + out;
+  return p;
+}
+}  // namespace
+
+size_t Ops::moe_scratch_bytes(const DeviceExperts& w, int64_t tokens, int64_t k) { return moe_parts(w, tokens, k).end; }
+
+void Ops::matmul_id(const DeviceWeight& w, int64_t n_expert, BufferRange x, bool x_per_slot, int64_t slots_per_token,
+                    BufferRange ids, int64_t slots, BufferRange y) {
+  const uint32_t slot_groups = checked_u32(slots, "slots");
+  if (slot_groups > kMaxGroups) throw std::invalid_argument("vulkan: over 65535 expert slots in one call");
+  const struct {
+    uint32_t cols, rows, y_stride, row_offset, slots, x_per_slot, n_expert;
+  } push{checked_u32(w.cols, "cols"), checked_u32(w.rows, "rows"), checked_u32(w.rows, "rows"), 0,
+         checked_u32(slots_per_token, "k"), x_per_slot ? 1u : 0u, checked_u32(n_expert, "n_expert")};
+  const int64_t x_rows = x_per_slot ? slots : slots / slots_per_token;
+  const BufferRange bindings[] = {{&w.buffer, 0, 0}, floats(x, 0, x_rows * w.cols), floats(y, 0, slots * w.rows),
+                                  floats(ids, 0, slots)};
+  const auto [gx, gz] = grid(static_cast<uint64_t>(w.rows));
+  device_.dispatch(shaders_of(w.type).matmul_id, bindings, &push, sizeof push, gx, slot_groups, gz);
+}
+
+void Ops::moe_ffn(const DeviceExperts& w, BufferRange x, int64_t tokens, BufferRange experts, BufferRange weights,
+                  int64_t k, const Buffer& scratch, BufferRange out) {
+  const MoeParts parts = moe_parts(w, tokens, k);
+  if (scratch.size() < parts.end) throw std::invalid_argument("vulkan: moe_ffn scratch smaller than moe_scratch_bytes");
+  const int64_t slots = tokens * k, ff = w.gate.rows, embd = w.down.rows;
+  const BufferRange gate{&scratch, parts.gate, static_cast<size_t>(slots * ff) * sizeof(float)};
+  const BufferRange up{&scratch, parts.up, static_cast<size_t>(slots * ff) * sizeof(float)};
+  const BufferRange down{&scratch, parts.down, static_cast<size_t>(slots * embd) * sizeof(float)};
+  // Each chosen expert's FFN on its token: down(SiLU(gate x) * up x), then the weighted
+  // sum over the token's experts in routing order.
+  matmul_id(w.gate, w.n_expert, x, false, k, experts, slots, gate);
+  matmul_id(w.up, w.n_expert, x, false, k, experts, slots, up);
+  silu(gate, slots * ff, gate);
+  mul(gate, up, ff, slots, slots, gate);
+  matmul_id(w.down, w.n_expert, gate, true, k, experts, slots, down);
+  const struct {
+    uint32_t n, k;
+  } push{checked_u32(embd, "n_embd"), checked_u32(k, "k")};
+  const BufferRange bindings[] = {down, floats(weights, 0, slots), floats(out, 0, tokens * embd)};
+  const uint32_t column_groups = static_cast<uint32_t>((embd + kWorkgroupSize - 1) / kWorkgroupSize);
+  if (tokens > kMaxGroups) throw std::invalid_argument("vulkan: over 65535 tokens in one moe_ffn");
+  device_.dispatch(Shader::moe_combine, bindings, &push, sizeof push, column_groups, static_cast<uint32_t>(tokens));
 }
 
 }  // namespace pico::backend::vulkan

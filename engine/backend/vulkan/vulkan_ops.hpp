@@ -21,6 +21,13 @@ struct DeviceWeight {
   Buffer buffer;
 };
 
+// A MoE layer's experts uploaded once: each stack's n_expert matrices one after another
+// in one buffer (rows: one expert's).
+struct DeviceExperts {
+  DeviceWeight gate, up, down;
+  int64_t n_expert = 0;
+};
+
 // A layer's KV cache in device memory: F16 rows of n_kv_heads heads (K and V at the same
 // row index), a sequence's positions in pages of 2^page_shift rows.
 struct DeviceKvLayer {
@@ -61,6 +68,7 @@ class Ops {
   static bool supports(Op op, GgmlType type);
 
   DeviceWeight upload(const Weight& w);
+  DeviceExperts upload(const ExpertWeights& w);
 
   // y row t (at y + t * y_stride floats) = w x_t for tokens rows of x (w.cols floats each).
   void matmul(const DeviceWeight& w, BufferRange x, int64_t tokens, BufferRange y, int64_t y_stride);
@@ -96,6 +104,15 @@ class Ops {
   void delta_rule(BufferRange q, BufferRange k, BufferRange v, int64_t row_stride, BufferRange log_decay,
                   BufferRange beta, BufferRange sequences, int64_t n_sequences, const Buffer& ssm_states,
                   const DeltaRuleParams& params, int64_t rows, BufferRange out);
+  // backend.hpp's moe_route: experts (int32) and weights, k per token, on the device.
+  void moe_route(BufferRange logits, int64_t n_expert, int64_t tokens, int64_t k, bool normalize, BufferRange experts,
+                 BufferRange weights);
+  // backend.hpp's moe_ffn: each token's k chosen experts (experts, weights from
+  // moe_route) on that token, only their matrices read; the intermediate rows in
+  // `scratch` (at least moe_scratch_bytes, not used by anything else until submitted).
+  void moe_ffn(const DeviceExperts& w, BufferRange x, int64_t tokens, BufferRange experts, BufferRange weights,
+               int64_t k, const Buffer& scratch, BufferRange out);
+  static size_t moe_scratch_bytes(const DeviceExperts& w, int64_t tokens, int64_t k);
   // Rotates, in place, `heads` heads of head_dim per token (token t's at t * row_stride
   // floats), at positions pos (tokens int32 on the device).
   void rope(BufferRange x, int64_t tokens, int64_t row_stride, int64_t heads, int64_t head_dim, BufferRange pos,
@@ -103,6 +120,11 @@ class Ops {
 
  private:
   enum class UnaryOp : uint32_t { silu, sigmoid, softplus, gelu, gelu_erf, scale };
+  DeviceWeight upload_rows(GgmlType type, int64_t cols, int64_t rows, const void* data);
+  // Output row s = expert ids[s]'s matrix of w times x row s (x_per_slot) or row
+  // s / slots_per_token.
+  void matmul_id(const DeviceWeight& w, int64_t n_expert, BufferRange x, bool x_per_slot, int64_t slots_per_token,
+                 BufferRange ids, int64_t slots, BufferRange y);
   void unary(UnaryOp op, BufferRange x, int64_t count, BufferRange y, float factor = 1.0f);
   void elementwise(Shader shader, BufferRange a, BufferRange b, int64_t n, int64_t rows, int64_t b_rows, BufferRange y);
   Device& device_;

@@ -517,5 +517,98 @@ TEST(VulkanDevice, ListsDevicesWithWhatTheShadersNeed) {
   }
 }
 
+// A MoE FFN's expert stacks of `type`: 8 experts, n_embd 256, n_ff 256 (K-quant rows).
+struct HostExperts {
+  HostWeight gate, up, down;
+  ExpertWeights weights;
+};
+HostExperts make_experts(GgmlType type, int64_t n_embd, int64_t n_ff, int64_t n_expert) {
+  HostExperts h;
+  h.gate = make_weight(type, n_embd, n_ff * n_expert, 21);
+  h.up = make_weight(type, n_embd, n_ff * n_expert, 22);
+  h.down = make_weight(type, n_ff, n_embd * n_expert, 23);
+  h.weights.gate = ExpertStack{type, h.gate.bytes.data(), n_embd, n_ff, n_expert};
+  h.weights.up = ExpertStack{type, h.up.bytes.data(), n_embd, n_ff, n_expert};
+  h.weights.down = ExpertStack{type, h.down.bytes.data(), n_ff, n_embd, n_expert};
+  return h;
+}
+
+TEST(VulkanOps, MoeRouteChoosesTheCpusExpertsWithItsWeights) {
+  REQUIRE_DEVICE(device);
+  Ops ops(*device);
+  auto cpu = make_cpu_backend(1);
+  const int64_t n_expert = 37, tokens = 70, k = 5;  // tokens over one workgroup
+  const std::vector<float> logits = random_floats(static_cast<size_t>(n_expert * tokens), 31, 2.0f);
+  const Buffer dl = to_device(*device, logits);
+  for (bool normalize : {false, true}) {
+    SCOPED_TRACE(normalize ? "normalized" : "probabilities");
+    std::vector<int32_t> want_experts(static_cast<size_t>(tokens * k));
+    std::vector<float> want_weights(want_experts.size());
+    cpu->moe_route(logits.data(), n_expert, tokens, k, normalize, want_experts.data(), want_weights.data());
+    Buffer de = device->allocate(want_experts.size() * 4), dw = device->allocate(want_weights.size() * 4);
+    ops.moe_route(all(dl), n_expert, tokens, k, normalize, all(de), all(dw));
+    device->submit();
+    std::vector<int32_t> got_experts(want_experts.size());
+    device->download(de, 0, got_experts.data(), got_experts.size() * 4);
+    EXPECT_EQ(want_experts, got_experts);
+    EXPECT_LE(nmse(want_weights, from_device(*device, dw, want_weights.size())), 1e-6);
+  }
+}
+
+class MoeTypes : public ::testing::TestWithParam<GgmlType> {};
+
+// The device FFN against the CPU's on the CPU's routing; then each token alone gives
+// its batch result bit for bit.
+TEST_P(MoeTypes, FfnMatchesCpuAndATokenAloneItsBatchResult) {
+  REQUIRE_DEVICE(device);
+  Ops ops(*device);
+  auto cpu = make_cpu_backend(1);
+  const int64_t n_embd = 256, n_ff = 256, n_expert = 8, tokens = 6, k = 3;
+  const HostExperts experts = make_experts(GetParam(), n_embd, n_ff, n_expert);
+  const std::vector<float> x = random_floats(static_cast<size_t>(n_embd * tokens), 41);
+  const std::vector<float> logits = random_floats(static_cast<size_t>(n_expert * tokens), 42, 2.0f);
+  std::vector<int32_t> chosen(static_cast<size_t>(tokens * k));
+  std::vector<float> weights(chosen.size());
+  cpu->moe_route(logits.data(), n_expert, tokens, k, true, chosen.data(), weights.data());
+  std::vector<float> want(static_cast<size_t>(n_embd * tokens));
+  cpu->moe_ffn(experts.weights, x.data(), tokens, chosen.data(), weights.data(), k, want.data());
+
+  const DeviceExperts dexp = ops.upload(experts.weights);
+  const Buffer dx = to_device(*device, x), dc = to_device(*device, chosen), dw = to_device(*device, weights);
+  Buffer scratch = device->allocate(Ops::moe_scratch_bytes(dexp, tokens, k));
+  Buffer dy = device->allocate(want.size() * sizeof(float));
+  ops.moe_ffn(dexp, all(dx), tokens, all(dc), all(dw), k, scratch, all(dy));
+  device->submit();
+  const std::vector<float> batch = from_device(*device, dy, want.size());
+  EXPECT_LE(nmse(want, batch), 5e-4);
+
+  for (int64_t t = 0; t < tokens; ++t) {
+    const auto row = [&](const auto& v, int64_t width) {
+      return std::vector(v.begin() + t * width, v.begin() + (t + 1) * width);
+    };
+    const Buffer x1 = to_device(*device, row(x, n_embd)), c1 = to_device(*device, row(chosen, k)),
+                 w1 = to_device(*device, row(weights, k));
+    Buffer s1 = device->allocate(Ops::moe_scratch_bytes(dexp, 1, k));
+    Buffer y1 = device->allocate(static_cast<size_t>(n_embd) * sizeof(float));
+    ops.moe_ffn(dexp, all(x1), 1, all(c1), all(w1), k, s1, all(y1));
+    device->submit();
+    const std::vector<float> alone = from_device(*device, y1, static_cast<size_t>(n_embd));
+    EXPECT_EQ(0, std::memcmp(alone.data(), batch.data() + t * n_embd, alone.size() * sizeof(float))) << "token " << t;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Types, MoeTypes,
+                         ::testing::Values(GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q8_0, GgmlType::Q4_0,
+                                           GgmlType::Q4_K, GgmlType::Q6_K),
+                         [](const auto& param_info) { return std::string(type_traits(param_info.param).name); });
+
+TEST(VulkanOps, ExpertShapesThatDoNotFitTogetherAreRefused) {
+  REQUIRE_DEVICE(device);
+  Ops ops(*device);
+  HostExperts experts = make_experts(GgmlType::F32, 32, 16, 2);
+  experts.weights.down.cols = 8;
+  EXPECT_THROW(ops.upload(experts.weights), std::invalid_argument);
+}
+
 }  // namespace
 }  // namespace pico::backend::vulkan

@@ -10,8 +10,4 @@ float block_value(uint base, uint j) {
   const uint word = w[base / 4];
   return uintBitsToFloat((base % 4 == 0 ? word : word >> 16) << 16);
 }
-#ifdef GET_ROWS
-#include "get_rows_body.glsl"
-#else
-#include "matmul_body.glsl"
-#endif
+#include "type_bodies.glsl"

@@ -13,8 +13,4 @@ float block_value(uint base, uint j) {
   const uint q = uint(w[base + 2 + j % 16]);
   return half_at(base) * kValues[j < 16 ? q & 15u : q >> 4];
 }
-#ifdef GET_ROWS
-#include "get_rows_body.glsl"
-#else
-#include "matmul_body.glsl"
-#endif
+#include "type_bodies.glsl"

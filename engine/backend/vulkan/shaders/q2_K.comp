@@ -15,8 +15,4 @@ float block_value(uint base, uint j) {
   const uint q = (uint(w[base + 16 + half_ * 32 + l + 16 * part]) >> (2 * s)) & 3u;
   return dl * float(q) - ml;
 }
-#ifdef GET_ROWS
-#include "get_rows_body.glsl"
-#else
-#include "matmul_body.glsl"
-#endif
+#include "type_bodies.glsl"

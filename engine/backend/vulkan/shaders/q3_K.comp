@@ -18,8 +18,4 @@ float block_value(uint base, uint j) {
   const int code = int((uint(w[base + 32 + half_ * 32 + l]) >> (2 * s)) & 3u) - ((uint(w[base + l]) & m) != 0u ? 0 : 4);
   return half_at(base + 108) * float(scale) * float(code);
 }
-#ifdef GET_ROWS
-#include "get_rows_body.glsl"
-#else
-#include "matmul_body.glsl"
-#endif
+#include "type_bodies.glsl"

@@ -11,8 +11,4 @@ float block_value(uint base, uint j) {
   const uint q = uint(w[base + 2 + j % 16]);
   return half_at(base) * float(int(j < 16 ? q & 15u : q >> 4) - 8);
 }
-#ifdef GET_ROWS
-#include "get_rows_body.glsl"
-#else
-#include "matmul_body.glsl"
-#endif
+#include "type_bodies.glsl"

@@ -25,8 +25,4 @@ float block_value(uint base, uint j) {
   const uint q = uint(w[base + 16 + pair * 32 + l]);
   return half_at(base) * scale * float(upper == 0u ? q & 15u : q >> 4) - half_at(base + 2) * min_;
 }
-#ifdef GET_ROWS
-#include "get_rows_body.glsl"
-#else
-#include "matmul_body.glsl"
-#endif
+#include "type_bodies.glsl"

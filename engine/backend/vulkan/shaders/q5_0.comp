@@ -12,8 +12,4 @@ float block_value(uint base, uint j) {
   const uint high = (uint(w[base + 2 + j / 8]) >> (j % 8)) & 1u;
   return half_at(base) * float(int((j < 16 ? q & 15u : q >> 4) | (high << 4)) - 16);
 }
-#ifdef GET_ROWS
-#include "get_rows_body.glsl"
-#else
-#include "matmul_body.glsl"
-#endif
+#include "type_bodies.glsl"

@@ -26,8 +26,4 @@ float block_value(uint base, uint j) {
   const uint high = (uint(w[base + 16 + l]) >> (2 * pair + upper)) & 1u;
   return half_at(base) * scale * float((upper == 0u ? q & 15u : q >> 4) + 16u * high) - half_at(base + 2) * min_;
 }
-#ifdef GET_ROWS
-#include "get_rows_body.glsl"
-#else
-#include "matmul_body.glsl"
-#endif
+#include "type_bodies.glsl"

@@ -17,8 +17,4 @@ float block_value(uint base, uint j) {
   const float scale = float(int8_t(w[base + 192 + half_ * 8 + l / 16 + 2 * quarter]));
   return half_at(base + 208) * scale * float(int(low | (high << 4)) - 32);
 }
-#ifdef GET_ROWS
-#include "get_rows_body.glsl"
-#else
-#include "matmul_body.glsl"
-#endif
+#include "type_bodies.glsl"

@@ -8,8 +8,4 @@ float half_at(uint i) { return unpackHalf2x16(uint(w[i]) | (uint(w[i + 1]) << 8)
 #define BLOCK_BYTES 34
 #define BLOCK_VALUES 32
 float block_value(uint base, uint j) { return half_at(base) * float(int8_t(w[base + 2 + j])); }
-#ifdef GET_ROWS
-#include "get_rows_body.glsl"
-#else
-#include "matmul_body.glsl"
-#endif
+#include "type_bodies.glsl"
