@@ -50,6 +50,12 @@ int main(int argc, char** argv) {
   app.add_option("--seed", sp.seed, "sampling seed (prompt i uses seed + i)");
   app.add_option("-c,--ctx", ctx, "context length per sequence (default: the model's)");
   app.add_option("-t,--threads", threads, "threads of the local stage");
+  worker::StageBackendOptions local_backend;
+  app.add_option("--backend", local_backend.name,
+                 "backend of the local stage (no --worker): cpu (default) or vulkan, one op at a time")
+      ->check(CLI::IsMember({"cpu", "vulkan"}));
+  app.add_option("--device", local_backend.device, "device index of --backend (default 0)")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--micro-batch", sched.micro_batch, "prompt tokens per sequence per step")->check(CLI::PositiveNumber);
   app.add_option("--max-batch-tokens", sched.max_batch_tokens, "tokens per step")->check(CLI::PositiveNumber);
   app.add_option("--chain-steps", sched.chain_steps,
@@ -197,8 +203,11 @@ int main(int argc, char** argv) {
     if (workers.empty()) {
       worker::StageLimitOptions local;
       local.ctx = ctx;
-      stages.push_back(std::make_unique<LocalStage>(model_path, std::nullopt, threads, local));
+      stages.push_back(std::make_unique<LocalStage>(model_path, std::nullopt, threads, local, local_backend));
     } else {
+      if (local_backend.name != "cpu" || local_backend.device != 0)
+        throw std::invalid_argument("--backend and --device choose the local stage's; with --worker, give them to "
+                                    "each pico-worker");
       RemoteOptions ro;
       ro.activations = protocol::parse_dtype(activations);
       ro.take_over = take_over;

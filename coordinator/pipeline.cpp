@@ -52,9 +52,9 @@ Pipeline::Pipeline(std::vector<std::unique_ptr<Stage>> stages, const protocol::M
   plan_all();
   for (size_t i = 0; i < stages_.size(); ++i) {
     const StageInfo& info = stages_[i]->info();
-    spdlog::info("stage {}: {} layers {} ({}{}{} threads)", i, info.name, layers_text(info),
+    spdlog::info("stage {}: {} layers {} ({}{}{}{} threads)", i, info.name, layers_text(info),
                  info.isa.empty() ? "" : info.isa + ", ", info.backend.empty() ? "" : info.backend + ", ",
-                 info.threads);
+                 info.device.empty() ? "" : info.device + ", ", info.threads);
     timings_.stages.push_back({info.layers});
   }
 }

@@ -17,12 +17,14 @@ namespace pico::coordinator {
 using protocol::Envelope;
 
 LocalStage::LocalStage(const std::string& model_path, std::optional<model::LayerRange> range, int threads,
-                       const worker::StageLimitOptions& limits)
-    : engine_(model_path, range, threads, limits) {
+                       const worker::StageLimitOptions& limits, const worker::StageBackendOptions& backend)
+    : engine_(model_path, range, threads, limits, backend) {
   info_.name = "local";
   info_.layers = engine_.layers();
   info_.identity = engine_.identity();
   info_.backend = engine_.backend_name();
+  info_.device = engine_.device();
+  info_.device_memory_bytes = engine_.device_memory_bytes();
   info_.threads = static_cast<uint32_t>(engine_.threads());
   info_.limits = engine_.limits();
 }
@@ -187,6 +189,8 @@ void RemoteStage::hello(int timeout_ms) {
   info_.identity = protocol::read_identity(caps.getModel());
   info_.isa = caps.getIsa().cStr();
   info_.backend = caps.getBackend().cStr();
+  info_.device = caps.getDevice().cStr();
+  info_.device_memory_bytes = caps.getDeviceMemoryBytes();
   info_.cores = caps.getCores();
   info_.threads = caps.getThreads();
   info_.memory_bytes = caps.getMemoryBytes();

@@ -37,6 +37,8 @@ struct StageInfo {
   model::LayerRange layers;
   protocol::ModelIdentity identity;
   std::string isa, backend;
+  std::string device;              // the backend's device ("name, driver"); empty on the CPU
+  uint64_t device_memory_bytes = 0;
   uint32_t cores = 0, threads = 0;
   uint64_t memory_bytes = 0;
   worker::StageLimits limits;      // what the stage holds at most (protocol Limits)
@@ -158,7 +160,7 @@ class Stage {
 class LocalStage final : public Stage {
  public:
   LocalStage(const std::string& model_path, std::optional<model::LayerRange> range, int threads,
-             const worker::StageLimitOptions& limits = {});
+             const worker::StageLimitOptions& limits = {}, const worker::StageBackendOptions& backend = {});
   const StageInfo& info() const override { return info_; }
   void plan(Stage* next, Stage* chain_to, size_t index, size_t count) override;
   // Always full rows and never a chain: in-process, the arg max costs the same here

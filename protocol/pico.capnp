@@ -79,6 +79,8 @@ struct Capabilities {
   ownerConnected @9 :Bool;   # that session's coordinator is still connected
   limits @10 :Limits;
   curve @11 :Bool;           # the worker's socket takes CURVE-authenticated peers only
+  device @12 :Text;          # the backend's device, "name, driver" (empty on the CPU)
+  deviceMemoryBytes @13 :UInt64;
 }
 
 struct Plan {

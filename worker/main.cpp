@@ -1,4 +1,4 @@
-// pico-worker -m MODEL --layers A-B --listen tcp://*:PORT [-t N]
+// pico-worker -m MODEL --layers A-B --listen tcp://*:PORT [-t N] [--backend vulkan [--device N]]
 //             [--ctx N] [--max-rows N] [--max-sequences N] [--kv-memory BYTES]
 //             [--secret-key W.secret --authorized-keys FILE]
 #include <spdlog/sinks/stdout_color_sinks.h>
@@ -26,6 +26,12 @@ int main(int argc, char** argv) {
   app.add_option("--layers", layers, "layer range A-B, inclusive (default: all)");
   app.add_option("--listen", listen, "address to bind: tcp://*:PORT or ipc://PATH")->required();
   app.add_option("-t,--threads", threads, "threads (default: physical cores)");
+  pico::worker::StageBackendOptions backend;
+  app.add_option("--backend", backend.name,
+                 "cpu (default) or vulkan: the layers' ops through Vulkan compute shaders, one op at a time "
+                 "(attention and recurrent layers stay on the CPU; `pico inspect --devices` lists devices)")
+      ->check(CLI::IsMember({"cpu", "vulkan"}));
+  app.add_option("--device", backend.device, "device index of --backend (default 0)")->check(CLI::NonNegativeNumber);
   pico::worker::StageLimitOptions limits;
   std::string kv_memory;
   app.add_option("-c,--ctx", limits.ctx, "positions per sequence (default: the model's context length)")
@@ -54,7 +60,7 @@ int main(int argc, char** argv) {
     std::optional<pico::model::LayerRange> range;
     if (!layers.empty()) range = pico::worker::parse_layers(layers);
     if (!kv_memory.empty()) limits.kv_memory = pico::worker::parse_byte_size(kv_memory);
-    pico::worker::StageEngine engine(model_path, range, threads, limits);
+    pico::worker::StageEngine engine(model_path, range, threads, limits, backend);
     // The largest legal frame (StageLimits::max_message_bytes), before the socket is made.
     pico::net::set_max_message_bytes(static_cast<int64_t>(engine.limits().max_message_bytes));
     pico::worker::Server server(engine, listen, {}, security);
@@ -62,6 +68,7 @@ int main(int argc, char** argv) {
     std::signal(SIGTERM, on_signal);
     spdlog::info("layers {}-{} of {} ({}), listening on {}", engine.layers().first, engine.layers().last - 1,
                  engine.n_layer(), pico::protocol::to_string(engine.identity()), listen);
+    if (!engine.device().empty()) spdlog::info("backend {} on {}", engine.backend_name(), engine.device());
     const auto& l = engine.limits();
     spdlog::info("limits: {} rows per forward, {} positions per sequence, {} sequences, {} bytes of KV, "
                  "messages up to {} bytes",

@@ -143,6 +143,8 @@ void Server::handle(net::Received& msg) {
         caps.setThreads(static_cast<uint32_t>(engine_.threads()));
         caps.setMemoryBytes(physical_memory_bytes());
         caps.setBackend(engine_.backend_name());
+        caps.setDevice(engine_.device());
+        caps.setDeviceMemoryBytes(engine_.device_memory_bytes());
         caps.setFirstLayer(static_cast<uint32_t>(engine_.layers().first));
         caps.setLastLayer(static_cast<uint32_t>(engine_.layers().last));
         protocol::write_identity(engine_.identity(), caps.initModel());

@@ -10,6 +10,7 @@
 #include <set>
 #include <stdexcept>
 
+#include "backend/devices.hpp"
 #include "cpu/thread_pool.hpp"
 
 namespace pico::worker {
@@ -107,7 +108,7 @@ model::LayerRange parse_layers(const std::string& text) {
 }
 
 StageEngine::StageEngine(const std::string& model_path, std::optional<model::LayerRange> range, int threads,
-                         const StageLimitOptions& limits) {
+                         const StageLimitOptions& limits, const StageBackendOptions& backend) {
   file_ = gguf::Model::open(model_path);
   model_ = model::Model::load(*file_);
   range_ = range.value_or(model_->all_layers());
@@ -116,7 +117,14 @@ StageEngine::StageEngine(const std::string& model_path, std::optional<model::Lay
                                 ") are not within the model's " + std::to_string(n_layer()) + " layers");
   }
   threads_ = threads > 0 ? threads : cpu::default_thread_count();
-  be_ = backend::make_cpu_backend(threads_);
+  be_ = backend::open_backend(backend.name, backend.device, threads_);
+  if (backend.name != "cpu") {
+    for (const backend::ComputeDevice& d : backend::list_compute_devices().devices) {
+      if (d.backend != backend.name || d.index != static_cast<uint32_t>(backend.device)) continue;
+      device_ = d.name + ", " + d.driver;
+      device_memory_bytes_ = d.memory_bytes;
+    }
+  }
   const state::KvConfig kv = model_->kv_config(range_);
   cache_ = model_->make_cache(range_);
   identity_ = protocol::model_identity(*file_);

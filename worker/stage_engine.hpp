@@ -37,6 +37,12 @@ struct StageLimits {
 };
 
 // The limits asked for (pico-worker's flags); 0 / nullopt takes the default.
+// The backend a stage runs its layers on (backend/devices.hpp's open_backend).
+struct StageBackendOptions {
+  std::string name = "cpu";
+  int device = 0;
+};
+
 struct StageLimitOptions {
   int64_t max_rows = 4096;
   int64_t ctx = 0;  // 0: the model's context length (4096 when it names none)
@@ -70,7 +76,7 @@ class StageEngine {
  public:
   // range nullopt: every layer. threads <= 0: the default count.
   StageEngine(const std::string& model_path, std::optional<model::LayerRange> range, int threads,
-              const StageLimitOptions& limits = {});
+              const StageLimitOptions& limits = {}, const StageBackendOptions& backend = {});
 
   model::LayerRange layers() const { return range_; }
   bool is_first() const { return range_.first == 0; }
@@ -80,6 +86,9 @@ class StageEngine {
   int64_t n_vocab() const { return model_->hparams().n_vocab; }
   int threads() const { return threads_; }
   const char* backend_name() const { return be_->name(); }
+  // The device the backend runs on ("name, driver"; empty on the CPU) and its memory.
+  const std::string& device() const { return device_; }
+  uint64_t device_memory_bytes() const { return device_memory_bytes_; }
   const protocol::ModelIdentity& identity() const { return identity_; }
   const gguf::Model& file() const { return *file_; }
   const StageLimits& limits() const { return limits_; }
@@ -119,6 +128,8 @@ class StageEngine {
   std::unique_ptr<gguf::Model> file_;
   std::unique_ptr<model::Model> model_;
   std::unique_ptr<backend::Backend> be_;
+  std::string device_;
+  uint64_t device_memory_bytes_ = 0;
   std::unique_ptr<state::KvCache> cache_;
   model::LayerRange range_;
   StageLimits limits_;

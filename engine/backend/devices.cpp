@@ -1,5 +1,6 @@
 #include "backend/devices.hpp"
 
+#include <stdexcept>
 #include <utility>
 
 namespace pico::backend {
@@ -12,6 +13,12 @@ DeviceListing list_compute_devices() {
     for (std::string& note : part.notes) all.notes.push_back(std::move(note));
   }
   return all;
+}
+
+std::unique_ptr<Backend> open_backend(const std::string& backend, int device, int cpu_threads) {
+  if (backend == "cpu") return make_cpu_backend(cpu_threads);
+  if (backend == "vulkan") return open_vulkan_backend(device, cpu_threads);
+  throw std::invalid_argument("unknown backend \"" + backend + "\" (cpu, vulkan)");
 }
 
 }  // namespace pico::backend

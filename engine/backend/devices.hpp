@@ -6,8 +6,11 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
+
+#include "backend/backend.hpp"
 
 namespace pico::backend {
 
@@ -31,8 +34,15 @@ struct DeviceListing {
 // Every backend's devices; never throws (a missing driver is a note).
 DeviceListing list_compute_devices();
 
+// The backend a stage runs on: "cpu" (`device` ignored) or "vulkan" (its device
+// `device`; the ops it lacks run on `cpu_threads` CPU threads). Throws
+// std::invalid_argument for an unknown name, std::runtime_error when the backend is not
+// in this build or the device cannot be opened (the message says which).
+std::unique_ptr<Backend> open_backend(const std::string& backend, int device, int cpu_threads);
+
 // One backend's part (each implemented in the backend's folder, or by a stub when the
 // build leaves that backend out).
 DeviceListing list_vulkan_devices();
+std::unique_ptr<Backend> open_vulkan_backend(int device, int cpu_threads);
 
 }  // namespace pico::backend

@@ -44,6 +44,7 @@
 #include <vector>
 
 #include "backend/backend.hpp"
+#include "backend/devices.hpp"
 #include "gguf/reader.hpp"
 #include "llama_library.hpp"
 #include "matrix_models.hpp"
@@ -103,10 +104,12 @@ const std::vector<WeightType>& weight_types() {
 // pico's engine over one file: one sequence, batches of kBatch, F16 KV cache.
 class PicoEngine {
  public:
-  explicit PicoEngine(const fs::path& path, backend::BatchNumerics numerics = backend::BatchNumerics::invariant)
+  explicit PicoEngine(const fs::path& path, backend::BatchNumerics numerics = backend::BatchNumerics::invariant,
+                      const std::string& backend_name = "cpu")
       : file_(gguf::Model::open(path)),
         model_(model::Model::load(*file_)),
-        be_(backend::make_cpu_backend(kThreads, numerics)),
+        be_(backend_name == "cpu" ? backend::make_cpu_backend(kThreads, numerics)
+                                  : backend::open_backend(backend_name, 0, kThreads)),
         cache_(model_->kv_config(model_->all_layers()), model_->recurrent_config(model_->all_layers())) {}
 
   int64_t n_vocab() const { return model_->hparams().n_vocab; }
@@ -195,10 +198,10 @@ std::string type_histogram(const fs::path& path) {
 // pico's logits for `file` against llama.cpp's over `ids`: prints one row of the
 // table and checks the thresholds (and the greedy continuation when `greedy`).
 void check_file(const std::string& label, const std::string& type, const fs::path& file,
-                const std::vector<int32_t>& ids, bool greedy) {
+                const std::vector<int32_t>& ids, bool greedy, const std::string& backend_name = "cpu") {
   const LlamaLibrary& llama = LlamaLibrary::get();
   const LlamaLogits reference = llama.logits(file, ids);
-  PicoEngine pico(file);
+  PicoEngine pico(file, backend::BatchNumerics::invariant, backend_name);
   ASSERT_EQ(pico.n_vocab(), reference.n_vocab);
   const std::vector<float> got = pico.eval(ids, true);
   ASSERT_EQ(got.size(), reference.rows.size());
@@ -317,6 +320,48 @@ std::vector<MatrixCase> matrix_cases() {
 
 INSTANTIATE_TEST_SUITE_P(Matrix, QuantizedMatrix, ::testing::ValuesIn(matrix_cases()),
                          [](const ::testing::TestParamInfo<MatrixCase>& param_info) { return case_name(param_info.param); });
+
+// The whole model through the Vulkan backend (issue 17, point 5), against llama.cpp as
+// the matrix checks the CPU: mean KL <= 1e-3, top-1 >= 99 %, on device 0. The backend
+// runs op by op (attention and the recurrent ops stay on the CPU, with the state) and
+// rounds each matmul's activations to the weight type's dot partner as llama.cpp's CPU
+// does, so its float shaders see the same values; hence the KL bound, not greedy
+// equality. The dense architecture in F16, Q8_0 and Q4_K (pico quantize): ~35 s per
+// file on lavapipe with 2 cores. (MoE models are left out: the experts' down
+// projection takes its input unrounded on the device, which costs them top-1 at this
+// model's flat distributions: qwen35moe Q8_0 gives KL 4e-4 but top-1 0.96; and the
+// hybrid layers' many small ops take lavapipe ~10 minutes a model.) Skipped, saying
+// why, in a build without Vulkan or on a machine without a device.
+class VulkanModel : public ::testing::TestWithParam<Architecture> {};
+
+TEST_P(VulkanModel, MatchesLlamaCpp) {
+  try {
+    backend::open_backend("vulkan", 0, 1);
+  } catch (const std::exception& e) {
+    GTEST_SKIP() << e.what();
+  }
+  const LlamaLibrary& llama = LlamaLibrary::get();
+  ASSERT_TRUE(llama.loaded()) << llama.error();
+  const std::string label = std::string(synthetic::architecture_name(GetParam())) + "_vulkan";
+  TempDir dir("matrix_" + label);
+  const fs::path f32 = dir.path() / "F32.gguf";
+  synthetic::write_synthetic_model(matrix_model_spec(GetParam()), f32);
+  const std::vector<int32_t> ids = llama.tokenize(f32, kText);
+  ASSERT_GE(ids.size(), 64u) << "the text gives too few tokens";
+  print_header(label);
+  for (const char* type : {"f16", "q8_0", "q4_K"}) {
+    SCOPED_TRACE(type);
+    const fs::path file = dir.path() / (std::string(type) + ".gguf");
+    tools::quantize_model(f32, file, *tools::parse_quantize_type(type), kThreads);
+    check_file(label, type, file, ids, false, "vulkan");
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Vulkan, VulkanModel,
+                         ::testing::Values(Architecture::llama),
+                         [](const ::testing::TestParamInfo<Architecture>& param_info) {
+                           return std::string(synthetic::architecture_name(param_info.param));
+                         });
 
 // YaRN context scaling from the GGUF rope.scaling.* keys (factor 4 from a trained
 // context of 32, so that most of the ~100 positions lie beyond it): llama (normal

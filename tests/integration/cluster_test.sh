@@ -4,7 +4,7 @@
 #
 #   cluster_test.sh BUILD_DIR MODEL_DIR CASE
 #
-# CASE: models | equivalence-llama | equivalence-qwen3 | equivalence-qwen35 | equivalence-qwen3next | concurrency | kill | hang | refuse | slow-link | kv-budget
+# CASE: models | equivalence-llama | equivalence-qwen3 | equivalence-qwen35 | equivalence-qwen3next | concurrency | mixed-vulkan | kill | hang | refuse | slow-link | kv-budget
 set -euo pipefail
 build=$1 models=$2 case=$3
 pico=$build/tools/pico/pico worker=$build/worker/pico-worker coord=$build/coordinator/pico-coord
@@ -114,6 +114,49 @@ case $case in
     "$coord" -m "$model" "${workers[@]}" -p "$prompt" -n 8 --temp 0 --activations f16 >/dev/null 2>"$tmp/coord.log" \
       || fail "f16 activations"
     stop_workers
+    ;;
+
+  mixed-vulkan)
+    # Issue 17: stage 0 on the CPU, stage 1 on Vulkan device 0 (lavapipe here). Four
+    # concurrent sequences against the single node (logits within float rounding, the
+    # same greedy tokens); each sequence alone through the mixed cluster equals its
+    # batch bit for bit (batch invariance with a device stage); the coordinator sees
+    # the device in the worker's capabilities. Exit 77 (skipped) without a device.
+    if ! "$pico" inspect --devices | grep -q '^vulkan 0: .*, usable$'; then
+      "$pico" inspect --devices
+      echo "SKIPPED: no usable Vulkan device 0"
+      exit 77
+    fi
+    model=$models/llama.gguf
+    printf '%s\n' "Hi" "$prompt" "Once upon a time there was a" "1 2 3 4 5 6 7 8 9 10 11 12" >"$tmp/prompts.txt"
+    "$coord" -m "$model" --prompts "$tmp/prompts.txt" -n 16 --temp 0 --print-tokens --dump-logits "$tmp/local.bin" \
+      >"$tmp/local.txt" 2>"$tmp/local.log" || fail "single node"
+    cpu_address="ipc://$tmp/cpu-$RANDOM.sock" vulkan_address="ipc://$tmp/vulkan-$RANDOM.sock"
+    "$worker" -m "$model" --layers 0-1 --listen "$cpu_address" -t 1 2>"$tmp/worker-0.log" &
+    pids+=($!)
+    "$worker" -m "$model" --layers 2-3 --listen "$vulkan_address" -t 1 --backend vulkan 2>"$tmp/worker-1.log" &
+    pids+=($!)
+    workers=(--worker "$cpu_address" --worker "$vulkan_address")
+    "$coord" -m "$model" "${workers[@]}" --prompts "$tmp/prompts.txt" -n 16 --temp 0 --micro-batch 7 --print-tokens \
+      --dump-logits "$tmp/mixed.bin" >"$tmp/mixed.txt" 2>"$tmp/coord.log" || fail "mixed cluster"
+    grep -q "stage 1: .*(.*vulkan, .*, 1 threads)" "$tmp/coord.log" || fail "the coordinator does not report the device"
+    grep -q "backend vulkan on " "$tmp/worker-1.log" || fail "the worker does not log its device"
+    diff "$tmp/local.txt" "$tmp/mixed.txt" || fail "mixed cluster tokens differ from the single node"
+    python3 - "$tmp/local.bin" "$tmp/mixed.bin" <<'PY' || fail "mixed cluster logits differ from the single node beyond rounding"
+import array, sys
+a, b = (array.array("f", open(p, "rb").read()) for p in sys.argv[1:])
+assert len(a) == len(b) and len(a) > 0, (len(a), len(b))
+worst = max(abs(x - y) for x, y in zip(a, b)) / max(abs(x) for x in a)
+print(f"mixed cluster: {len(a)} logits, largest difference {worst:.2e} of the largest |logit|")
+assert worst < 1e-4, worst
+PY
+    : >"$tmp/alone.bin"
+    while IFS= read -r p; do
+      "$coord" -m "$model" "${workers[@]}" -p "$p" -n 16 --temp 0 --dump-logits "$tmp/one.bin" >/dev/null \
+        2>"$tmp/coord.log" || fail "alone: $p"
+      cat "$tmp/one.bin" >>"$tmp/alone.bin"
+    done <"$tmp/prompts.txt"
+    cmp -s "$tmp/alone.bin" "$tmp/mixed.bin" || fail "a sequence alone differs from its batch on the mixed cluster"
     ;;
 
   concurrency)

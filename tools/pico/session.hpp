@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "backend/backend.hpp"
+#include "backend/devices.hpp"
 #include "cpu/thread_pool.hpp"
 #include "gguf/reader.hpp"
 #include "model/model.hpp"
@@ -28,6 +29,8 @@ struct EngineOptions {
   std::string ctk = "f16";
   std::string ctv = "f16";
   bool llama_numerics = false;  // backend::BatchNumerics::as_llama_cpp
+  std::string backend = "cpu";
+  int device = 0;
 };
 
 inline void add_engine_options(CLI::App* cmd, EngineOptions& o) {
@@ -39,6 +42,11 @@ inline void add_engine_options(CLI::App* cmd, EngineOptions& o) {
   cmd->add_flag("--llama-numerics", o.llama_numerics,
                 "attention sums of a one-token batch in llama.cpp's one-token order, to reproduce its "
                 "token-by-token numbers bit for bit (results then depend on the batch, as llama.cpp's)");
+  cmd->add_option("--backend", o.backend,
+                  "cpu (default) or vulkan: the ops through Vulkan compute shaders on --device, one op at a time "
+                  "(attention and the recurrent layers stay on the CPU; `pico inspect --devices` lists devices)")
+      ->check(CLI::IsMember({"cpu", "vulkan"}));
+  cmd->add_option("--device", o.device, "device index of --backend (default 0)")->check(CLI::NonNegativeNumber);
 }
 
 inline GgmlType kv_type(const std::string& name) {
@@ -60,9 +68,14 @@ struct Session {
   explicit Session(const EngineOptions& o) {
     file = gguf::Model::open(o.model_path);
     model = model::Model::load(*file);
-    be = backend::make_cpu_backend(o.threads > 0 ? o.threads : cpu::default_thread_count(),
-                                   o.llama_numerics ? backend::BatchNumerics::as_llama_cpp
-                                                    : backend::BatchNumerics::invariant);
+    const int threads = o.threads > 0 ? o.threads : cpu::default_thread_count();
+    if (o.backend == "cpu") {
+      be = backend::make_cpu_backend(threads, o.llama_numerics ? backend::BatchNumerics::as_llama_cpp
+                                                               : backend::BatchNumerics::invariant);
+    } else {
+      if (o.llama_numerics) throw std::invalid_argument("--llama-numerics is a CPU backend mode");
+      be = backend::open_backend(o.backend, o.device, threads);
+    }
     cache = model->make_cache(model->all_layers(), kv_type(o.ctk), kv_type(o.ctv));
     batch = o.batch;
   }

@@ -1,7 +1,8 @@
-// The Vulkan part of the device listing (backend/devices.hpp).
+// The Vulkan part of backend/devices.hpp: its devices, and opening one as a backend.
 #include <string>
 
 #include "backend/devices.hpp"
+#include "backend/vulkan/vulkan_backend.hpp"
 #include "backend/vulkan/vulkan_device.hpp"
 
 namespace pico::backend {
@@ -27,6 +28,10 @@ DeviceListing list_vulkan_devices() {
   }
   if (listing.devices.empty()) listing.notes.push_back("vulkan: no device (" + error + ")");
   return listing;
+}
+
+std::unique_ptr<Backend> open_vulkan_backend(int device, int cpu_threads) {
+  return make_vulkan_backend(device, cpu_threads);
 }
 
 }  // namespace pico::backend
