@@ -1,6 +1,5 @@
 // The compute devices this build can run stages on, whatever backend drives them:
-// what `pico inspect --devices` prints and what a worker will report in its
-// capabilities. Each device backend folder supplies its part (vulkan/vulkan_listing.cpp);
+// what `pico inspect --devices` prints and what a worker reports in its capabilities. Each device backend folder supplies its part (vulkan/vulkan_listing.cpp);
 // a backend left out of the build supplies a note saying so (CMake picks the file, so
 // no backend name is tested for with the preprocessor here or in the callers).
 #pragma once

@@ -335,10 +335,12 @@ INSTANTIATE_TEST_SUITE_P(Matrix, QuantizedMatrix, ::testing::ValuesIn(matrix_cas
 class VulkanModel : public ::testing::TestWithParam<Architecture> {};
 
 TEST_P(VulkanModel, MatchesLlamaCpp) {
+  // Needs a Vulkan device: a build without the backend (PICO_VULKAN=OFF: cross,
+  // sanitized) or a machine without a driver has none, and the test says which.
   try {
     backend::open_backend("vulkan", 0, 1);
   } catch (const std::exception& e) {
-    GTEST_SKIP() << e.what();
+    GTEST_SKIP() << "no Vulkan device to run the model on: " << e.what();
   }
   const LlamaLibrary& llama = LlamaLibrary::get();
   ASSERT_TRUE(llama.loaded()) << llama.error();

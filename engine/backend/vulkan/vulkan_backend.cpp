@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <array>
-#include <cstring>
 #include <map>
 #include <optional>
 #include <stdexcept>
@@ -12,6 +11,8 @@
 
 #include "backend/vulkan/vulkan_device.hpp"
 #include "backend/vulkan/vulkan_ops.hpp"
+#include "cpu/matmul.hpp"
+#include "cpu/thread_pool.hpp"
 #include "quant/quantize.hpp"
 
 namespace pico::backend {
@@ -32,16 +33,27 @@ class VulkanBackend final : public Backend {
   }
 
   void matmul(const Weight& w, const float* x, int64_t tokens, float* y) override {
-    if (!vulkan::Ops::supports(Op::matmul, w.type)) return cpu_->matmul(w, x, tokens, y);
-    const vulkan::DeviceWeight& dw = weight(w);
-    const BufferRange dx = put(kInput, as_dot_partner(w.type, x, tokens, w.cols), floats(tokens * w.cols));
-    Buffer& dy = slot(kOutput, floats(tokens * w.rows));
-    ops_.matmul(dw, dx, tokens, {&dy, 0, 0});
-    get(dy, y, floats(tokens * w.rows));
+    matmul_many({&w, 1}, x, tokens, {&y, 1});
   }
 
+  // x goes to the device once per activation type among the weights (Q, K and V share it).
   void matmul_many(std::span<const Weight> ws, const float* x, int64_t tokens, std::span<float* const> ys) override {
-    for (size_t i = 0; i < ws.size(); ++i) matmul(ws[i], x, tokens, ys[i]);
+    std::optional<GgmlType> uploaded;
+    for (size_t i = 0; i < ws.size(); ++i) {
+      const Weight& w = ws[i];
+      if (!vulkan::Ops::supports(Op::matmul, w.type)) {
+        cpu_->matmul(w, x, tokens, ys[i]);
+        continue;
+      }
+      const GgmlType a_type = cpu::activation_type(w.type);
+      if (uploaded != a_type) {
+        put(kInput, as_activations(w.type, x, tokens, w.cols), floats(tokens * w.cols));
+        uploaded = a_type;
+      }
+      Buffer& dy = slot(kOutput, floats(tokens * w.rows));
+      ops_.matmul(weight(w), {&slots_[kInput], 0, 0}, tokens, {&dy, 0, 0});
+      get(dy, ys[i], floats(tokens * w.rows));
+    }
   }
 
   void get_rows(const Weight& table, const int32_t* ids, int64_t count, float* out) override {
@@ -148,10 +160,10 @@ class VulkanBackend final : public Backend {
       return cpu_->moe_ffn(w, x, tokens, experts, weights, k, out);
     const vulkan::DeviceExperts& dexp = expert_stacks(w);
     const int64_t n_embd = w.gate.cols;
-    const BufferRange dx = put(kInput, as_dot_partner(w.gate.type, x, tokens, n_embd), floats(tokens * n_embd));
+    const BufferRange dx = put(kInput, as_activations(w.gate.type, x, tokens, n_embd), floats(tokens * n_embd));
     const BufferRange de = put(kIds, experts, static_cast<size_t>(tokens * k) * sizeof(int32_t));
     const BufferRange dw = put(kVector, weights, floats(tokens * k));
-    Buffer& scratch = slot(kScratch, vulkan::Ops::moe_scratch_bytes(dexp, tokens, k));
+    Buffer& scratch = slot(kScratch, ops_.moe_scratch_bytes(dexp, tokens, k));
     Buffer& dy = slot(kOutput, floats(tokens * w.down.rows));
     ops_.moe_ffn(dexp, dx, tokens, de, dw, k, scratch, {&dy, 0, 0});
     get(dy, out, floats(tokens * w.down.rows));
@@ -195,21 +207,19 @@ class VulkanBackend final : public Backend {
     get(dy, y, floats(count));
   }
 
-  // The activations as llama.cpp's CPU matmul sees them: rounded to the weight type's
-  // dot partner (Q8_0, Q8_1, Q8_K, F16, BF16) and back, so that the float shaders
-  // multiply the same values (done here on the host while the backend goes op by op).
-  const float* as_dot_partner(GgmlType type, const float* x, int64_t rows, int64_t cols) {
-    const std::optional<GgmlType> partner = type_traits(type).dot_partner;
-    if (!partner || *partner == GgmlType::F32 || !has_quantizer(*partner) ||
-        cols % type_traits(*partner).block_size != 0)
-      return x;
-    const auto row_bytes = static_cast<size_t>(*bytes_of(type_traits(*partner), static_cast<uint64_t>(cols)));
-    codes_.resize(row_bytes);
+  // The activations as the CPU backend's matmul (and llama.cpp's) sees them: quantized
+  // to the weight type's dot partner (Q8_0, Q8_1, Q8_K, F16, BF16) by the same
+  // quantizer, then dequantized, so that the float shaders multiply the same values
+  // (done here on the host while the backend goes op by op).
+  const float* as_activations(GgmlType w_type, const float* x, int64_t rows, int64_t cols) {
+    const GgmlType a_type = cpu::activation_type(w_type);
+    if (a_type == GgmlType::F32 || !has_dequantizer(a_type)) return x;
+    const size_t row_bytes = cpu::activation_row_bytes(w_type, cols);
+    codes_.resize(row_bytes * static_cast<size_t>(rows));
     rounded_.resize(static_cast<size_t>(rows * cols));
-    for (int64_t r = 0; r < rows; ++r) {
-      quantize_row(*partner, x + r * cols, codes_.data(), cols);
-      dequantize_row(*partner, codes_.data(), rounded_.data() + r * cols, cols);
-    }
+    cpu::quantize_activations(quantizer_pool_, w_type, x, cols, rows, codes_.data());
+    for (int64_t r = 0; r < rows; ++r)
+      dequantize_row(a_type, codes_.data() + static_cast<size_t>(r) * row_bytes, rounded_.data() + r * cols, cols);
     return rounded_.data();
   }
 
@@ -230,6 +240,7 @@ class VulkanBackend final : public Backend {
   vulkan::Ops ops_;
   std::unique_ptr<Backend> cpu_;
   std::array<Buffer, kSlots> slots_;
+  cpu::ThreadPool quantizer_pool_{1};  // the calling thread only
   std::vector<uint8_t> codes_;
   std::vector<float> rounded_;
   std::map<std::tuple<const void*, GgmlType, int64_t, int64_t>, vulkan::DeviceWeight> weights_;

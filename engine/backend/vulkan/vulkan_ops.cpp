@@ -366,16 +366,11 @@ void Ops::moe_route(BufferRange logits, int64_t n_expert, int64_t tokens, int64_
   device_.dispatch(Shader::moe_route, bindings, &push, sizeof push, gx, gy);
 }
 
-namespace {
 // The experts' intermediate rows inside a moe_ffn scratch buffer, each part starting at
-// an offset every device accepts for a binding (256 bytes: Vulkan's largest
-// minStorageBufferOffsetAlignment).
-struct MoeParts {
-  size_t gate, up, down, end;
-};
-constexpr size_t kBindingAlignment = 256;
-size_t aligned(size_t bytes) { return (bytes + kBindingAlignment - 1) / kBindingAlignment * kBindingAlignment; }
-MoeParts moe_parts(const DeviceExperts& w, int64_t tokens, int64_t k) {
+// an offset this device accepts for a binding.
+Ops::MoeParts Ops::moe_parts(const DeviceExperts& w, int64_t tokens, int64_t k) const {
+  const size_t align = std::max<size_t>(device_.info().storage_offset_alignment, 1);
+  const auto aligned = [align](size_t bytes) { return (bytes + align - 1) / align * align; };
   const size_t slots = static_cast<size_t>(tokens * k);
   const size_t hidden = slots * static_cast<size_t>(w.gate.rows) * sizeof(float);
   const size_t out = slots * static_cast<size_t>(w.down.rows) * sizeof(float);
@@ -386,9 +381,10 @@ MoeParts moe_parts(const DeviceExperts& w, int64_t tokens, int64_t k) {
   p.end = p.down + out;
   return p;
 }
-}  // namespace
 
-size_t Ops::moe_scratch_bytes(const DeviceExperts& w, int64_t tokens, int64_t k) { return moe_parts(w, tokens, k).end; }
+size_t Ops::moe_scratch_bytes(const DeviceExperts& w, int64_t tokens, int64_t k) const {
+  return moe_parts(w, tokens, k).end;
+}
 
 void Ops::matmul_id(const DeviceWeight& w, int64_t n_expert, BufferRange x, bool x_per_slot, int64_t slots_per_token,
                     BufferRange ids, int64_t slots, BufferRange y) {

@@ -112,7 +112,7 @@ class Ops {
   // `scratch` (at least moe_scratch_bytes, not used by anything else until submitted).
   void moe_ffn(const DeviceExperts& w, BufferRange x, int64_t tokens, BufferRange experts, BufferRange weights,
                int64_t k, const Buffer& scratch, BufferRange out);
-  static size_t moe_scratch_bytes(const DeviceExperts& w, int64_t tokens, int64_t k);
+  size_t moe_scratch_bytes(const DeviceExperts& w, int64_t tokens, int64_t k) const;
   // Rotates, in place, `heads` heads of head_dim per token (token t's at t * row_stride
   // floats), at positions pos (tokens int32 on the device).
   void rope(BufferRange x, int64_t tokens, int64_t row_stride, int64_t heads, int64_t head_dim, BufferRange pos,
@@ -121,6 +121,10 @@ class Ops {
  private:
   enum class UnaryOp : uint32_t { silu, sigmoid, softplus, gelu, gelu_erf, scale };
   DeviceWeight upload_rows(GgmlType type, int64_t cols, int64_t rows, const void* data);
+  struct MoeParts {
+    size_t gate, up, down, end;  // byte offsets in the scratch buffer, and its size
+  };
+  MoeParts moe_parts(const DeviceExperts& w, int64_t tokens, int64_t k) const;
   // Output row s = expert ids[s]'s matrix of w times x row s (x_per_slot) or row
   // s / slots_per_token.
   void matmul_id(const DeviceWeight& w, int64_t n_expert, BufferRange x, bool x_per_slot, int64_t slots_per_token,

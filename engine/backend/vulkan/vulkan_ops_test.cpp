@@ -575,7 +575,7 @@ TEST_P(MoeTypes, FfnMatchesCpuAndATokenAloneItsBatchResult) {
 
   const DeviceExperts dexp = ops.upload(experts.weights);
   const Buffer dx = to_device(*device, x), dc = to_device(*device, chosen), dw = to_device(*device, weights);
-  Buffer scratch = device->allocate(Ops::moe_scratch_bytes(dexp, tokens, k));
+  Buffer scratch = device->allocate(ops.moe_scratch_bytes(dexp, tokens, k));
   Buffer dy = device->allocate(want.size() * sizeof(float));
   ops.moe_ffn(dexp, all(dx), tokens, all(dc), all(dw), k, scratch, all(dy));
   device->submit();
@@ -588,7 +588,7 @@ TEST_P(MoeTypes, FfnMatchesCpuAndATokenAloneItsBatchResult) {
     };
     const Buffer x1 = to_device(*device, row(x, n_embd)), c1 = to_device(*device, row(chosen, k)),
                  w1 = to_device(*device, row(weights, k));
-    Buffer s1 = device->allocate(Ops::moe_scratch_bytes(dexp, 1, k));
+    Buffer s1 = device->allocate(ops.moe_scratch_bytes(dexp, 1, k));
     Buffer y1 = device->allocate(static_cast<size_t>(n_embd) * sizeof(float));
     ops.moe_ffn(dexp, all(x1), 1, all(c1), all(w1), k, s1, all(y1));
     device->submit();
