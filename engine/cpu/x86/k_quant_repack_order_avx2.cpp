@@ -173,15 +173,46 @@ struct alignas(32) Q4_KEightRows {
   __m256 d, dmin;
 };
 
+// v[r] holds 8 int32 words of row r; afterwards v[q] holds word q of rows 0..7.
+inline void transpose_eight_words(__m256i v[8]) {
+  __m256i t[8], s[8];
+  for (int i = 0; i < 4; ++i) {
+    t[2 * i] = _mm256_unpacklo_epi32(v[2 * i], v[2 * i + 1]);
+    t[2 * i + 1] = _mm256_unpackhi_epi32(v[2 * i], v[2 * i + 1]);
+  }
+  for (int i = 0; i < 2; ++i) {
+    s[4 * i] = _mm256_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+    s[4 * i + 1] = _mm256_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+    s[4 * i + 2] = _mm256_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+    s[4 * i + 3] = _mm256_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+  }
+  for (int q = 0; q < 4; ++q) {
+    v[q] = _mm256_permute2x128_si256(s[q], s[q + 4], 0x20);
+    v[q + 4] = _mm256_permute2x128_si256(s[q], s[q + 4], 0x31);
+  }
+}
+
 void decode_eight_rows(const uint8_t* w, size_t w_row_bytes, int64_t blocks, Q4_KEightRows* out) {
+  const __m256i low_nibbles = _mm256_set1_epi8(0x0f);
   for (int64_t b = 0; b < blocks; ++b) {
     Q4_KEightRows& t = out[b];
-    alignas(32) uint8_t codes[8][8][32];
+    const BlockQ4_K* blk[8];
+    for (int r = 0; r < 8; ++r) blk[r] = reinterpret_cast<const BlockQ4_K*>(w + static_cast<size_t>(r) * w_row_bytes) + b;
+    // Codes: word q of row r's 32 bytes of chunk g goes to int32 lane r of codes[.][q],
+    // an 8 x 8 transpose of 32-bit words; low nibbles are sub-block 2g, high 2g + 1.
+    for (int g = 0; g < 4; ++g) {
+      __m256i v[8];
+      for (int r = 0; r < 8; ++r) v[r] = load256(blk[r]->qs + 32 * g);
+      transpose_eight_words(v);
+      for (int q = 0; q < 8; ++q) {
+        t.codes[2 * g][q] = _mm256_and_si256(v[q], low_nibbles);
+        t.codes[2 * g + 1][q] = _mm256_and_si256(_mm256_srli_epi16(v[q], 4), low_nibbles);
+      }
+    }
     alignas(32) int16_t scales[8][16], mins[4][16];
     alignas(32) float d[8], dmin[8];
     for (int r = 0; r < 8; ++r) {
-      const BlockQ4_K* blk = reinterpret_cast<const BlockQ4_K*>(w + static_cast<size_t>(r) * w_row_bytes) + b;
-      const K4Scales k = unpack_k4_scales(blk->scales);
+      const K4Scales k = unpack_k4_scales(blk[r]->scales);
       uint8_t sc[8], mn[8];
       std::memcpy(sc, &k.scales_lo, 4);
       std::memcpy(sc + 4, &k.scales_hi, 4);
@@ -192,20 +223,10 @@ void decode_eight_rows(const uint8_t* w, size_t w_row_bytes, int64_t blocks, Q4_
         mins[g][2 * r] = mn[2 * g];
         mins[g][2 * r + 1] = mn[2 * g + 1];
       }
-      for (int g = 0; g < 4; ++g) {
-        for (int j = 0; j < 32; ++j) {
-          const uint8_t byte = blk->qs[32 * g + j];
-          codes[2 * g][j / 4][4 * r + j % 4] = byte & 0x0f;       // sub-block 2g: low nibbles
-          codes[2 * g + 1][j / 4][4 * r + j % 4] = byte >> 4;     // sub-block 2g + 1: high nibbles
-        }
-      }
-      d[r] = _cvtsh_ss(blk->d);
-      dmin[r] = _cvtsh_ss(blk->dmin);
+      d[r] = _cvtsh_ss(blk[r]->d);
+      dmin[r] = _cvtsh_ss(blk[r]->dmin);
     }
-    for (int i = 0; i < 8; ++i) {
-      for (int q = 0; q < 8; ++q) t.codes[i][q] = _mm256_load_si256(reinterpret_cast<const __m256i*>(codes[i][q]));
-      t.scales[i] = _mm256_load_si256(reinterpret_cast<const __m256i*>(scales[i]));
-    }
+    for (int i = 0; i < 8; ++i) t.scales[i] = _mm256_load_si256(reinterpret_cast<const __m256i*>(scales[i]));
     for (int g = 0; g < 4; ++g) t.min_pairs[g] = _mm256_load_si256(reinterpret_cast<const __m256i*>(mins[g]));
     t.d = _mm256_load_ps(d);
     t.dmin = _mm256_load_ps(dmin);
