@@ -364,18 +364,27 @@ struct Q5_KKernel : SuperBlockTiles<BlockQ5_K> {
 };
 
 // Q6_K: unsigned 6-bit codes u, value u - 32; the -32 is applied through the bsums:
-// sum s_j (u - 32) a = sum s_j u a - 32 sum_j s_j bsum_j.
+// sum s_j (u - 32) a = sum s_j u a - 32 sum_j s_j bsum_j. The codes and scales are
+// decoded once per weight step (load_w), so a GEMM panel decodes each block once
+// instead of once per token; step's integer and float operations are unchanged.
 struct Q6_KKernel : SuperBlockTiles<BlockQ6_K> {
-  static void step(Acc& acc, W w, A a) {
+  struct W {
+    __m256i u[8];            // group 4h + g: codes of sub-blocks 8h + 2g, 8h + 2g + 1
+    __m256i pair_scales[8];  // group 4h + g: those two sub-blocks' scales as int16
+    __m256i scales16;        // the 16 scales as int16 (for the bsums offset)
+    float d;
+  };
+  static W load_w(const uint8_t* row, int64_t s, int64_t) {
+    const BlockQ6_K* b = block_at<BlockQ6_K>(row, s);
     const __m256i mask = _mm256_set1_epi8(0x0f);
     const __m256i two = _mm256_set1_epi8(3);
-    const __m128i scales8 = load128(w->scales);
-    __m256i sumi = _mm256_setzero_si256();
+    const __m128i scales8 = load128(b->scales);
+    W w;
     for (int h = 0; h < 2; ++h) {
-      const __m256i ql_a = load256(w->ql + 64 * h);
-      const __m256i ql_b = load256(w->ql + 64 * h + 32);
-      const __m256i qh = load256(w->qh + 32 * h);
-      __m256i u[4];
+      const __m256i ql_a = load256(b->ql + 64 * h);
+      const __m256i ql_b = load256(b->ql + 64 * h + 32);
+      const __m256i qh = load256(b->qh + 32 * h);
+      __m256i* u = w.u + 4 * h;
       u[0] = _mm256_or_si256(_mm256_and_si256(ql_a, mask), _mm256_slli_epi16(_mm256_and_si256(qh, two), 4));
       u[1] = _mm256_or_si256(_mm256_and_si256(ql_b, mask),
                              _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), two), 4));
@@ -383,15 +392,20 @@ struct Q6_KKernel : SuperBlockTiles<BlockQ6_K> {
                              _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), two), 4));
       u[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql_b, 4), mask),
                              _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), two), 4));
-      for (int g = 0; g < 4; ++g) {
-        const int sub = 8 * h + 2 * g;
-        const __m256i p = scaled_dot_u8_s8(u[g], load256(a->qs + 128 * h + 32 * g), pair_i8(scales8, sub));
-        sumi = _mm256_add_epi32(sumi, p);
-      }
+      for (int g = 0; g < 4; ++g) w.pair_scales[4 * h + g] = pair_i8(scales8, 8 * h + 2 * g);
     }
-    const __m256i scales16 = _mm256_cvtepi8_epi16(scales8);
-    const __m256i offset = _mm256_slli_epi32(_mm256_madd_epi16(bsums16(a), scales16), 5);
-    const float d = half_to_float(w->d) * a->d;
+    w.scales16 = _mm256_cvtepi8_epi16(scales8);
+    w.d = half_to_float(b->d);
+    return w;
+  }
+  static void step(Acc& acc, const W& w, A a) {
+    __m256i sumi = _mm256_setzero_si256();
+    for (int i = 0; i < 8; ++i) {
+      const __m256i p = scaled_dot_u8_s8(w.u[i], load256(a->qs + 32 * i), w.pair_scales[i]);
+      sumi = _mm256_add_epi32(sumi, p);
+    }
+    const __m256i offset = _mm256_slli_epi32(_mm256_madd_epi16(bsums16(a), w.scales16), 5);
+    const float d = w.d * a->d;
     acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(_mm256_sub_epi32(sumi, offset)), acc);
   }
 };
