@@ -342,22 +342,39 @@ struct Q5_KCodes {
 // bit by ggml_matmul_crosscheck_test); the lanes' sum plus that float at the end.
 struct Q5_KKernel : SuperBlockTiles<BlockQ5_K> {
   using Acc = OffsetAcc;
+  // Decoded once per weight step (see Q6_KKernel).
+  struct W {
+    __m256i u[8];       // sub-block i's 32 five-bit codes
+    __m256i scales[8];  // sub-block i's scale in every int16
+    __m128i scales_mins;
+    float d, dmin;
+  };
   static Acc zero() { return {_mm256_setzero_ps(), 0.0f}; }
   static float reduce(const Acc& acc) { return hsum(acc.v) + acc.offset; }
-  static void step(Acc& acc, W w, A a) {
-    const __m128i sm = decode_scales_k4(w->scales);
-    const Q5_KCodes codes(w);
+  static W load_w(const uint8_t* row, int64_t s, int64_t) {
+    const BlockQ5_K* b = block_at<BlockQ5_K>(row, s);
+    W w;
+    w.scales_mins = decode_scales_k4(b->scales);
+    const Q5_KCodes codes(b);
+    for (int j = 0; j < 4; ++j) {
+      codes.unpack(b, j, w.u[2 * j], w.u[2 * j + 1]);
+      w.scales[2 * j] = broadcast_u8(w.scales_mins, 2 * j);
+      w.scales[2 * j + 1] = broadcast_u8(w.scales_mins, 2 * j + 1);
+    }
+    w.d = half_to_float(b->d);
+    w.dmin = half_to_float(b->dmin);
+    return w;
+  }
+  static void step(Acc& acc, const W& w, A a) {
     __m256i sumi = _mm256_setzero_si256();
     for (int j = 0; j < 4; ++j) {
-      __m256i lo, hi;
-      codes.unpack(w, j, lo, hi);
-      const __m256i p_lo = scaled_dot_u8_s8(lo, load256(a->qs + 64 * j), broadcast_u8(sm, 2 * j));
-      const __m256i p_hi = scaled_dot_u8_s8(hi, load256(a->qs + 64 * j + 32), broadcast_u8(sm, 2 * j + 1));
+      const __m256i p_lo = scaled_dot_u8_s8(w.u[2 * j], load256(a->qs + 64 * j), w.scales[2 * j]);
+      const __m256i p_hi = scaled_dot_u8_s8(w.u[2 * j + 1], load256(a->qs + 64 * j + 32), w.scales[2 * j + 1]);
       sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p_lo, p_hi));
     }
-    const float d = a->d * half_to_float(w->d);
-    const float dmin = -a->d * half_to_float(w->dmin);
-    const float mins = static_cast<float>(hsum_i32(weighted_mins(a, sm)));
+    const float d = a->d * w.d;
+    const float dmin = -a->d * w.dmin;
+    const float mins = static_cast<float>(hsum_i32(weighted_mins(a, w.scales_mins)));
     acc.offset = _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(dmin), _mm_set_ss(mins), _mm_set_ss(acc.offset)));
     acc.v = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc.v);
   }
@@ -416,10 +433,17 @@ struct Q6_KKernel : SuperBlockTiles<BlockQ6_K> {
 // u * a - 4 * a, exact) so that each of the 8 int32 lanes holds exactly llama.cpp's
 // integer sum; then acc = fma(d_a * d_w, sum, acc) per super-block.
 struct Q3_KKernel : SuperBlockTiles<BlockQ3_K> {
-  static void step(Acc& acc, W w, A a) {
+  // Decoded once per weight step (see Q6_KKernel).
+  struct W {
+    __m256i u[8];            // group 4h + g: its 32 codes u (0..7)
+    __m256i pair_scales[8];  // group 4h + g: its two sub-blocks' scales minus 32, as int16
+    float d;
+  };
+  static W load_w(const uint8_t* row, int64_t s, int64_t) {
+    const BlockQ3_K* b = block_at<BlockQ3_K>(row, s);
     // 16 six-bit scales minus 32: low nibbles in bytes 0-7, high 2 bits in bytes 8-11.
     uint32_t packed[3];
-    std::memcpy(packed, w->scales, 12);
+    std::memcpy(packed, b->scales, 12);
     const uint32_t low4 = 0x0f0f0f0f, two = 0x03030303;
     const __m128i scales8 = _mm_sub_epi8(
         _mm_set_epi32(static_cast<int>(((packed[1] >> 4) & low4) | (((packed[2] >> 6) & two) << 4)),
@@ -429,21 +453,30 @@ struct Q3_KKernel : SuperBlockTiles<BlockQ3_K> {
         _mm_set1_epi8(32));
     const __m256i three = _mm256_set1_epi8(3);
     const __m256i four = _mm256_set1_epi8(4);
-    const __m256i hmask = load256(w->hmask);
-    __m256i sumi = _mm256_setzero_si256();
+    const __m256i hmask = load256(b->hmask);
+    W w;
     for (int h = 0; h < 2; ++h) {
-      const __m256i q = load256(w->qs + 32 * h);
+      const __m256i q = load256(b->qs + 32 * h);
       for (int g = 0; g < 4; ++g) {
         const int group = 4 * h + g;
         const __m256i bit = _mm256_set1_epi8(static_cast<char>(1 << group));
         const __m256i high = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hmask, bit), bit), four);
-        const __m256i u = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 2 * g), three), high);
-        const __m256i av = load256(a->qs + 32 * group);
-        const __m256i pairs = _mm256_sub_epi16(_mm256_maddubs_epi16(u, av), _mm256_maddubs_epi16(four, av));
-        sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(pairs, pair_i8(scales8, 2 * group)));
+        w.u[group] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 2 * g), three), high);
+        w.pair_scales[group] = pair_i8(scales8, 2 * group);
       }
     }
-    const float d = a->d * half_to_float(w->d);
+    w.d = half_to_float(b->d);
+    return w;
+  }
+  static void step(Acc& acc, const W& w, A a) {
+    const __m256i four = _mm256_set1_epi8(4);
+    __m256i sumi = _mm256_setzero_si256();
+    for (int group = 0; group < 8; ++group) {
+      const __m256i av = load256(a->qs + 32 * group);
+      const __m256i pairs = _mm256_sub_epi16(_mm256_maddubs_epi16(w.u[group], av), _mm256_maddubs_epi16(four, av));
+      sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(pairs, w.pair_scales[group]));
+    }
+    const float d = a->d * w.d;
     acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
   }
 };
