@@ -37,6 +37,18 @@ void check_coverage(const std::vector<StageInfo>& stages, int32_t n_layer) {
   }
 }
 
+namespace {
+
+void describe(StageTimingTotals& t, const StageInfo& info) {
+  t.layers = info.layers;
+  t.backend = info.backend;
+  t.isa = info.isa;
+  t.device = info.device;
+  t.device_memory_bytes = info.device_memory_bytes;
+}
+
+}  // namespace
+
 Pipeline::Pipeline(std::vector<std::unique_ptr<Stage>> stages, const protocol::ModelIdentity& expected)
     : stages_(std::move(stages)) {
   std::vector<StageInfo> infos;
@@ -55,7 +67,8 @@ Pipeline::Pipeline(std::vector<std::unique_ptr<Stage>> stages, const protocol::M
     spdlog::info("stage {}: {} layers {} ({}{}{}{} threads)", i, info.name, layers_text(info),
                  info.isa.empty() ? "" : info.isa + ", ", info.backend.empty() ? "" : info.backend + ", ",
                  info.device.empty() ? "" : info.device + ", ", info.threads);
-    timings_.stages.push_back({info.layers});
+    timings_.stages.emplace_back();
+    describe(timings_.stages.back(), info);
   }
 }
 
@@ -97,13 +110,19 @@ uint64_t Pipeline::submit(std::span<const model::BatchToken> batch, std::span<co
 
 void Pipeline::rejoin_lost() {
   bool rejoined = false;
-  for (auto& s : stages_) {
-    if (s->up()) continue;
+  for (size_t i = 0; i < stages_.size(); ++i) {
+    Stage& s = *stages_[i];
+    if (s.up()) continue;
     try {
-      s->rejoin();
+      s.rejoin();
     } catch (const StageError&) {
       inflight_.clear();
       throw;
+    }
+    {
+      // A restarted worker may run on another backend or device.
+      std::lock_guard lock(timings_mutex_);
+      describe(timings_.stages[i], s.info());
     }
     rejoined = true;
   }

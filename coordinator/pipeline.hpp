@@ -18,6 +18,10 @@ namespace pico::coordinator {
 // (seconds; the stages' stamps mapped onto the coordinator's clock).
 struct StageTimingTotals {
   model::LayerRange layers;
+  // What runs the stage (its Capabilities): backend, CPU level, device ("name, driver"),
+  // device memory; empty / 0 on the CPU.
+  std::string backend, isa, device;
+  uint64_t device_memory_bytes = 0;
   double compute_seconds = 0;   // running the layers
   double queue_seconds = 0;     // input waiting while the stage was busy with earlier batches
   double transfer_seconds = 0;  // input in transit: from the coordinator (stage 0) or the stage before

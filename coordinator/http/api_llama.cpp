@@ -9,6 +9,21 @@ namespace pico::coordinator::http_api {
 
 namespace {
 
+// A Prometheus label value: backslash, double quote and newline escaped.
+std::string label_value(std::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  for (char c : text) {
+    if (c == '\n') {
+      out += "\\n";
+      continue;
+    }
+    if (c == '\\' || c == '"') out += '\\';
+    out += c;
+  }
+  return out;
+}
+
 json timings_json(const Usage& u) {
   auto per_token = [](double ms, int n) { return n > 0 ? ms / n : 0.0; };
   auto per_second = [](double ms, int n) { return ms > 0 ? 1e3 * n / ms : 0.0; };
@@ -286,6 +301,21 @@ awaitable<void> metrics(Session& s) {
                   [](const Totals& t) { return t.transfer_seconds; });
     timing_metric("pico_stage_batches_total", "Batches the stage has run.", [](const Totals& t) { return t.batches; });
     timing_metric("pico_stage_tokens_total", "Tokens the stage has run.", [](const Totals& t) { return t.tokens; });
+    // Where each stage runs: an info gauge (always 1) whose labels say it, as Prometheus
+    // exporters publish versions; and the device's memory.
+    o << "# HELP pico:stage_info Backend, CPU level and device of each stage.\n# TYPE pico:stage_info gauge\n";
+    for (size_t i = 0; i < m.timings.stages.size(); ++i) {
+      const auto& t = m.timings.stages[i];
+      o << "pico:stage_info{stage=\"" << i << "\",layers=\"" << t.layers.first << '-' << t.layers.last - 1
+        << "\",backend=\"" << label_value(t.backend.empty() ? "cpu" : t.backend) << "\",isa=\"" << label_value(t.isa)
+        << "\",device=\"" << label_value(t.device) << "\"} 1\n";
+    }
+    o << "# HELP pico:stage_device_memory_bytes Memory of the stage's compute device (0 on the CPU).\n"
+         "# TYPE pico:stage_device_memory_bytes gauge\n";
+    for (size_t i = 0; i < m.timings.stages.size(); ++i) {
+      o << "pico:stage_device_memory_bytes{stage=\"" << i << "\"} "
+        << static_cast<double>(m.timings.stages[i].device_memory_bytes) << '\n';
+    }
     metric("pico_logits_transfer_seconds_total", "counter", "Seconds logits spent in transit from the last stage.",
            m.timings.logits_transfer_seconds);
     o.precision(precision);

@@ -225,9 +225,13 @@ def test_emulated():
     check_gone(tag, model, links_before, "after the command")
 
     # 2. Interactive, with the delaying relays; a request; SIGINT; nothing left.
+    # Node b runs on Vulkan device 0 where there is one (lavapipe on any CPU).
     tag2 = "u%d" % (os.getpid() % 10000)
+    devices = subprocess.run([PICO, "inspect", "--devices"], capture_output=True, text=True).stdout
+    b_backend = "vulkan/0" if re.search(r"^vulkan 0: .*, usable$", devices, re.M) else "cpu"
     proc = subprocess.Popen([script, "-m", model, "--tag", tag2, "--port", "0", "--shaping", "relay",
-                             "--node", "a:link=wifi:layers=0-2", "--node", "b:link=5ms/1ms/50mbit:layers=3-3"],
+                             "--node", "a:link=wifi:layers=0-2:backend=cpu",
+                             "--node", "b:link=5ms/1ms/50mbit:layers=3-3:backend=" + b_backend],
                             env=env, stdout=subprocess.PIPE, stderr=open(os.path.join(tmp, "emu2.log"), "w"), text=True)
     try:
         ready, _, _ = select.select([proc.stdout], [], [], 90)
@@ -257,6 +261,8 @@ def test_emulated():
             proc.kill()
             proc.wait()
     log = open(os.path.join(tmp, "emu2.log")).read()
+    check(re.search(r"emulated-cluster: b: .*backend %s" % re.escape(b_backend), log) is not None,
+          "node b's worker runs on backend %s" % b_backend)
     for node in ("a (link wifi)", "b (link 5ms/1ms/50mbit)"):
         m = re.search(re.escape(node) + r": .* qdisc (\w+), relay (\d+) bytes", log)
         check(m is not None and m.group(1) == "tbf" and int(m.group(2)) > 1000,

@@ -591,7 +591,8 @@ def main():
     for name in ["pico:requests_total", "llamacpp:prompt_tokens_total", "llamacpp:tokens_predicted_total",
                  "pico:tokens_in_flight 0", "llamacpp:prompt_tokens_seconds", "llamacpp:predicted_tokens_seconds",
                  'pico:stage_tokens{stage="0"}', 'pico:stage_sequences{stage="%d"}' % (1 if MODE == "cluster" else 0),
-                 "llamacpp:prompt_tokens_cached_total", "pico:kept_sequences", "pico:requests_cancelled_total"]:
+                 "llamacpp:prompt_tokens_cached_total", "pico:kept_sequences", "pico:requests_cancelled_total",
+                 'pico:stage_info{stage="0",layers="0-', 'backend="cpu"', 'pico:stage_device_memory_bytes{stage="0"} 0']:
         check(name in m, "/metrics has " + name)
 
     prefix_reuse_tests(api)

@@ -157,6 +157,26 @@ PY
       cat "$tmp/one.bin" >>"$tmp/alone.bin"
     done <"$tmp/prompts.txt"
     cmp -s "$tmp/alone.bin" "$tmp/mixed.bin" || fail "a sequence alone differs from its batch on the mixed cluster"
+    # /metrics names each stage's backend and device.
+    "$coord" -m "$model" "${workers[@]}" --port 0 2>"$tmp/serve.log" &
+    serve=$!
+    python3 - "$tmp/serve.log" >"$tmp/metrics.txt" <<'PY' || { kill "$serve"; fail "no /metrics from the mixed cluster"; }
+import re, sys, time, urllib.request
+for _ in range(300):
+    found = re.search(r"listening on http://[^:]+:(\d+)", open(sys.argv[1]).read())
+    if found:
+        break
+    time.sleep(0.1)
+print(urllib.request.urlopen("http://127.0.0.1:%s/metrics" % found.group(1), timeout=30).read().decode())
+PY
+    kill "$serve"
+    wait "$serve" 2>/dev/null || true
+    grep -q '^pico:stage_info{stage="0",layers="0-1",backend="cpu",isa="[a-z0-9]*",device=""} 1$' "$tmp/metrics.txt" ||
+      fail "/metrics does not say stage 0 runs on the CPU"
+    grep -q '^pico:stage_info{stage="1",layers="2-3",backend="vulkan",isa="[a-z0-9]*",device=".\+"} 1$' "$tmp/metrics.txt" ||
+      fail "/metrics does not name stage 1's Vulkan device"
+    grep -q '^pico:stage_device_memory_bytes{stage="1"} [1-9]' "$tmp/metrics.txt" ||
+      fail "/metrics does not give stage 1's device memory"
     ;;
 
   concurrency)
