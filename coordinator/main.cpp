@@ -56,6 +56,9 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"cpu", "vulkan"}));
   app.add_option("--device", local_backend.device, "device index of --backend (default 0)")
       ->check(CLI::NonNegativeNumber);
+  std::string device_memory;
+  app.add_option("--device-memory", device_memory,
+                 "the most of the local stage's device memory to use, e.g. 6G (default: all)");
   app.add_option("--micro-batch", sched.micro_batch, "prompt tokens per sequence per step")->check(CLI::PositiveNumber);
   app.add_option("--max-batch-tokens", sched.max_batch_tokens, "tokens per step")->check(CLI::PositiveNumber);
   app.add_option("--chain-steps", sched.chain_steps,
@@ -203,11 +206,12 @@ int main(int argc, char** argv) {
     if (workers.empty()) {
       worker::StageLimitOptions local;
       local.ctx = ctx;
+      if (!device_memory.empty()) local_backend.memory = worker::parse_byte_size(device_memory);
       stages.push_back(std::make_unique<LocalStage>(model_path, std::nullopt, threads, local, local_backend));
     } else {
-      if (local_backend.name != "cpu" || local_backend.device != 0)
-        throw std::invalid_argument("--backend and --device choose the local stage's; with --worker, give them to "
-                                    "each pico-worker");
+      if (local_backend.name != "cpu" || local_backend.device != 0 || !device_memory.empty())
+        throw std::invalid_argument("--backend, --device and --device-memory choose the local stage's; with "
+                                    "--worker, give them to each pico-worker");
       RemoteOptions ro;
       ro.activations = protocol::parse_dtype(activations);
       ro.take_over = take_over;

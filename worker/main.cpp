@@ -1,4 +1,4 @@
-// pico-worker -m MODEL --layers A-B --listen tcp://*:PORT [-t N] [--backend vulkan [--device N]]
+// pico-worker -m MODEL --layers A-B --listen tcp://*:PORT [-t N] [--backend vulkan [--device N] [--device-memory B]]
 //             [--ctx N] [--max-rows N] [--max-sequences N] [--kv-memory BYTES]
 //             [--secret-key W.secret --authorized-keys FILE]
 #include <spdlog/sinks/stdout_color_sinks.h>
@@ -32,6 +32,10 @@ int main(int argc, char** argv) {
                  "(attention and recurrent layers stay on the CPU; `pico inspect --devices` lists devices)")
       ->check(CLI::IsMember({"cpu", "vulkan"}));
   app.add_option("--device", backend.device, "device index of --backend (default 0)")->check(CLI::NonNegativeNumber);
+  std::string device_memory;
+  app.add_option("--device-memory", device_memory,
+                 "the most of the device's memory to use, e.g. 6G (default: all); a range whose weights exceed it "
+                 "is refused");
   pico::worker::StageLimitOptions limits;
   std::string kv_memory;
   app.add_option("-c,--ctx", limits.ctx, "positions per sequence (default: the model's context length)")
@@ -60,6 +64,7 @@ int main(int argc, char** argv) {
     std::optional<pico::model::LayerRange> range;
     if (!layers.empty()) range = pico::worker::parse_layers(layers);
     if (!kv_memory.empty()) limits.kv_memory = pico::worker::parse_byte_size(kv_memory);
+    if (!device_memory.empty()) backend.memory = pico::worker::parse_byte_size(device_memory);
     pico::worker::StageEngine engine(model_path, range, threads, limits, backend);
     // The largest legal frame (StageLimits::max_message_bytes), before the socket is made.
     pico::net::set_max_message_bytes(static_cast<int64_t>(engine.limits().max_message_bytes));

@@ -45,15 +45,21 @@ std::string mib(uint64_t bytes) { return std::to_string(bytes >> 20) + " MiB"; }
 
 }  // namespace
 
+uint64_t stage_weight_bytes(const gguf::Model& file, model::LayerRange range, int32_t n_layer) {
+  uint64_t bytes = 0;
+  for (const auto& t : file.tensors()) {
+    if (stage_reads(file, t.name, range, n_layer)) bytes += t.bytes;
+  }
+  return bytes;
+}
+
 MemoryBudget default_state_budget(const gguf::Model& file, model::LayerRange range, int32_t n_layer) {
   MemoryBudget m;
   m.available = available_memory_bytes();
   // Every weight byte the stage reads, resident or not: mapped file pages already read
   // are page cache, which MemAvailable counts as available (reclaimable), and the rest
   // will be taken from it once read (or swapped into memory of the model's own).
-  for (const auto& t : file.tensors()) {
-    if (stage_reads(file, t.name, range, n_layer)) m.weights += t.bytes;
-  }
+  m.weights = stage_weight_bytes(file, range, n_layer);
   m.margin = m.available / 10;
   const uint64_t taken = m.weights + m.margin;
   m.budget = m.available > taken ? m.available - taken : 0;
@@ -117,6 +123,9 @@ StageEngine::StageEngine(const std::string& model_path, std::optional<model::Lay
                                 ") are not within the model's " + std::to_string(n_layer()) + " layers");
   }
   threads_ = threads > 0 ? threads : cpu::default_thread_count();
+  if (backend.name == "cpu" && backend.memory) {
+    throw std::invalid_argument("--device-memory limits a device backend's memory; the cpu backend has none");
+  }
   be_ = backend::open_backend(backend.name, backend.device, threads_);
   if (backend.name != "cpu") {
     for (const backend::ComputeDevice& d : backend::list_compute_devices().devices) {
@@ -124,6 +133,7 @@ StageEngine::StageEngine(const std::string& model_path, std::optional<model::Lay
       device_ = d.name + ", " + d.driver;
       device_memory_bytes_ = d.memory_bytes;
     }
+    check_device_memory(backend);
   }
   const state::KvConfig kv = model_->kv_config(range_);
   cache_ = model_->make_cache(range_);
@@ -171,6 +181,25 @@ StageEngine::StageEngine(const std::string& model_path, std::optional<model::Lay
         "the KV budget holds less than one sequence of {} positions ({} bytes): lower --ctx or raise --kv-memory",
         limits_.max_positions, one_sequence);
   }
+}
+
+void StageEngine::check_device_memory(const StageBackendOptions& backend) const {
+  // The weights of the range live on the device (uploaded once). The op-by-op backend
+  // keeps the KV cache and recurrent state in host memory, where --kv-memory bounds
+  // them; they join this sum when they move to the device.
+  const uint64_t offered = backend.memory ? std::min(*backend.memory, device_memory_bytes_) : device_memory_bytes_;
+  const uint64_t weights = stage_weight_bytes(*file_, range_, n_layer());
+  if (weights <= offered) {
+    spdlog::info("{} device {}: the layers' weights take {} of its {}", backend.name, backend.device, mib(weights),
+                 mib(offered));
+    return;
+  }
+  throw std::invalid_argument(
+      "layers " + std::to_string(range_.first) + "-" + std::to_string(range_.last - 1) + ": their weights take " +
+      std::to_string(weights) + " bytes (" + mib(weights) + ") but " + backend.name + " device " +
+      std::to_string(backend.device) + " (" + device_ + ") offers " + std::to_string(offered) + " bytes (" +
+      mib(offered) + (backend.memory && *backend.memory < device_memory_bytes_ ? ", --device-memory" : "") +
+      "): give this stage fewer layers");
 }
 
 void StageEngine::check_limits(std::span<const model::BatchToken> batch,

@@ -41,6 +41,9 @@ struct StageLimits {
 struct StageBackendOptions {
   std::string name = "cpu";
   int device = 0;
+  // --device-memory: the most of the device's memory the stage may take (nullopt: all
+  // of it). A range whose weights exceed it is refused at load.
+  std::optional<uint64_t> memory;
 };
 
 struct StageLimitOptions {
@@ -64,6 +67,10 @@ struct MemoryBudget {
   uint64_t available = 0, weights = 0, margin = 0, budget = 0;
 };
 MemoryBudget default_state_budget(const gguf::Model& file, model::LayerRange range, int32_t n_layer);
+
+// Bytes of every tensor the stage of `range` reads (its layers', and the embeddings,
+// output norm and head where the stage has them).
+uint64_t stage_weight_bytes(const gguf::Model& file, model::LayerRange range, int32_t n_layer);
 
 // "512M", "4G", "1.5GiB", "1000000" (bytes; K, M, G, T are powers of 1024). Throws
 // std::invalid_argument naming the text.
@@ -123,6 +130,10 @@ class StageEngine {
   uint64_t tokens() const { return tokens_; }    // tokens in them
 
  private:
+  // Throws std::invalid_argument when the range's weights exceed the device's memory
+  // (or --device-memory), naming both sizes.
+  void check_device_memory(const StageBackendOptions& backend) const;
+
   void check_limits(std::span<const model::BatchToken> batch, const std::map<int32_t, int64_t>& next_pos) const;
 
   std::unique_ptr<gguf::Model> file_;

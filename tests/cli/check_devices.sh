@@ -4,10 +4,11 @@
 # device, its memory and the limits the shaders query. Then `--backend vulkan`: pico
 # eval's logits through the device equal the CPU's to float rounding (an F32 model),
 # and a device that is not there is a clear error. Skipped (77) in a build without
-# Vulkan, after checking that the listing and --backend say so.
-#   check_devices.sh PICO
+# Vulkan, after checking that the listing and --backend say so. pico-worker refuses a
+# range whose weights exceed the device's memory (--device-memory), naming both sizes.
+#   check_devices.sh PICO PICO_WORKER
 set -euo pipefail
-pico="$1"
+pico="$1" worker="$2"
 fail() { echo "FAIL: $*" >&2; exit 1; }
 
 out="$(VK_ICD_FILENAMES=/nonexistent.json "$pico" inspect --devices)" || fail "exit status $? without a driver"
@@ -61,4 +62,21 @@ PY
 expect_error 'vulkan: no device 9' "$pico" eval -m "$tmp/m.gguf" --tokens "$tokens" --backend vulkan --device 9
 VK_ICD_FILENAMES=/nonexistent.json expect_error 'vulkan: no device 0' "$pico" eval -m "$tmp/m.gguf" --tokens "$tokens" --backend vulkan
 expect_error 'is a CPU backend mode' "$pico" eval -m "$tmp/m.gguf" --tokens "$tokens" --backend vulkan --llama-numerics
+
+# Device memory: the 2-layer model's weights (mostly its 32k-token embeddings) are ~16 MiB.
+weights=$(python3 -c "import os; print(os.path.getsize('$tmp/m.gguf'))")
+expect_error "layers 0-1: their weights take [0-9]* bytes (.*) but vulkan device 0 (.*) offers 65536 bytes (0 MiB, --device-memory): give this stage fewer layers" \
+  "$worker" -m "$tmp/m.gguf" --listen "ipc://$tmp/w.sock" --backend vulkan --device-memory 64K
+expect_error "device backend's memory; the cpu backend has none" \
+  "$worker" -m "$tmp/m.gguf" --listen "ipc://$tmp/w.sock" --device-memory 64K
+set +e
+timeout 20 "$worker" -m "$tmp/m.gguf" --listen "ipc://$tmp/w.sock" --backend vulkan --device-memory "$((weights * 2))" \
+  2>"$tmp/worker.log" &
+worker_pid=$!
+for _ in $(seq 200); do grep -q "listening on" "$tmp/worker.log" && break; sleep 0.1; done
+kill "$worker_pid" 2>/dev/null
+wait "$worker_pid"
+set -e
+grep -q "vulkan device 0: the layers' weights take .* of its .*" "$tmp/worker.log" &&
+  grep -q "listening on" "$tmp/worker.log" || fail "a range within --device-memory does not load: $(cat "$tmp/worker.log")"
 echo "OK"
