@@ -4,9 +4,11 @@
 // generate N tokens one by one greedily (decode). Prints one JSON line:
 //   {"prefill_tps": ..., "decode_tps": ..., "prompt": P, "generated": N, "threads": T}
 //
-//   node llama_bench.mjs MODEL [-p 256] [-n 64] [-t 2] [--repeat 2]
+//   node llama_bench.mjs MODEL [-p 256] [-n 64] [-t 2] [--repeat 2] [--vulkan]
 // The best of --repeat runs is reported (the machines are noisy). Prompt tokens are
 // a fixed pseudo-random sequence of ordinary tokens (no BOS), the same pico bench uses.
+// --vulkan: llama.cpp's Vulkan build (@node-llama-cpp/linux-x64-vulkan, which
+// scripts/bench-vulkan installs) with every layer on the first Vulkan device.
 import path from "node:path";
 import process from "node:process";
 import { getLlama, LlamaLogLevel } from "node-llama-cpp";
@@ -18,13 +20,14 @@ const option = (name, fallback) => {
 };
 const modelPath = args.find((a, i) => !a.startsWith("-") && (i === 0 || !args[i - 1].startsWith("-")));
 if (!modelPath) {
-  process.stderr.write("usage: node llama_bench.mjs MODEL [-p 256] [-n 64] [-t 2] [--repeat 2]\n");
+  process.stderr.write("usage: node llama_bench.mjs MODEL [-p 256] [-n 64] [-t 2] [--repeat 2] [--vulkan]\n");
   process.exit(2);
 }
 const promptLength = option("-p", 256);
 const generate = option("-n", 64);
 const threads = option("-t", 2);
 const repeat = option("--repeat", 2);
+const vulkan = args.includes("--vulkan");
 
 // The prompt: token i = 1000 + (i * 7919) mod (n_vocab - 2000), as pico bench makes it.
 function benchPrompt(nVocab, n) {
@@ -33,8 +36,9 @@ function benchPrompt(nVocab, n) {
   return tokens;
 }
 
-const llama = await getLlama({ gpu: false, build: "never", logLevel: LlamaLogLevel.error, progressLogs: false, maxThreads: threads });
-const model = await llama.loadModel({ modelPath: path.resolve(modelPath), gpuLayers: 0, useMmap: true });
+const llama = await getLlama({ gpu: vulkan ? "vulkan" : false, build: "never", logLevel: LlamaLogLevel.error, progressLogs: false, maxThreads: threads });
+if (vulkan && llama.gpu !== "vulkan") throw new Error("llama.cpp's Vulkan build did not load (got " + llama.gpu + ")");
+const model = await llama.loadModel({ modelPath: path.resolve(modelPath), gpuLayers: vulkan ? "max" : 0, useMmap: true });
 const nVocab = model.fileInfo.metadata?.tokenizer?.ggml?.tokens?.length ?? 32000;
 const prompt = benchPrompt(nVocab, promptLength);
 
@@ -66,5 +70,5 @@ for (let r = 0; r < repeat; r++) {
   bestDecode = Math.max(bestDecode, generate / decodeSeconds);
   await context.dispose();
 }
-process.stdout.write(JSON.stringify({ prefill_tps: bestPrefill, decode_tps: bestDecode, prompt: promptLength, generated: generate, threads }) + "\n");
+process.stdout.write(JSON.stringify({ prefill_tps: bestPrefill, decode_tps: bestDecode, prompt: promptLength, generated: generate, threads, backend: vulkan ? "vulkan" : "cpu" }) + "\n");
 await model.dispose();
