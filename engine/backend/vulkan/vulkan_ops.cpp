@@ -15,6 +15,8 @@ namespace pico::backend::vulkan {
 namespace {
 
 constexpr uint32_t kMaxGroups = 65535;  // per grid dimension (Vulkan's guaranteed minimum)
+// Tokens per workgroup of the tiled matmul: matmul_body.glsl's TOKEN_TILE.
+constexpr int64_t kMatmulTokenTile = 8;
 
 uint32_t checked_u32(int64_t v, const char* what) {
   if (v < 0 || v > static_cast<int64_t>(UINT32_MAX)) throw std::invalid_argument(std::string("vulkan: ") + what + " out of range");
@@ -29,9 +31,9 @@ std::array<uint32_t, 2> grid(uint64_t groups) {
 
 // The matmul, get_rows and experts' matmul shaders of a weight type.
 struct TypeShaders {
-  Shader matmul, get_rows, matmul_id;
+  Shader matmul, get_rows, matmul_id, matmul_tiled;
 };
-#define PICO_TYPE_SHADERS(type) TypeShaders{Shader::matmul_##type, Shader::get_rows_##type, Shader::matmul_id_##type}
+#define PICO_TYPE_SHADERS(type) TypeShaders{Shader::matmul_##type, Shader::get_rows_##type, Shader::matmul_id_##type, Shader::matmul_tiled_##type}
 std::optional<TypeShaders> type_shaders(GgmlType type) {
   switch (type) {
     case GgmlType::F32: return PICO_TYPE_SHADERS(f32);
@@ -133,7 +135,9 @@ DeviceWeight Ops::upload_rows(GgmlType type, int64_t cols, int64_t rows, const v
 }
 
 void Ops::matmul(const DeviceWeight& w, BufferRange x, int64_t tokens, BufferRange y, int64_t y_stride) {
-  const Shader shader = shaders_of(w.type).matmul;
+  // A batch goes through the tiled shader, a token alone through the plain one: the
+  // same bits per output (matmul_body.glsl).
+  const Shader shader = tokens > 1 ? shaders_of(w.type).matmul_tiled : shaders_of(w.type).matmul;
   const DeviceInfo& info = device_.info();
   // A matrix larger than one binding may span (lavapipe: 128 MiB) goes in chunks of
   // rows, each starting at an offset the device accepts.
@@ -143,15 +147,15 @@ void Ops::matmul(const DeviceWeight& w, BufferRange x, int64_t tokens, BufferRan
   chunk = std::max<uint64_t>(chunk / rows_per_align * rows_per_align, rows_per_align);
   if (chunk * w.row_bytes > info.max_storage_range)
     throw std::invalid_argument("vulkan: a row of " + std::to_string(w.row_bytes) + " bytes does not fit one binding");
-  const uint32_t token_groups = checked_u32(tokens, "tokens");
-  if (token_groups > kMaxGroups) throw std::invalid_argument("vulkan: over 65535 tokens in one matmul");
+  const uint32_t token_groups = checked_u32(tokens > 1 ? (tokens + kMatmulTokenTile - 1) / kMatmulTokenTile : 1, "tokens");
+  if (token_groups > kMaxGroups) throw std::invalid_argument("vulkan: too many tokens in one matmul");
   const BufferRange xs = floats(x, 0, tokens * w.cols);
   for (int64_t first = 0; first < w.rows; first += static_cast<int64_t>(chunk)) {
     const int64_t rows = std::min<int64_t>(static_cast<int64_t>(chunk), w.rows - first);
     const struct {
-      uint32_t cols, rows, y_stride, row_offset;
+      uint32_t cols, rows, y_stride, row_offset, tokens;
     } push{checked_u32(w.cols, "cols"), static_cast<uint32_t>(rows), checked_u32(y_stride, "y stride"),
-           static_cast<uint32_t>(first)};
+           static_cast<uint32_t>(first), checked_u32(tokens, "tokens")};
     const size_t offset = static_cast<size_t>(first) * w.row_bytes;
     const size_t range = std::min((static_cast<size_t>(rows) * w.row_bytes + 3) / 4 * 4, w.buffer.size() - offset);
     const BufferRange weights{&w.buffer, offset, range};

@@ -104,7 +104,7 @@ TEST_P(MatmulTypes, MatchesCpuOnOddShapes) {
   auto cpu = make_cpu_backend(1);
   const int64_t block = type_traits(type).block_size;
   for (const auto [cols, rows, tokens] :
-       {std::array<int64_t, 3>{block, 1, 1}, {3 * block, 37, 1}, {7 * block, 61, 5}, {4096, 33, 3}}) {
+       {std::array<int64_t, 3>{block, 1, 1}, {3 * block, 37, 1}, {7 * block, 61, 5}, {4096, 33, 3}, {5 * block, 29, 19}}) {
     SCOPED_TRACE(std::to_string(cols) + "x" + std::to_string(rows) + ", " + std::to_string(tokens) + " tokens");
     const HostWeight w = make_weight(type, cols, rows, 7);
     const std::vector<float> x = random_floats(static_cast<size_t>(cols * tokens), 11);
@@ -119,17 +119,14 @@ TEST_P(MatmulTypes, MatchesCpuOnOddShapes) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Types, MatmulTypes,
-                         ::testing::Values(GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_1,
-                                           GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::IQ4_NL, GgmlType::Q2_K,
-                                           GgmlType::Q3_K, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K),
-                         [](const auto& param_info) { return std::string(type_traits(param_info.param).name); });
-
-TEST(VulkanOps, MatmulRowIsTheSameAloneAndInABatch) {
+// Tokens go through the shader in tiles (matmul_body.glsl): a token alone, first or
+// last in a tile, or in a partial last tile, gets the same bits.
+TEST_P(MatmulTypes, RowIsTheSameAloneAndInABatch) {
   REQUIRE_DEVICE(device);
   Ops ops(*device);
-  const int64_t cols = 1000, rows = 53, tokens = 7;
-  const HostWeight w = make_weight(GgmlType::F16, cols, rows, 3);
+  const GgmlType type = GetParam();
+  const int64_t cols = 4 * type_traits(type).block_size, rows = 53, tokens = 19;
+  const HostWeight w = make_weight(type, cols, rows, 3);
   const DeviceWeight dw = ops.upload(w.weight);
   const std::vector<float> x = random_floats(static_cast<size_t>(cols * tokens), 5);
   const Buffer dx = to_device(*device, x);
@@ -147,6 +144,12 @@ TEST(VulkanOps, MatmulRowIsTheSameAloneAndInABatch) {
     EXPECT_EQ(0, std::memcmp(alone.data(), together.data() + t * rows, alone.size() * sizeof(float))) << "token " << t;
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Types, MatmulTypes,
+                         ::testing::Values(GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_1,
+                                           GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::IQ4_NL, GgmlType::Q2_K,
+                                           GgmlType::Q3_K, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K),
+                         [](const auto& param_info) { return std::string(type_traits(param_info.param).name); });
 
 TEST(VulkanOps, MatrixLargerThanOneBindingGoesInChunks) {
   REQUIRE_DEVICE(device);
