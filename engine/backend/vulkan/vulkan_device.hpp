@@ -107,6 +107,7 @@ enum class Shader : uint32_t {
   delta_rule,
   moe_route,
   moe_combine,
+  round_rows,
   count,
 };
 

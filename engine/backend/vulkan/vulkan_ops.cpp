@@ -10,6 +10,7 @@
 #include <string>
 
 #include "backend/vulkan/vulkan_shaders.hpp"
+#include "quant/type_traits.hpp"
 
 namespace pico::backend::vulkan {
 namespace {
@@ -247,6 +248,31 @@ void Ops::l2_norm(BufferRange x, int64_t n, int64_t rows, float eps, BufferRange
   device_.dispatch(Shader::l2_norm, bindings, &push, sizeof push, gx, gy);
 }
 
+void Ops::round_rows(BufferRange x, int64_t n, int64_t rows, GgmlType weight_type) {
+  const auto partner = type_traits(weight_type).dot_partner;
+  if (!partner) throw std::invalid_argument("vulkan: round_rows: type has no dot partner");
+  enum RoundKind : uint32_t { kF16, kBF16, kQ8_0, kQ8_K };  // round_rows.comp's kinds
+  RoundKind kind;
+  int64_t block = 32;
+  switch (*partner) {
+    case GgmlType::F32: return;
+    case GgmlType::F16: kind = kF16; break;
+    case GgmlType::BF16: kind = kBF16; break;
+    case GgmlType::Q8_0:
+    case GgmlType::Q8_1: kind = kQ8_0; break;  // the same codes; Q8_1's sum is not a value
+    case GgmlType::Q8_K: kind = kQ8_K; block = 256; break;
+    default: throw std::invalid_argument("vulkan: round_rows: no rounding to " + std::string(type_traits(*partner).name));
+  }
+  if (n % block != 0) throw std::invalid_argument("vulkan: round_rows: rows of " + std::to_string(n) + " values are not whole blocks");
+  const int64_t blocks = n / block * rows;
+  const struct {
+    uint32_t blocks, kind;
+  } push{checked_u32(blocks, "blocks"), kind};
+  const BufferRange bindings[] = {floats(x, 0, n * rows)};
+  const auto [gx, gy] = grid((static_cast<uint64_t>(blocks) + kWorkgroupSize - 1) / kWorkgroupSize);
+  device_.dispatch(Shader::round_rows, bindings, &push, sizeof push, gx, gy);
+}
+
 void Ops::softmax(BufferRange x, int64_t n, int64_t rows) {
   const struct {
     uint32_t n;
@@ -419,6 +445,9 @@ void Ops::moe_ffn(const DeviceExperts& w, BufferRange x, int64_t tokens, BufferR
   matmul_id(w.up, w.n_expert, x, false, k, experts, slots, up);
   silu(gate, slots * ff, gate);
   mul(gate, up, ff, slots, slots, gate);
+  // The down projection's input rounded as the CPU's matmul rounds it (llama.cpp's
+  // MUL_MAT_ID quantizes it to the down weight's dot partner).
+  round_rows(gate, ff, slots, w.down.type);
   matmul_id(w.down, w.n_expert, gate, true, k, experts, slots, down);
   const struct {
     uint32_t n, k;

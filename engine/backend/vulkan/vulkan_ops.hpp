@@ -92,6 +92,10 @@ class Ops {
   void gelu_erf(BufferRange x, int64_t count, BufferRange y);
   void scale(BufferRange x, int64_t count, float factor);
   void softmax(BufferRange x, int64_t n, int64_t rows);
+  // Rounds `rows` rows of n floats in place to the values of the activations a matmul
+  // over `weight_type` multiplies on the CPU (its dot partner: F32 leaves them as they
+  // are; F16, BF16, Q8_0, Q8_1, Q8_K), as cpu::quantize_activations then dequantized.
+  void round_rows(BufferRange x, int64_t n, int64_t rows, GgmlType weight_type);
   // backend.hpp's attention over a device KV cache: queries (n_queries DeviceQuery) and
   // page_table on the device; max_keys bounds the keys any query sees (its scores' room).
   void attention(BufferRange q, int64_t q_row_stride, const DeviceKvLayer& kv, BufferRange queries,

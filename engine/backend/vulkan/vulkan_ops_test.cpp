@@ -14,6 +14,8 @@
 #include "backend/backend.hpp"
 #include "backend/vulkan/vulkan_device.hpp"
 #include "backend/vulkan/vulkan_ops.hpp"
+#include "cpu/matmul.hpp"
+#include "cpu/thread_pool.hpp"
 #include "quant/float_convert.hpp"
 #include "quant/quantize.hpp"
 #include "state/kv_cache.hpp"
@@ -150,6 +152,45 @@ INSTANTIATE_TEST_SUITE_P(Types, MatmulTypes,
                                            GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::IQ4_NL, GgmlType::Q2_K,
                                            GgmlType::Q3_K, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K),
                          [](const auto& param_info) { return std::string(type_traits(param_info.param).name); });
+
+// round_rows against the CPU matmul's own activation rounding (quantize, dequantize),
+// per dot partner: F16, BF16, Q8_0, Q8_1, Q8_K; F32 left alone. Rows with a zero block,
+// ties of the largest magnitude and values that round half-way. A device may round a
+// division or the F16 scale differently in the last bit; lavapipe matches bit for bit.
+TEST(VulkanOps, RoundRowsMatchesTheCpuMatmulsActivations) {
+  REQUIRE_DEVICE(device);
+  Ops ops(*device);
+  cpu::ThreadPool pool(1);
+  const int64_t n = 512, rows = 5;
+  std::vector<float> x = random_floats(static_cast<size_t>(n * rows), 17);
+  for (int64_t i = 0; i < 256; ++i) x[static_cast<size_t>(n + i)] = 0.0f;  // row 1's first Q8_K block
+  x[static_cast<size_t>(2 * n + 3)] = 9.5f;                                 // row 2: a tie of magnitudes
+  x[static_cast<size_t>(2 * n + 9)] = -9.5f;
+  // Row 3's first block: largest magnitude 127 (scale 1), the rest half-way between codes.
+  for (int64_t i = 0; i < 256; ++i) x[static_cast<size_t>(3 * n + i)] = static_cast<float>(i % 64 - 32) + 0.5f;
+  x[static_cast<size_t>(3 * n)] = 127.0f;
+  for (const GgmlType w_type : {GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q8_0, GgmlType::Q4_1,
+                                GgmlType::Q4_K}) {
+    SCOPED_TRACE(type_traits(w_type).name);
+    const GgmlType a_type = cpu::activation_type(w_type);
+    std::vector<float> want = x;
+    if (a_type != GgmlType::F32) {
+      const size_t row_bytes = cpu::activation_row_bytes(w_type, n);
+      std::vector<uint8_t> codes(row_bytes * static_cast<size_t>(rows));
+      cpu::quantize_activations(pool, w_type, x.data(), n, rows, codes.data());
+      for (int64_t r = 0; r < rows; ++r) dequantize_row(a_type, codes.data() + r * row_bytes, want.data() + r * n, n);
+    }
+    const Buffer dx = to_device(*device, x);
+    ops.round_rows(all(dx), n, rows, w_type);
+    device->submit();
+    const std::vector<float> got = from_device(*device, dx, x.size());
+    size_t differ = 0;
+    for (size_t i = 0; i < x.size(); ++i) differ += got[i] == want[i] ? 0 : 1;  // -0 == +0
+    EXPECT_EQ(differ, 0u) << "of " << x.size() << " values";
+  }
+  const Buffer dx = to_device(*device, x);
+  EXPECT_THROW(ops.round_rows(all(dx), 100, 1, GgmlType::Q4_K), std::invalid_argument);  // not whole blocks
+}
 
 TEST(VulkanOps, MatrixLargerThanOneBindingGoesInChunks) {
   REQUIRE_DEVICE(device);
