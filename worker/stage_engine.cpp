@@ -43,8 +43,8 @@ bool stage_reads(const gguf::Model& file, const std::string& name, model::LayerR
 
 std::string mib(uint64_t bytes) { return std::to_string(bytes >> 20) + " MiB"; }
 
-}  // namespace
-
+// Bytes of every tensor the stage of `range` reads (its layers', and the embeddings,
+// output norm and head where the stage has them).
 uint64_t stage_weight_bytes(const gguf::Model& file, model::LayerRange range, int32_t n_layer) {
   uint64_t bytes = 0;
   for (const auto& t : file.tensors()) {
@@ -52,6 +52,8 @@ uint64_t stage_weight_bytes(const gguf::Model& file, model::LayerRange range, in
   }
   return bytes;
 }
+
+}  // namespace
 
 MemoryBudget default_state_budget(const gguf::Model& file, model::LayerRange range, int32_t n_layer) {
   MemoryBudget m;

@@ -68,10 +68,6 @@ struct MemoryBudget {
 };
 MemoryBudget default_state_budget(const gguf::Model& file, model::LayerRange range, int32_t n_layer);
 
-// Bytes of every tensor the stage of `range` reads (its layers', and the embeddings,
-// output norm and head where the stage has them).
-uint64_t stage_weight_bytes(const gguf::Model& file, model::LayerRange range, int32_t n_layer);
-
 // "512M", "4G", "1.5GiB", "1000000" (bytes; K, M, G, T are powers of 1024). Throws
 // std::invalid_argument naming the text.
 uint64_t parse_byte_size(const std::string& text);

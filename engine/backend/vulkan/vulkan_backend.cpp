@@ -12,8 +12,6 @@
 #include "backend/vulkan/vulkan_device.hpp"
 #include "backend/vulkan/vulkan_ops.hpp"
 #include "cpu/matmul.hpp"
-#include "cpu/thread_pool.hpp"
-#include "quant/quantize.hpp"
 
 namespace pico::backend {
 namespace {
@@ -47,7 +45,7 @@ class VulkanBackend final : public Backend {
       }
       const GgmlType a_type = cpu::activation_type(w.type);
       if (uploaded != a_type) {
-        put(kInput, as_activations(w.type, x, tokens, w.cols), floats(tokens * w.cols));
+        put_activations(w.type, x, tokens, w.cols);
         uploaded = a_type;
       }
       Buffer& dy = slot(kOutput, floats(tokens * w.rows));
@@ -160,7 +158,7 @@ class VulkanBackend final : public Backend {
       return cpu_->moe_ffn(w, x, tokens, experts, weights, k, out);
     const vulkan::DeviceExperts& dexp = expert_stacks(w);
     const int64_t n_embd = w.gate.cols;
-    const BufferRange dx = put(kInput, as_activations(w.gate.type, x, tokens, n_embd), floats(tokens * n_embd));
+    const BufferRange dx = put_activations(w.gate.type, x, tokens, n_embd);
     const BufferRange de = put(kIds, experts, static_cast<size_t>(tokens * k) * sizeof(int32_t));
     const BufferRange dw = put(kVector, weights, floats(tokens * k));
     Buffer& scratch = slot(kScratch, ops_.moe_scratch_bytes(dexp, tokens, k));
@@ -207,20 +205,13 @@ class VulkanBackend final : public Backend {
     get(dy, y, floats(count));
   }
 
-  // The activations as the CPU backend's matmul (and llama.cpp's) sees them: quantized
-  // to the weight type's dot partner (Q8_0, Q8_1, Q8_K, F16, BF16) by the same
-  // quantizer, then dequantized, so that the float shaders multiply the same values
-  // (done here on the host while the backend goes op by op).
-  const float* as_activations(GgmlType w_type, const float* x, int64_t rows, int64_t cols) {
-    const GgmlType a_type = cpu::activation_type(w_type);
-    if (a_type == GgmlType::F32 || !has_dequantizer(a_type)) return x;
-    const size_t row_bytes = cpu::activation_row_bytes(w_type, cols);
-    codes_.resize(row_bytes * static_cast<size_t>(rows));
-    rounded_.resize(static_cast<size_t>(rows * cols));
-    cpu::quantize_activations(quantizer_pool_, w_type, x, cols, rows, codes_.data());
-    for (int64_t r = 0; r < rows; ++r)
-      dequantize_row(a_type, codes_.data() + static_cast<size_t>(r) * row_bytes, rounded_.data() + r * cols, cols);
-    return rounded_.data();
+  // The activations in kInput as the CPU backend's matmul (and llama.cpp's) sees them:
+  // rounded on the device to the weight type's dot partner (Q8_0, Q8_1, Q8_K, F16,
+  // BF16; Ops::round_rows), so that the float shaders multiply the same values.
+  BufferRange put_activations(GgmlType w_type, const float* x, int64_t rows, int64_t cols) {
+    const BufferRange dx = put(kInput, x, floats(rows * cols));
+    ops_.round_rows(dx, cols, rows, w_type);
+    return dx;
   }
 
   // Uploaded once per matrix (keyed by where it is mapped and its shape).
@@ -240,9 +231,6 @@ class VulkanBackend final : public Backend {
   vulkan::Ops ops_;
   std::unique_ptr<Backend> cpu_;
   std::array<Buffer, kSlots> slots_;
-  cpu::ThreadPool quantizer_pool_{1};  // the calling thread only
-  std::vector<uint8_t> codes_;
-  std::vector<float> rounded_;
   std::map<std::tuple<const void*, GgmlType, int64_t, int64_t>, vulkan::DeviceWeight> weights_;
   std::map<const void*, vulkan::DeviceExperts> experts_;
 };

@@ -253,16 +253,16 @@ void Ops::round_rows(BufferRange x, int64_t n, int64_t rows, GgmlType weight_typ
   if (!partner) throw std::invalid_argument("vulkan: round_rows: type has no dot partner");
   enum RoundKind : uint32_t { kF16, kBF16, kQ8_0, kQ8_K };  // round_rows.comp's kinds
   RoundKind kind;
-  int64_t block = 32;
   switch (*partner) {
     case GgmlType::F32: return;
     case GgmlType::F16: kind = kF16; break;
     case GgmlType::BF16: kind = kBF16; break;
     case GgmlType::Q8_0:
     case GgmlType::Q8_1: kind = kQ8_0; break;  // the same codes; Q8_1's sum is not a value
-    case GgmlType::Q8_K: kind = kQ8_K; block = 256; break;
+    case GgmlType::Q8_K: kind = kQ8_K; break;
     default: throw std::invalid_argument("vulkan: round_rows: no rounding to " + std::string(type_traits(*partner).name));
   }
+  const int64_t block = type_traits(*partner).block_size;
   if (n % block != 0) throw std::invalid_argument("vulkan: round_rows: rows of " + std::to_string(n) + " values are not whole blocks");
   const int64_t blocks = n / block * rows;
   const struct {

@@ -1,11 +1,11 @@
 #version 450
 // Rounds floats in place to the values of a weight type's dot partner, as the CPU
 // backend's matmul quantizes its activations (cpu::quantize_activations, then
-// dequantized): F16, BF16 (per value), Q8_0 / Q8_1 (blocks of 32: d = amax / 127 kept in
-// F16, codes x * 127 / amax rounded half to even) or Q8_K (blocks of 256: the signed
-// value of largest magnitude m, codes -127 / m * x rounded half to even and at most 127,
-// d = 1 / (-127 / m)). One invocation per block; a device's float rounding of
-// division and of the F16 conversion may differ from the CPU's in the last bit.
+// dequantized): F16 and BF16 one invocation per value; Q8_0 / Q8_1 one per block of 32
+// (d = amax / 127 kept in F16, codes x * 127 / amax rounded half to even); Q8_K one per
+// block of 256 (the signed value of largest magnitude m, codes -127 / m * x rounded half
+// to even and at most 127, d = 1 / (-127 / m)). A device's rounding of a division or of
+// the F16 conversion may differ from the CPU's in the last bit.
 layout(local_size_x_id = 0) in;
 layout(constant_id = 0) const uint WG = 64;
 layout(std430, binding = 0) buffer Values { float x[]; };
@@ -24,8 +24,8 @@ float to_bfloat(float v) {
 void main() {
   const uint block = gl_GlobalInvocationID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x * WG;
   if (block >= p.blocks) return;
-  if (p.kind == kF16 || p.kind == kBF16) {
-    for (uint j = block * 32; j < block * 32 + 32; ++j) x[j] = p.kind == kF16 ? to_half(x[j]) : to_bfloat(x[j]);
+  if (p.kind == kF16 || p.kind == kBF16) {  // a "block" of one value
+    x[block] = p.kind == kF16 ? to_half(x[block]) : to_bfloat(x[block]);
     return;
   }
   const uint size = p.kind == kQ8_0 ? 32 : 256;
