@@ -1,6 +1,14 @@
 // The operations a model forward pass calls, behind one small interface, so that a
-// later GPU backend can own a range of layers (their weights and KV) while the model
-// files stay the same. Plain virtual functions over float buffers; row-major rows.
+// GPU backend can own a range of layers (their weights and KV) while the model files
+// stay the same. Plain virtual functions over float buffers; row-major rows.
+//
+// Activation memory: the model takes the buffers of a forward pass from the backend
+// (activations()), and moves data between them and the host only through upload() and
+// download(). On the CPU they are host memory; on a device backend they are addresses
+// the host cannot touch that name device memory (as CUDA's unified addressing does), so
+// a forward pass keeps its activations on the device from the stage's input to its
+// output, and a stray host access faults instead of reading stale values. Every op
+// also accepts host pointers (tests, tools): a device backend copies those in and out.
 //
 // Numerics follow llama.cpp's CPU backend (ggml-cpu) float operation for float
 // operation: matmul quantizes activations to the weight type's dot partner, SiLU and
@@ -16,6 +24,7 @@
 #include <memory>
 #include <span>
 
+#include "backend/arena.hpp"
 #include "quant/type_traits.hpp"
 #include "state/kv_cache.hpp"
 
@@ -125,11 +134,41 @@ struct DeltaRuleParams {
   bool grouped_heads = false;
 };
 
+// Where one token's K and V rows go: its sequence and position (store_kv).
+struct KvSlot {
+  int32_t seq_id = 0;
+  int32_t pos = 0;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
   virtual const char* name() const = 0;
   virtual bool supports(Op op, GgmlType type) const = 0;
+
+  // Activation memory for `count` floats, uninitialised, valid until a
+  // release_activations() to a mark taken before it. One forward pass at a time per
+  // backend (a stage runs its batches in order).
+  virtual float* activations(int64_t count) = 0;
+  virtual size_t activation_mark() const = 0;
+  virtual void release_activations(size_t mark) = 0;
+  // count floats from the host into activation memory, and back. download() is where
+  // a device backend submits the work recorded so far and waits for it.
+  virtual void upload(const float* host, int64_t count, float* activations) = 0;
+  virtual void download(const float* activations, int64_t count, float* host) = 0;
+  // y row r (at y + r * y_stride) = x row r (at x + r * x_stride), n floats, for rows rows.
+  virtual void copy_rows(const float* x, int64_t x_stride, int64_t rows, int64_t n, float* y, int64_t y_stride) = 0;
+  // y row i = x row ids[i], rows of n (ids on the host; y must not overlap x).
+  virtual void gather_rows(const float* x, int64_t n, const int32_t* ids, int64_t count, float* y) = 0;
+  // x row r *= factors[r], in place, rows of n.
+  virtual void scale_rows(float* x, int64_t n, int64_t rows, const float* factors) = 0;
+  // Stores token t's K row (k + t * k_stride) and V row (v + t * v_stride) in layer
+  // `layer` of `cache` at slots[t] (KvState::write's rounding and rules), in slot order.
+  virtual void store_kv(state::KvCache& cache, int32_t layer, std::span<const KvSlot> slots, const float* k,
+                        int64_t k_stride, const float* v, int64_t v_stride) = 0;
+  // Times the backend handed the work it recorded to its device and waited for it (0
+  // on the CPU, which does each op as it is called): what a step costs in round trips.
+  virtual uint64_t submissions() const { return 0; }
 
   // y[t * w.rows + r] = dot(row r of w, row t of x) for tokens rows of x (w.cols each).
   virtual void matmul(const Weight& w, const float* x, int64_t tokens, float* y) = 0;
@@ -208,6 +247,9 @@ class Backend {
   virtual void moe_ffn(const ExpertWeights& w, const float* x, int64_t tokens, const int32_t* experts,
                        const float* weights, int64_t k, float* out) = 0;
 };
+
+// Gives back, when it ends, the activations a backend handed out in its scope.
+using ActivationScope = ActivationScopeOf<Backend>;
 
 // How results may depend on the batch. llama.cpp adds attention's products in one
 // order when a batch holds one token and in another when it holds several, so its

@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <cmath>
 #include <cstring>
+#include <memory>
+#include <new>
 #include <numbers>
 #include <stdexcept>
 #include <utility>
@@ -236,6 +238,39 @@ class CpuBackend final : public Backend {
   CpuBackend(int threads, BatchNumerics numerics) : numerics_(numerics), pool_(threads) {}
 
   const char* name() const override { return "cpu"; }
+
+  // Activation memory is host memory, kept between forward passes.
+  float* activations(int64_t count) override {
+    const Arena::Place at = arena_.allocate(static_cast<size_t>(count) * sizeof(float), [&](size_t bytes) {
+      chunks_.emplace_back(static_cast<uint8_t*>(::operator new[](bytes, std::align_val_t{Arena::kAlignment})));
+      return bytes;
+    });
+    return reinterpret_cast<float*>(chunks_[at.chunk].get() + at.offset);
+  }
+  size_t activation_mark() const override { return arena_.mark(); }
+  void release_activations(size_t mark) override { arena_.release(mark); }
+  void upload(const float* host, int64_t count, float* to) override {
+    if (to != host) std::memcpy(to, host, static_cast<size_t>(count) * sizeof(float));
+  }
+  void download(const float* from, int64_t count, float* host) override {
+    if (from != host) std::memcpy(host, from, static_cast<size_t>(count) * sizeof(float));
+  }
+  void copy_rows(const float* x, int64_t x_stride, int64_t rows, int64_t n, float* y, int64_t y_stride) override {
+    for (int64_t r = 0; r < rows; ++r) std::memcpy(y + r * y_stride, x + r * x_stride, static_cast<size_t>(n) * sizeof(float));
+  }
+  void gather_rows(const float* x, int64_t n, const int32_t* ids, int64_t count, float* y) override {
+    for (int64_t i = 0; i < count; ++i) std::memcpy(y + i * n, x + ids[i] * n, static_cast<size_t>(n) * sizeof(float));
+  }
+  void scale_rows(float* x, int64_t n, int64_t rows, const float* factors) override {
+    for (int64_t r = 0; r < rows; ++r) scale(x + r * n, n, factors[r]);
+  }
+  void store_kv(state::KvCache& cache, int32_t layer, std::span<const KvSlot> slots, const float* k, int64_t k_stride,
+                const float* v, int64_t v_stride) override {
+    for (size_t t = 0; t < slots.size(); ++t) {
+      const auto row = static_cast<int64_t>(t);
+      cache.sequence(slots[t].seq_id).write(layer, slots[t].pos, k + row * k_stride, v + row * v_stride);
+    }
+  }
 
   bool supports(Op op, GgmlType type) const override {
     if (op == Op::matmul || op == Op::moe_ffn) {
@@ -954,9 +989,15 @@ class CpuBackend final : public Backend {
     }
   }
 
+  struct AlignedDelete {
+    void operator()(uint8_t* p) const { ::operator delete[](p, std::align_val_t{Arena::kAlignment}); }
+  };
+
   BatchNumerics numerics_;
   cpu::ThreadPool pool_;
   std::vector<uint8_t> scratch_;
+  Arena arena_;
+  std::vector<std::unique_ptr<uint8_t[], AlignedDelete>> chunks_;
 };
 
 }  // namespace

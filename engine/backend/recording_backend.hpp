@@ -24,6 +24,26 @@ class RecordingBackend final : public Backend {
   const char* name() const override { return "recording"; }
   bool supports(Op op, GgmlType type) const override { return inner_.supports(op, type); }
 
+  uint64_t submissions() const override { return inner_.submissions(); }
+  float* activations(int64_t count) override { return inner_.activations(count); }
+  size_t activation_mark() const override { return inner_.activation_mark(); }
+  void release_activations(size_t mark) override { inner_.release_activations(mark); }
+  void upload(const float* host, int64_t count, float* to) override { inner_.upload(host, count, to); }
+  void download(const float* from, int64_t count, float* host) override { inner_.download(from, count, host); }
+  void copy_rows(const float* x, int64_t x_stride, int64_t rows, int64_t n, float* y, int64_t y_stride) override {
+    inner_.copy_rows(x, x_stride, rows, n, y, y_stride);
+  }
+  void gather_rows(const float* x, int64_t n, const int32_t* ids, int64_t count, float* y) override {
+    inner_.gather_rows(x, n, ids, count, y);
+  }
+  void scale_rows(float* x, int64_t n, int64_t rows, const float* factors) override {
+    inner_.scale_rows(x, n, rows, factors);
+  }
+  void store_kv(state::KvCache& cache, int32_t layer, std::span<const KvSlot> slots, const float* k, int64_t k_stride,
+                const float* v, int64_t v_stride) override {
+    inner_.store_kv(cache, layer, slots, k, k_stride, v, v_stride);
+  }
+
   void matmul(const Weight& w, const float* x, int64_t tokens, float* y) override {
     weight_bytes += bytes(w);
     inner_.matmul(w, x, tokens, y);

@@ -73,25 +73,21 @@ void Model::load_shared_expert(int32_t il, LayerWeights& l) {
 void Model::gated_attention(ForwardContext& ctx, int32_t il, const float* xn, float* out) const {
   const LayerWeights& lw = w_.layers[static_cast<size_t>(il)];
   const int64_t n = ctx.n_tokens(), hd = hp_.head_dim_k, nq = hp_.n_head * hd, nkv = hp_.n_head_kv * hd;
-  std::vector<float> qg(static_cast<size_t>(n * 2 * nq)), k(static_cast<size_t>(n * nkv)), v(k.size());
+  float* qg = ctx.floats(n * 2 * nq);
+  const Qkv qkv{ctx.floats(n * nq), ctx.floats(n * nkv), ctx.floats(n * nkv)};
   const Weight ws[3] = {lw.wq, lw.wk, lw.wv};
-  float* const ys[3] = {qg.data(), k.data(), v.data()};
+  float* const ys[3] = {qg, qkv.k, qkv.v};
   ctx.be.matmul_many(ws, xn, n, ys);
   // Head h of a row: its query at 2h * hd, its output gate right after it.
-  std::vector<float> q(static_cast<size_t>(n * nq)), gate(q.size());
-  for (int64_t t = 0; t < n; ++t) {
-    for (int64_t h = 0; h < hp_.n_head; ++h) {
-      const float* src = qg.data() + t * 2 * nq + 2 * h * hd;
-      std::memcpy(q.data() + t * nq + h * hd, src, static_cast<size_t>(hd) * sizeof(float));
-      std::memcpy(gate.data() + t * nq + h * hd, src + hd, static_cast<size_t>(hd) * sizeof(float));
-    }
-  }
+  float* gate = ctx.floats(n * nq);
+  ctx.be.copy_rows(qg, 2 * hd, n * hp_.n_head, hd, qkv.q, hd);
+  ctx.be.copy_rows(qg + hd, 2 * hd, n * hp_.n_head, hd, gate, hd);
   AttentionSpec spec = qk_normed_attention(lw);  // rope over the first n_rot dims of each head
-  std::vector<float> attn(static_cast<size_t>(n * nq));
-  attention(ctx, il, q, k, v, spec, attn.data());
-  ctx.be.sigmoid(gate.data(), n * nq, gate.data());
-  ctx.be.mul(attn.data(), gate.data(), nq, n, n, attn.data());
-  ctx.be.matmul(lw.wo, attn.data(), n, out);
+  float* attn = ctx.floats(n * nq);
+  attention(ctx, il, qkv, spec, attn);
+  ctx.be.sigmoid(gate, n * nq, gate);
+  ctx.be.mul(attn, gate, nq, n, n, attn);
+  ctx.be.matmul(lw.wo, attn, n, out);
 }
 
 void Model::gated_delta_net(ForwardContext& ctx, int32_t il, const float* xn, bool grouped_heads, float* out) const {
@@ -103,21 +99,18 @@ void Model::gated_delta_net(ForwardContext& ctx, int32_t il, const float* xn, bo
 
   // The recurrence runs each sequence's tokens in order: work in an order that groups
   // the batch by sequence (a stable sort; the identity for a batch already grouped).
-  std::vector<int64_t> order(static_cast<size_t>(n));
-  for (int64_t t = 0; t < n; ++t) order[static_cast<size_t>(t)] = t;
-  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+  std::vector<int32_t> order(static_cast<size_t>(n));
+  for (int64_t t = 0; t < n; ++t) order[static_cast<size_t>(t)] = static_cast<int32_t>(t);
+  std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
     return ctx.batch[static_cast<size_t>(a)].seq_id < ctx.batch[static_cast<size_t>(b)].seq_id;
   });
   bool grouped = true;
   for (int64_t t = 0; t < n && grouped; ++t) grouped = order[static_cast<size_t>(t)] == t;
-  std::vector<float> sorted;
   const float* input = xn;
   if (!grouped) {
-    sorted.resize(static_cast<size_t>(n * e));
-    for (int64_t t = 0; t < n; ++t) {
-      std::memcpy(sorted.data() + t * e, xn + order[static_cast<size_t>(t)] * e, static_cast<size_t>(e) * sizeof(float));
-    }
-    input = sorted.data();
+    float* sorted = ctx.floats(n * e);
+    be.gather_rows(xn, e, order.data(), n, sorted);
+    input = sorted;
   }
   std::vector<backend::RecurrentSequence> sequences;
   for (int64_t t = 0; t < n; ++t) {
@@ -131,90 +124,88 @@ void Model::gated_delta_net(ForwardContext& ctx, int32_t il, const float* xn, bo
 
   // Projections: the conv's input, the output gate z, and per value head beta and the
   // decay's input.
-  std::vector<float> mixed(static_cast<size_t>(n * channels)), z(static_cast<size_t>(n * value_dim));
-  std::vector<float> beta(static_cast<size_t>(n * hv)), alpha(beta.size());
+  float* mixed = ctx.floats(n * channels);
+  float* z = ctx.floats(n * value_dim);
+  float* beta = ctx.floats(n * hv);
+  float* alpha = ctx.floats(n * hv);
   if (lw.ssm_ba) {
     // qwen3next: per key head group g, r = H_v / H_k betas then r alphas; value head
     // g * r + j takes the j-th of each.
-    std::vector<float> ba(static_cast<size_t>(n * 2 * hv));
+    float* ba = ctx.floats(n * 2 * hv);
     const Weight ws[3] = {lw.ssm_qkv, lw.ssm_z, lw.ssm_ba};
-    float* const ys[3] = {mixed.data(), z.data(), ba.data()};
+    float* const ys[3] = {mixed, z, ba};
     be.matmul_many(ws, input, n, ys);
     const int64_t r = hv / hk;
-    for (int64_t t = 0; t < n; ++t) {
-      for (int64_t g = 0; g < hk; ++g) {
-        for (int64_t j = 0; j < r; ++j) {
-          beta[static_cast<size_t>(t * hv + g * r + j)] = ba[static_cast<size_t>(t * 2 * hv + g * 2 * r + j)];
-          alpha[static_cast<size_t>(t * hv + g * r + j)] = ba[static_cast<size_t>(t * 2 * hv + g * 2 * r + r + j)];
-        }
-      }
-    }
+    be.copy_rows(ba, 2 * r, n * hk, r, beta, r);
+    be.copy_rows(ba + r, 2 * r, n * hk, r, alpha, r);
   } else {
     const Weight ws[4] = {lw.ssm_qkv, lw.ssm_z, lw.ssm_beta, lw.ssm_alpha};
-    float* const ys[4] = {mixed.data(), z.data(), beta.data(), alpha.data()};
+    float* const ys[4] = {mixed, z, beta, alpha};
     be.matmul_many(ws, input, n, ys);
   }
-  be.sigmoid(beta.data(), n * hv, beta.data());
+  be.sigmoid(beta, n * hv, beta);
   // g = softplus(alpha + dt_bias) * A: the log of the state's decay, <= 0.
-  be.add(alpha.data(), lw.ssm_dt_bias.data, hv, n, 1, alpha.data());
-  be.softplus(alpha.data(), n * hv, alpha.data());
-  be.mul(alpha.data(), lw.ssm_a.data, hv, n, 1, alpha.data());
+  be.add(alpha, lw.ssm_dt_bias.data, hv, n, 1, alpha);
+  be.softplus(alpha, n * hv, alpha);
+  be.mul(alpha, lw.ssm_a.data, hv, n, 1, alpha);
 
-  std::vector<float> conv(mixed.size());
-  be.ssm_conv(mixed.data(), channels, lw.ssm_conv.data, hp_.ssm_conv_kernel, sequences, conv.data());
-  be.silu(conv.data(), channels, n, conv.data());
+  float* conv = ctx.floats(n * channels);
+  be.ssm_conv(mixed, channels, lw.ssm_conv.data, hp_.ssm_conv_kernel, sequences, conv);
+  be.silu(conv, channels, n, conv);
   // Q and K heads lie together at the start of each row: L2-normalise them in one go.
-  for (int64_t t = 0; t < n; ++t) be.l2_norm(conv.data() + t * channels, d, 2 * hk, hp_.norm_eps, conv.data() + t * channels);
+  for (int64_t t = 0; t < n; ++t) be.l2_norm(conv + t * channels, d, 2 * hk, hp_.norm_eps, conv + t * channels);
 
-  std::vector<float> core(static_cast<size_t>(n * value_dim));
+  float* core = ctx.floats(n * value_dim);
   backend::DeltaRuleParams params{hk, hv, d, grouped_heads};
-  be.delta_rule(conv.data(), conv.data() + key_dim, conv.data() + 2 * key_dim, channels, alpha.data(), beta.data(),
-                sequences, params, core.data());
+  be.delta_rule(conv, conv + key_dim, conv + 2 * key_dim, channels, alpha, beta, sequences, params, core);
 
   // Gated RMSNorm per value head: rms_norm(o; ssm_norm) * SiLU(z).
-  be.rms_norm(core.data(), lw.ssm_norm.data, d, n * hv, hp_.norm_eps, core.data());
-  be.silu(z.data(), value_dim, n, z.data());
-  be.mul(core.data(), z.data(), value_dim, n, n, core.data());
+  be.rms_norm(core, lw.ssm_norm.data, d, n * hv, hp_.norm_eps, core);
+  be.silu(z, value_dim, n, z);
+  be.mul(core, z, value_dim, n, n, core);
   if (grouped) {
-    be.matmul(lw.ssm_out, core.data(), n, out);
+    be.matmul(lw.ssm_out, core, n, out);
     return;
   }
-  std::vector<float> projected(static_cast<size_t>(n * e));
-  be.matmul(lw.ssm_out, core.data(), n, projected.data());
-  for (int64_t t = 0; t < n; ++t) {
-    std::memcpy(out + order[static_cast<size_t>(t)] * e, projected.data() + t * e, static_cast<size_t>(e) * sizeof(float));
-  }
+  // Back to the batch's order: out row order[t] = projected row t.
+  float* projected = ctx.floats(n * e);
+  be.matmul(lw.ssm_out, core, n, projected);
+  std::vector<int32_t> position_in_order(static_cast<size_t>(n));
+  for (int64_t t = 0; t < n; ++t) position_in_order[static_cast<size_t>(order[static_cast<size_t>(t)])] = static_cast<int32_t>(t);
+  be.gather_rows(projected, e, position_in_order.data(), n, out);
 }
 
 void Model::hybrid_layer(ForwardContext& ctx, int32_t il, float* x, bool grouped_heads) const {
   const LayerWeights& lw = w_.layers[static_cast<size_t>(il)];
   const int64_t n = ctx.n_tokens(), e = hp_.n_embd;
-  std::vector<float> xn(static_cast<size_t>(n * e)), mixer(static_cast<size_t>(n * e));
-  ctx.be.rms_norm(x, lw.attn_norm.data, e, n, hp_.norm_eps, xn.data());
+  float* xn = ctx.floats(n * e);
+  float* mixer = ctx.floats(n * e);
+  ctx.be.rms_norm(x, lw.attn_norm.data, e, n, hp_.norm_eps, xn);
   if (hp_.is_recurrent(il)) {
-    gated_delta_net(ctx, il, xn.data(), grouped_heads, mixer.data());
+    gated_delta_net(ctx, il, xn, grouped_heads, mixer);
   } else {
-    gated_attention(ctx, il, xn.data(), mixer.data());
+    gated_attention(ctx, il, xn, mixer);
   }
-  residual(ctx, x, mixer.data());
-  ctx.be.rms_norm(x, lw.ffn_norm.data, e, n, hp_.norm_eps, xn.data());
+  residual(ctx, x, mixer);
+  ctx.be.rms_norm(x, lw.ffn_norm.data, e, n, hp_.norm_eps, xn);
   if (lw.ffn_gate_inp) {
-    moe_ffn(ctx, lw, xn.data(), mixer.data());
-    if (lw.ffn_gate_inp_shexp) add_shared_expert(ctx, lw, xn.data(), mixer.data());
+    moe_ffn(ctx, lw, xn, mixer);
+    if (lw.ffn_gate_inp_shexp) add_shared_expert(ctx, lw, xn, mixer);
   } else {
-    gated_ffn(ctx, lw, xn.data(), false, mixer.data());
+    gated_ffn(ctx, lw, xn, false, mixer);
   }
-  residual(ctx, x, mixer.data());
+  residual(ctx, x, mixer);
 }
 
 void Model::add_shared_expert(ForwardContext& ctx, const LayerWeights& lw, const float* xn, float* out) const {
   const int64_t n = ctx.n_tokens(), e = hp_.n_embd;
-  std::vector<float> shared(static_cast<size_t>(n * e)), gate(static_cast<size_t>(n));
-  swiglu(ctx, lw.ffn_gate_shexp, lw.ffn_up_shexp, lw.ffn_down_shexp, hp_.n_ff_shexp, xn, false, shared.data());
-  ctx.be.matmul(lw.ffn_gate_inp_shexp, xn, n, gate.data());
-  ctx.be.sigmoid(gate.data(), n, gate.data());
-  for (int64_t t = 0; t < n; ++t) ctx.be.scale(shared.data() + t * e, e, gate[static_cast<size_t>(t)]);
-  ctx.be.add(out, shared.data(), e, n, n, out);
+  float* shared = ctx.floats(n * e);
+  float* gate = ctx.floats(n);
+  swiglu(ctx, lw.ffn_gate_shexp, lw.ffn_up_shexp, lw.ffn_down_shexp, hp_.n_ff_shexp, xn, false, shared);
+  ctx.be.matmul(lw.ffn_gate_inp_shexp, xn, n, gate);
+  ctx.be.sigmoid(gate, n, gate);
+  ctx.be.scale_rows(shared, e, n, gate);
+  ctx.be.add(out, shared, e, n, n, out);
 }
 
 }  // namespace pico::model

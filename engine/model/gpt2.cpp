@@ -31,9 +31,9 @@ class Gpt2 final : public Model {
   void embed(ForwardContext& ctx, float* x) const override {
     Model::embed(ctx, x);
     const int64_t n = ctx.n_tokens();
-    std::vector<float> pos(static_cast<size_t>(n * hp_.n_embd));
-    ctx.be.get_rows(w_.pos_embd, ctx.pos.data(), n, pos.data());
-    ctx.be.add(x, pos.data(), hp_.n_embd, n, n, x);
+    float* pos = ctx.floats(n * hp_.n_embd);
+    ctx.be.get_rows(w_.pos_embd, ctx.pos.data(), n, pos);
+    ctx.be.add(x, pos, hp_.n_embd, n, n, x);
   }
 
   void output_norm(ForwardContext& ctx, float* x) const override {
@@ -43,23 +43,23 @@ class Gpt2 final : public Model {
   void layer(ForwardContext& ctx, int32_t il, float* x) const override {
     const LayerWeights& lw = w_.layers[static_cast<size_t>(il)];
     const int64_t n = ctx.n_tokens(), e = hp_.n_embd;
-    std::vector<float> xn(static_cast<size_t>(n * e)), q, k, v;
-    ctx.be.layer_norm(x, lw.attn_norm.data, lw.attn_norm_b.data, e, n, hp_.norm_eps, xn.data());
-    project_qkv(ctx, lw, xn.data(), q, k, v);
+    float* xn = ctx.floats(n * e);
+    ctx.be.layer_norm(x, lw.attn_norm.data, lw.attn_norm_b.data, e, n, hp_.norm_eps, xn);
+    const Qkv qkv = project_qkv(ctx, lw, xn);
     AttentionSpec spec;  // no rope
-    std::vector<float> attn(static_cast<size_t>(n * hp_.n_head * hp_.head_dim_v));
-    attention(ctx, il, q, k, v, spec, attn.data());
-    ctx.be.matmul(lw.wo, attn.data(), n, xn.data());
-    ctx.be.add(xn.data(), lw.bo.data, e, n, 1, xn.data());
-    residual(ctx, x, xn.data());
-    ctx.be.layer_norm(x, lw.ffn_norm.data, lw.ffn_norm_b.data, e, n, hp_.norm_eps, xn.data());
-    std::vector<float> up(static_cast<size_t>(n * hp_.n_ff));
-    ctx.be.matmul(lw.ffn_up, xn.data(), n, up.data());
-    ctx.be.add(up.data(), lw.ffn_up_b.data, hp_.n_ff, n, 1, up.data());
-    ctx.be.gelu(up.data(), n * hp_.n_ff, up.data());
-    ctx.be.matmul(lw.ffn_down, up.data(), n, xn.data());
-    ctx.be.add(xn.data(), lw.ffn_down_b.data, e, n, 1, xn.data());
-    residual(ctx, x, xn.data());
+    float* attn = ctx.floats(n * hp_.n_head * hp_.head_dim_v);
+    attention(ctx, il, qkv, spec, attn);
+    ctx.be.matmul(lw.wo, attn, n, xn);
+    ctx.be.add(xn, lw.bo.data, e, n, 1, xn);
+    residual(ctx, x, xn);
+    ctx.be.layer_norm(x, lw.ffn_norm.data, lw.ffn_norm_b.data, e, n, hp_.norm_eps, xn);
+    float* up = ctx.floats(n * hp_.n_ff);
+    ctx.be.matmul(lw.ffn_up, xn, n, up);
+    ctx.be.add(up, lw.ffn_up_b.data, hp_.n_ff, n, 1, up);
+    ctx.be.gelu(up, n * hp_.n_ff, up);
+    ctx.be.matmul(lw.ffn_down, up, n, xn);
+    ctx.be.add(xn, lw.ffn_down_b.data, e, n, 1, xn);
+    residual(ctx, x, xn);
   }
 };
 

@@ -140,25 +140,37 @@ backend::RopeParams Model::rope_params(float freq_base, float freq_scale) const 
   return p;
 }
 
+namespace {
+
+// Per-head RMSNorm of tokens rows of `heads` heads (rows `stride` apart): one call
+// when the rows are dense, else one per token (a row's result is the same either way).
+void head_norms(backend::Backend& be, float* x, int64_t stride, int64_t tokens, int64_t heads, int64_t head_dim,
+                const float* weight, float eps) {
+  if (stride == heads * head_dim) return be.rms_norm(x, weight, head_dim, tokens * heads, eps, x);
+  for (int64_t t = 0; t < tokens; ++t) be.rms_norm(x + t * stride, weight, head_dim, heads, eps, x + t * stride);
+}
+
+}  // namespace
+
 void Model::attention(ForwardContext& ctx, int32_t il, float* q, float* k, float* v, int64_t stride_q,
                       int64_t stride_kv, int64_t stride_v, const AttentionSpec& spec, float* out) const {
   backend::Backend& be = ctx.be;
   const int64_t n = ctx.n_tokens();
   const int64_t dk = hp_.head_dim_k, dv = hp_.head_dim_v;
-  for (int64_t t = 0; t < n; ++t) {
-    if (spec.q_norm) be.rms_norm(q + t * stride_q, spec.q_norm, dk, hp_.n_head, hp_.norm_eps, q + t * stride_q);
-    if (spec.k_norm) be.rms_norm(k + t * stride_kv, spec.k_norm, dk, hp_.n_head_kv, hp_.norm_eps, k + t * stride_kv);
-  }
+  if (spec.q_norm) head_norms(be, q, stride_q, n, hp_.n_head, dk, spec.q_norm, hp_.norm_eps);
+  if (spec.k_norm) head_norms(be, k, stride_kv, n, hp_.n_head_kv, dk, spec.k_norm, hp_.norm_eps);
   if (spec.rope.n_dims > 0) {
     be.rope(q, n, stride_q, hp_.n_head, dk, ctx.pos.data(), spec.rope);
     be.rope(k, n, stride_kv, hp_.n_head_kv, dk, ctx.pos.data(), spec.rope);
   }
   // Store every token's K and V first (a later token of the same sequence in this
   // batch sees the earlier ones), then take the views.
+  std::vector<backend::KvSlot> slots(static_cast<size_t>(n));
   for (int64_t t = 0; t < n; ++t) {
     const BatchToken& bt = ctx.batch[static_cast<size_t>(t)];
-    ctx.cache.sequence(bt.seq_id).write(il, bt.pos, k + t * stride_kv, v + t * stride_v);
+    slots[static_cast<size_t>(t)] = {bt.seq_id, bt.pos};
   }
+  be.store_kv(ctx.cache, il, slots, k, stride_kv, v, stride_v);
   std::vector<backend::AttentionQuery> queries(static_cast<size_t>(n));
   for (int64_t t = 0; t < n; ++t) {
     const BatchToken& bt = ctx.batch[static_cast<size_t>(t)];
@@ -174,31 +186,27 @@ void Model::attention(ForwardContext& ctx, int32_t il, float* q, float* k, float
   be.attention(q, stride_q, queries, p, out);
 }
 
-void Model::project_qkv(ForwardContext& ctx, const LayerWeights& lw, const float* xn, std::vector<float>& q,
-                        std::vector<float>& k, std::vector<float>& v) const {
+Model::Qkv Model::project_qkv(ForwardContext& ctx, const LayerWeights& lw, const float* xn) const {
   const int64_t n = ctx.n_tokens();
   const int64_t nq = hp_.n_head * hp_.head_dim_k, nk = hp_.n_head_kv * hp_.head_dim_k, nv = hp_.n_head_kv * hp_.head_dim_v;
-  q.resize(static_cast<size_t>(n * nq));
-  k.resize(static_cast<size_t>(n * nk));
-  v.resize(static_cast<size_t>(n * nv));
+  const Qkv out{ctx.floats(n * nq), ctx.floats(n * nk), ctx.floats(n * nv)};
   if (lw.wqkv) {
-    std::vector<float> fused(static_cast<size_t>(n * (nq + nk + nv)));
-    ctx.be.matmul(lw.wqkv, xn, n, fused.data());
-    if (lw.bqkv) ctx.be.add(fused.data(), lw.bqkv.data, nq + nk + nv, n, 1, fused.data());
-    for (int64_t t = 0; t < n; ++t) {
-      const float* row = fused.data() + t * (nq + nk + nv);
-      std::memcpy(q.data() + t * nq, row, static_cast<size_t>(nq) * 4);
-      std::memcpy(k.data() + t * nk, row + nq, static_cast<size_t>(nk) * 4);
-      std::memcpy(v.data() + t * nv, row + nq + nk, static_cast<size_t>(nv) * 4);
-    }
-    return;
+    const int64_t row = nq + nk + nv;
+    float* fused = ctx.floats(n * row);
+    ctx.be.matmul(lw.wqkv, xn, n, fused);
+    if (lw.bqkv) ctx.be.add(fused, lw.bqkv.data, row, n, 1, fused);
+    ctx.be.copy_rows(fused, row, n, nq, out.q, nq);
+    ctx.be.copy_rows(fused + nq, row, n, nk, out.k, nk);
+    ctx.be.copy_rows(fused + nq + nk, row, n, nv, out.v, nv);
+    return out;
   }
   const Weight ws[3] = {lw.wq, lw.wk, lw.wv};
-  float* const ys[3] = {q.data(), k.data(), v.data()};
+  float* const ys[3] = {out.q, out.k, out.v};
   ctx.be.matmul_many(ws, xn, n, ys);
-  if (lw.bq) ctx.be.add(q.data(), lw.bq.data, nq, n, 1, q.data());
-  if (lw.bk) ctx.be.add(k.data(), lw.bk.data, nk, n, 1, k.data());
-  if (lw.bv) ctx.be.add(v.data(), lw.bv.data, nv, n, 1, v.data());
+  if (lw.bq) ctx.be.add(out.q, lw.bq.data, nq, n, 1, out.q);
+  if (lw.bk) ctx.be.add(out.k, lw.bk.data, nk, n, 1, out.k);
+  if (lw.bv) ctx.be.add(out.v, lw.bv.data, nv, n, 1, out.v);
+  return out;
 }
 
 void Model::gated_ffn(ForwardContext& ctx, const LayerWeights& lw, const float* xn, bool gelu, float* out) const {
@@ -208,14 +216,8 @@ void Model::gated_ffn(ForwardContext& ctx, const LayerWeights& lw, const float* 
 void Model::swiglu(ForwardContext& ctx, const Weight& gate_w, const Weight& up_w, const Weight& down_w, int64_t ff,
                    const float* xn, bool gelu, float* out) const {
   const int64_t n = ctx.n_tokens();
-  // Per-thread scratch, kept between calls: a prompt's gate and up are megabytes, and
-  // allocating (and zeroing) them in every layer cost page faults and memsets.
-  thread_local std::vector<float> gate_buffer, up_buffer;
-  const auto size = static_cast<size_t>(n * ff);
-  if (gate_buffer.size() < size) gate_buffer.resize(size);
-  if (up_buffer.size() < size) up_buffer.resize(size);
-  float* gate = gate_buffer.data();
-  float* up = up_buffer.data();
+  float* gate = ctx.floats(n * ff);
+  float* up = ctx.floats(n * ff);
   const Weight ws[2] = {gate_w, up_w};
   float* const ys[2] = {gate, up};
   ctx.be.matmul_many(ws, xn, n, ys);
@@ -230,10 +232,11 @@ void Model::swiglu(ForwardContext& ctx, const Weight& gate_w, const Weight& up_w
 
 void Model::moe_ffn(ForwardContext& ctx, const LayerWeights& lw, const float* xn, float* out) const {
   const int64_t n = ctx.n_tokens(), n_expert = hp_.n_expert, k = hp_.n_expert_used;
-  std::vector<float> logits(static_cast<size_t>(n * n_expert)), weights(static_cast<size_t>(n * k));
+  float* logits = ctx.floats(n * n_expert);
+  std::vector<float> weights(static_cast<size_t>(n * k));  // the routing lands on the host
   std::vector<int32_t> experts(static_cast<size_t>(n * k));
-  ctx.be.matmul(lw.ffn_gate_inp, xn, n, logits.data());
-  ctx.be.moe_route(logits.data(), n_expert, n, k, hp_.expert_weights_norm, experts.data(), weights.data());
+  ctx.be.matmul(lw.ffn_gate_inp, xn, n, logits);
+  ctx.be.moe_route(logits, n_expert, n, k, hp_.expert_weights_norm, experts.data(), weights.data());
   ctx.be.moe_ffn(lw.ffn_exps, xn, n, experts.data(), weights.data(), k, out);
 }
 
@@ -282,21 +285,21 @@ void Model::load_moe_ffn(int32_t il, LayerWeights& l) {
 void Model::pre_norm_layer(ForwardContext& ctx, int32_t il, float* x, const AttentionSpec& spec) const {
   const LayerWeights& lw = w_.layers[static_cast<size_t>(il)];
   const int64_t n = ctx.n_tokens(), e = hp_.n_embd;
-  std::vector<float> xn(static_cast<size_t>(n * e)), q, k, v;
-  ctx.be.rms_norm(x, lw.attn_norm.data, e, n, hp_.norm_eps, xn.data());
-  project_qkv(ctx, lw, xn.data(), q, k, v);
-  std::vector<float> attn(static_cast<size_t>(n * hp_.n_head * hp_.head_dim_v));
-  attention(ctx, il, q, k, v, spec, attn.data());
-  ctx.be.matmul(lw.wo, attn.data(), n, xn.data());
-  residual(ctx, x, xn.data());
-  ctx.be.rms_norm(x, lw.ffn_norm.data, e, n, hp_.norm_eps, xn.data());
-  std::vector<float> ffn(static_cast<size_t>(n * e));
+  float* xn = ctx.floats(n * e);
+  ctx.be.rms_norm(x, lw.attn_norm.data, e, n, hp_.norm_eps, xn);
+  const Qkv qkv = project_qkv(ctx, lw, xn);
+  float* attn = ctx.floats(n * hp_.n_head * hp_.head_dim_v);
+  attention(ctx, il, qkv, spec, attn);
+  ctx.be.matmul(lw.wo, attn, n, xn);
+  residual(ctx, x, xn);
+  ctx.be.rms_norm(x, lw.ffn_norm.data, e, n, hp_.norm_eps, xn);
+  float* ffn = ctx.floats(n * e);
   if (lw.ffn_gate_inp) {
-    moe_ffn(ctx, lw, xn.data(), ffn.data());
+    moe_ffn(ctx, lw, xn, ffn);
   } else {
-    gated_ffn(ctx, lw, xn.data(), false, ffn.data());
+    gated_ffn(ctx, lw, xn, false, ffn);
   }
-  residual(ctx, x, ffn.data());
+  residual(ctx, x, ffn);
 }
 
 std::vector<float> Model::forward(backend::Backend& be, std::span<const BatchToken> batch, const float* hidden,
@@ -342,35 +345,48 @@ std::vector<float> Model::forward(backend::Backend& be, std::span<const BatchTok
 std::vector<float> Model::forward_part(backend::Backend& be, std::span<const BatchToken> batch, const float* hidden,
                                        LayerRange range, state::KvCache& cache) const {
   ForwardContext ctx{be, batch, cache, {}};
-  const int64_t n = ctx.n_tokens();
+  const int64_t n = ctx.n_tokens(), e = hp_.n_embd;
   if (n == 0) return {};
   ctx.pos.resize(static_cast<size_t>(n));
   for (int64_t t = 0; t < n; ++t) ctx.pos[static_cast<size_t>(t)] = batch[static_cast<size_t>(t)].pos;
 
-  std::vector<float> x(static_cast<size_t>(n * hp_.n_embd));
+  // The residual stream stays in activation memory from the stage's input to its output.
+  const backend::ActivationScope pass(be);
+  float* x = ctx.floats(n * e);
   if (range.first == 0) {
-    embed(ctx, x.data());
+    embed(ctx, x);
   } else {
     if (!hidden) throw std::invalid_argument("forward: a stage after layer 0 needs hidden states");
-    std::memcpy(x.data(), hidden, x.size() * sizeof(float));
+    be.upload(hidden, n * e, x);
   }
-  for (int32_t il = range.first; il < range.last; ++il) layer(ctx, il, x.data());
-  if (range.last < hp_.n_layer) return x;
+  for (int32_t il = range.first; il < range.last; ++il) {
+    const backend::ActivationScope layer_buffers(be);
+    layer(ctx, il, x);
+  }
+  if (range.last < hp_.n_layer) {
+    std::vector<float> out(static_cast<size_t>(n * e));
+    be.download(x, n * e, out.data());
+    return out;
+  }
 
   // Only the rows asked for go through the output norm and head.
-  int64_t n_out = 0;
+  std::vector<int32_t> rows;
   for (int64_t t = 0; t < n; ++t) {
-    if (!batch[static_cast<size_t>(t)].logits) continue;
-    if (n_out != t) {
-      std::memmove(x.data() + n_out * hp_.n_embd, x.data() + t * hp_.n_embd, static_cast<size_t>(hp_.n_embd) * 4);
-    }
-    ++n_out;
+    if (batch[static_cast<size_t>(t)].logits) rows.push_back(static_cast<int32_t>(t));
   }
+  const auto n_out = static_cast<int64_t>(rows.size());
   if (n_out == 0) return {};
+  float* selected = x;
+  if (n_out != n) {
+    selected = ctx.floats(n_out * e);
+    be.gather_rows(x, e, rows.data(), n_out, selected);
+  }
   ForwardContext out_ctx{be, batch.first(static_cast<size_t>(n_out)), cache, {}};  // n_tokens() == n_out
-  output_norm(out_ctx, x.data());
+  output_norm(out_ctx, selected);
+  float* device_logits = ctx.floats(n_out * hp_.n_vocab);
+  be.matmul(w_.output, selected, n_out, device_logits);
   std::vector<float> logits(static_cast<size_t>(n_out * hp_.n_vocab));
-  be.matmul(w_.output, x.data(), n_out, logits.data());
+  be.download(device_logits, n_out * hp_.n_vocab, logits.data());
   if (hp_.final_logit_softcap > 0.0f) {
     const float cap = hp_.final_logit_softcap;
     for (float& l : logits) l = std::tanh(l * (1.0f / cap)) * cap;

@@ -93,6 +93,9 @@ struct ForwardContext {
   state::KvCache& cache;
   std::vector<int32_t> pos;  // batch positions
   int64_t n_tokens() const { return static_cast<int64_t>(batch.size()); }
+  // A buffer of activation memory for count floats (the backend's; given back when the
+  // layer ends). The model reads and writes it only through the backend's ops.
+  float* floats(int64_t count) const { return be.activations(count); }
 };
 
 class Model {
@@ -166,10 +169,16 @@ class Model {
   // tokens rows of n_head * head_dim_v to out.
   void attention(ForwardContext& ctx, int32_t il, float* q, float* k, float* v, int64_t stride_q, int64_t stride_k,
                  int64_t stride_v, const AttentionSpec& spec, float* out) const;
+  // Tokens rows of Q (n_head * dk), K (n_head_kv * dk) and V (n_head_kv * dv), in
+  // activation memory.
+  struct Qkv {
+    float* q = nullptr;
+    float* k = nullptr;
+    float* v = nullptr;
+  };
   // attention() over project_qkv's rows (dense strides).
-  void attention(ForwardContext& ctx, int32_t il, std::vector<float>& q, std::vector<float>& k,
-                 std::vector<float>& v, const AttentionSpec& spec, float* out) const {
-    attention(ctx, il, q.data(), k.data(), v.data(), hp_.n_head * hp_.head_dim_k, hp_.n_head_kv * hp_.head_dim_k,
+  void attention(ForwardContext& ctx, int32_t il, const Qkv& qkv, const AttentionSpec& spec, float* out) const {
+    attention(ctx, il, qkv.q, qkv.k, qkv.v, hp_.n_head * hp_.head_dim_k, hp_.n_head_kv * hp_.head_dim_k,
               hp_.n_head_kv * hp_.head_dim_v, spec, out);
   }
   backend::RopeParams rope_params(float freq_base, float freq_scale) const;
@@ -183,8 +192,7 @@ class Model {
   }
   // Q, K, V projections of tokens rows of xn (separate wq/wk/wv, or fused wqkv), plus
   // biases when the layer has them: q rows of n_head*dk, k and v of n_head_kv*dk/dv.
-  void project_qkv(ForwardContext& ctx, const LayerWeights& lw, const float* xn, std::vector<float>& q,
-                   std::vector<float>& k, std::vector<float>& v) const;
+  Qkv project_qkv(ForwardContext& ctx, const LayerWeights& lw, const float* xn) const;
   // down(act(gate(xn)) * up(xn)) with act SiLU (gelu false) or ggml's GELU.
   void gated_ffn(ForwardContext& ctx, const LayerWeights& lw, const float* xn, bool gelu, float* out) const;
   // The mixture of experts: router logits, top-k routing, then the chosen experts'

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/devices.hpp"
 #include "backend/recording_backend.hpp"
 #include "gguf/writer.hpp"
 #include "quant/float_convert.hpp"
@@ -191,11 +192,18 @@ struct Loaded {
   fs::path path;
   std::unique_ptr<gguf::Model> file;
   std::unique_ptr<Model> model;
-  std::unique_ptr<backend::Backend> be = backend::make_cpu_backend(2);
+  std::unique_ptr<backend::Backend> be;
+  std::string no_backend;  // why `be` is null: the backend is not in this build or has no device
 
-  Loaded(const std::string& arch, GgmlType type) : path(write_model(arch, type)) {
+  Loaded(const std::string& arch, GgmlType type, const std::string& backend_name = "cpu")
+      : path(write_model(arch, type)) {
     file = gguf::Model::open(path);
     model = Model::load(*file);
+    try {
+      be = backend::open_backend(backend_name, 0, 2);
+    } catch (const std::runtime_error& e) {
+      no_backend = e.what();
+    }
   }
   ~Loaded() {
     std::error_code ec;
@@ -226,14 +234,20 @@ std::vector<float> run(Loaded& m, const std::vector<int32_t>& ids, size_t chunk)
 struct Param {
   std::string arch;
   GgmlType type;
+  std::string backend = "cpu";
 };
 
-void PrintTo(const Param& p, std::ostream* os) { *os << p.arch << "/" << type_traits(p.type).name; }
+void PrintTo(const Param& p, std::ostream* os) { *os << p.arch << "/" << type_traits(p.type).name << "/" << p.backend; }
 
+// The same properties on every backend: on a device, batch invariance is the device's.
 class ModelTest : public ::testing::TestWithParam<Param> {};
 
+#define LOAD_OR_SKIP(m)                                                   \
+  Loaded m(GetParam().arch, GetParam().type, GetParam().backend);         \
+  if (!m.be) GTEST_SKIP() << "no " << GetParam().backend << " backend: " << m.no_backend
+
 TEST_P(ModelTest, BatchInvariance) {
-  Loaded m(GetParam().arch, GetParam().type);
+  LOAD_OR_SKIP(m);
   const auto ids = prompt(23, 1);
   const auto whole = run(m, ids, ids.size());
   ASSERT_EQ(whole.size(), ids.size() * kVocab);
@@ -270,7 +284,7 @@ TEST_P(ModelTest, BatchInvariance) {
 }
 
 TEST_P(ModelTest, LogitsOnlyForFlaggedTokens) {
-  Loaded m(GetParam().arch, GetParam().type);
+  LOAD_OR_SKIP(m);
   const auto ids = prompt(9, 5);
   const auto whole = run(m, ids, ids.size());
   state::KvCache cache = m.cache(m.model->all_layers());
@@ -285,7 +299,7 @@ TEST_P(ModelTest, LogitsOnlyForFlaggedTokens) {
 }
 
 TEST_P(ModelTest, LayerSplitEqualsWholeModel) {
-  Loaded m(GetParam().arch, GetParam().type);
+  LOAD_OR_SKIP(m);
   const auto ids = prompt(12, 3);
   const auto whole = run(m, ids, 5);
   for (int32_t k = 1; k < kLayers; ++k) {
@@ -305,7 +319,7 @@ TEST_P(ModelTest, LayerSplitEqualsWholeModel) {
 }
 
 TEST_P(ModelTest, TruncateAndReevaluate) {
-  Loaded m(GetParam().arch, GetParam().type);
+  LOAD_OR_SKIP(m);
   const auto ids = prompt(10, 4);
   const auto whole = run(m, ids, ids.size());
   state::KvCache cache = m.cache(m.model->all_layers());
@@ -328,17 +342,41 @@ TEST_P(ModelTest, TruncateAndReevaluate) {
   EXPECT_EQ(again, std::vector<float>(whole.begin() + 4 * kVocab, whole.end()));
 }
 
-INSTANTIATE_TEST_SUITE_P(Archs, ModelTest,
-                         ::testing::Values(Param{"llama", GgmlType::F32}, Param{"llama", GgmlType::Q8_0},
-                                           Param{"qwen2", GgmlType::F16}, Param{"qwen3", GgmlType::BF16},
-                                           Param{"gpt2", GgmlType::F32}, Param{"gemma3", GgmlType::Q8_0},
-                                           Param{"qwen3moe", GgmlType::F32}, Param{"qwen3moe", GgmlType::Q8_0},
-                                           Param{"qwen35", GgmlType::F32}, Param{"qwen35", GgmlType::Q8_0},
-                                           Param{"qwen35moe", GgmlType::F16}, Param{"qwen3next", GgmlType::F32},
-                                           Param{"qwen3next", GgmlType::Q8_0}),
-                         [](const ::testing::TestParamInfo<Param>& param_info) {
-                           return param_info.param.arch + "_" + std::string(type_traits(param_info.param.type).name);
-                         });
+std::vector<Param> every_arch(const std::string& backend_name) {
+  std::vector<Param> params = {{"llama", GgmlType::F32},     {"llama", GgmlType::Q8_0},    {"qwen2", GgmlType::F16},
+                               {"qwen3", GgmlType::BF16},    {"gpt2", GgmlType::F32},      {"gemma3", GgmlType::Q8_0},
+                               {"qwen3moe", GgmlType::F32},  {"qwen3moe", GgmlType::Q8_0}, {"qwen35", GgmlType::F32},
+                               {"qwen35", GgmlType::Q8_0},   {"qwen35moe", GgmlType::F16}, {"qwen3next", GgmlType::F32},
+                               {"qwen3next", GgmlType::Q8_0}};
+  for (Param& p : params) p.backend = backend_name;
+  return params;
+}
+
+std::string param_name(const ::testing::TestParamInfo<Param>& param_info) {
+  return param_info.param.arch + "_" + std::string(type_traits(param_info.param.type).name);
+}
+
+INSTANTIATE_TEST_SUITE_P(Archs, ModelTest, ::testing::ValuesIn(every_arch("cpu")), param_name);
+INSTANTIATE_TEST_SUITE_P(ArchsOnVulkan, ModelTest, ::testing::ValuesIn(every_arch("vulkan")), param_name);
+
+// A device stage records a step's ops and waits only where the host needs a result:
+// the K and V the host-side cache stores (attention and the recurrent ops run on the
+// CPU until state storage moves to the device), the experts' routing, and the output.
+TEST(DeviceStep, WaitsOnlyWhereTheHostNeedsAResult) {
+  for (const std::string arch : {"llama", "qwen3moe"}) {
+    Loaded m(arch, GgmlType::Q8_0, "vulkan");
+    if (!m.be) GTEST_SKIP() << "no vulkan backend: " << m.no_backend;
+    const auto ids = prompt(6, 7);
+    run(m, ids, ids.size());  // weights uploaded, activation memory grown
+    state::KvCache cache = m.cache(m.model->all_layers());
+    std::vector<BatchToken> batch;
+    for (size_t i = 0; i < ids.size(); ++i) batch.push_back({0, static_cast<int32_t>(i), ids[i]});
+    const uint64_t before = m.be->submissions();
+    m.model->forward(*m.be, batch, nullptr, m.model->all_layers(), cache);
+    const uint64_t host_results_per_layer = arch == "qwen3moe" ? 2 : 1;  // K and V; the routing
+    EXPECT_EQ(m.be->submissions() - before, kLayers * host_results_per_layer + 1) << arch;
+  }
+}
 
 TEST(Hparams, ReadsMetadata) {
   Loaded m("gemma3", GgmlType::F32);

@@ -1,7 +1,10 @@
 #include "backend/vulkan/vulkan_backend.hpp"
 
+#include <sys/mman.h>
+
 #include <algorithm>
-#include <array>
+#include <cstring>
+#include <deque>
 #include <map>
 #include <optional>
 #include <stdexcept>
@@ -19,15 +22,88 @@ namespace {
 using vulkan::Buffer;
 using vulkan::BufferRange;
 
+size_t floats(int64_t count) { return static_cast<size_t>(count) * sizeof(float); }
+size_t ints(int64_t count) { return static_cast<size_t>(count) * sizeof(int32_t); }
+
 class VulkanBackend final : public Backend {
  public:
   VulkanBackend(std::unique_ptr<vulkan::Device> device, int cpu_threads)
-      : device_(std::move(device)), ops_(*device_), cpu_(make_cpu_backend(cpu_threads)) {}
+      : device_(std::move(device)), ops_(*device_), cpu_(make_cpu_backend(cpu_threads)) {
+    // Addresses for activation memory: reserved, never readable or writable by the host.
+    void* reserved = mmap(nullptr, kReserved, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (reserved == MAP_FAILED) throw std::runtime_error("vulkan: cannot reserve addresses for activation memory");
+    reserved_ = static_cast<uint8_t*>(reserved);
+    alignment_ = std::max<size_t>(device_->info().storage_offset_alignment, 4);
+  }
+  ~VulkanBackend() override { munmap(reserved_, kReserved); }
 
   const char* name() const override { return "vulkan"; }
+  uint64_t submissions() const override { return device_->submissions(); }
 
   bool supports(Op op, GgmlType type) const override {
     return vulkan::Ops::supports(op, type) || cpu_->supports(op, type);
+  }
+
+  // Device memory, chunk by chunk, each at its place among the reserved addresses.
+  float* activations(int64_t count) override {
+    const Arena::Place at = arena_.allocate(floats(count), [&](size_t bytes) {
+      const size_t begin = arena_.chunks().empty() ? 0 : arena_.chunks().back().begin + arena_.chunks().back().bytes;
+      if (bytes > kReserved - begin)
+        throw std::runtime_error("vulkan: activation memory past the " + std::to_string(kReserved >> 30) +
+                                 " GiB of addresses reserved for it");
+      chunks_.push_back(device_->allocate(bytes));
+      return bytes;
+    });
+    return reinterpret_cast<float*>(reserved_ + arena_.chunks()[at.chunk].begin + at.offset);
+  }
+  size_t activation_mark() const override { return arena_.mark(); }
+  void release_activations(size_t mark) override { arena_.release(mark); }
+
+  void upload(const float* host, int64_t count, float* to) override {
+    if (const auto at = resident(to)) return device_->write(*at->buffer, at->offset, host, floats(count));
+    std::memcpy(to, host, floats(count));
+  }
+  void download(const float* from, int64_t count, float* host) override {
+    if (const auto at = resident(from)) return device_->download(*at->buffer, at->offset, host, floats(count));
+    std::memcpy(host, from, floats(count));
+  }
+
+  void copy_rows(const float* x, int64_t x_stride, int64_t rows, int64_t n, float* y, int64_t y_stride) override {
+    std::vector<vulkan::Device::CopyRegion> regions;
+    for (int64_t r = 0; r < rows; ++r) regions.push_back({floats(r * x_stride), floats(r * y_stride), floats(n)});
+    copy(x, floats(rows > 0 ? (rows - 1) * x_stride + n : 0), y, regions);
+  }
+
+  void gather_rows(const float* x, int64_t n, const int32_t* ids, int64_t count, float* y) override {
+    std::vector<vulkan::Device::CopyRegion> regions;
+    int64_t x_rows = 0;
+    for (int64_t i = 0; i < count; ++i) {
+      if (ids[i] < 0) throw std::out_of_range("vulkan: gather_rows: a negative row id");
+      regions.push_back({floats(ids[i] * n), floats(i * n), floats(n)});
+      x_rows = std::max<int64_t>(x_rows, ids[i] + 1);
+    }
+    copy(x, floats(x_rows * n), y, regions);
+  }
+
+  void scale_rows(float* x, int64_t n, int64_t rows, const float* factors) override {
+    std::vector<float> x_copy, f_copy;
+    const float* hf = on_host(factors, rows, f_copy);
+    const float* hx = on_host(x, n * rows, x_copy);
+    to(x, n * rows, [&](float* y) {
+      if (y != hx) std::memcpy(y, hx, floats(n * rows));
+      cpu_->scale_rows(y, n, rows, hf);
+    });
+  }
+
+  void store_kv(state::KvCache& cache, int32_t layer, std::span<const KvSlot> slots, const float* k, int64_t k_stride,
+                const float* v, int64_t v_stride) override {
+    if (slots.empty()) return;
+    const state::KvConfig& c = cache.config();
+    const auto last = static_cast<int64_t>(slots.size()) - 1;
+    std::vector<float> k_copy, v_copy;
+    const float* hk = on_host(k, last * k_stride + c.n_kv_heads * c.head_dim_k, k_copy);
+    const float* hv = on_host(v, last * v_stride + c.n_kv_heads * c.head_dim_v, v_copy);
+    cpu_->store_kv(cache, layer, slots, hk, k_stride, hv, v_stride);
   }
 
   void matmul(const Weight& w, const float* x, int64_t tokens, float* y) override {
@@ -36,67 +112,74 @@ class VulkanBackend final : public Backend {
 
   // x goes to the device once per activation type among the weights (Q, K and V share it).
   void matmul_many(std::span<const Weight> ws, const float* x, int64_t tokens, std::span<float* const> ys) override {
-    std::optional<GgmlType> uploaded;
+    Call call(*this);
+    std::optional<GgmlType> rounded_for;
+    BufferRange dx;
+    std::vector<float> x_copy;
     for (size_t i = 0; i < ws.size(); ++i) {
       const Weight& w = ws[i];
       if (!vulkan::Ops::supports(Op::matmul, w.type)) {
-        cpu_->matmul(w, x, tokens, ys[i]);
+        const float* hx = on_host(x, tokens * w.cols, x_copy);
+        to(ys[i], tokens * w.rows, [&](float* y) { cpu_->matmul(w, hx, tokens, y); });
         continue;
       }
       const GgmlType a_type = cpu::activation_type(w.type);
-      if (uploaded != a_type) {
-        put_activations(w.type, x, tokens, w.cols);
-        uploaded = a_type;
+      if (rounded_for != a_type) {
+        dx = activations_for(call, w.type, x, tokens, w.cols);
+        rounded_for = a_type;
       }
-      Buffer& dy = slot(kOutput, floats(tokens * w.rows));
-      ops_.matmul(weight(w), {&slots_[kInput], 0, 0}, tokens, {&dy, 0, 0});
-      get(dy, ys[i], floats(tokens * w.rows));
+      ops_.matmul(weight(w), dx, tokens, call.out(ys[i], floats(tokens * w.rows)));
     }
+    call.finish();
   }
 
   void get_rows(const Weight& table, const int32_t* ids, int64_t count, float* out) override {
-    if (!vulkan::Ops::supports(Op::get_rows, table.type)) return cpu_->get_rows(table, ids, count, out);
+    if (!vulkan::Ops::supports(Op::get_rows, table.type)) {
+      return to(out, count * table.cols, [&](float* y) { cpu_->get_rows(table, ids, count, y); });
+    }
     for (int64_t i = 0; i < count; ++i)
       if (ids[i] < 0 || ids[i] >= table.rows)
         throw std::out_of_range("vulkan: get_rows: id " + std::to_string(ids[i]) + " outside the table");
+    Call call(*this);
     const vulkan::DeviceWeight& dt = weight(table);
-    const BufferRange did = put(kIds, ids, static_cast<size_t>(count) * sizeof(int32_t));
-    Buffer& dout = slot(kOutput, floats(count * table.cols));
-    ops_.get_rows(dt, did, count, {&dout, 0, 0});
-    get(dout, out, floats(count * table.cols));
+    ops_.get_rows(dt, call.in(ids, ints(count)), count, call.out(out, floats(count * table.cols)));
+    call.finish();
   }
 
   void rms_norm(const float* x, const float* w, int64_t n, int64_t rows, float eps, float* y) override {
-    const BufferRange dx = put(kInput, x, floats(n * rows));
-    const BufferRange dw = w ? put(kVector, w, floats(n)) : BufferRange{};
-    Buffer& dy = slot(kOutput, floats(n * rows));
-    ops_.rms_norm(dx, dw, n, rows, eps, {&dy, 0, 0});
-    get(dy, y, floats(n * rows));
+    Call call(*this);
+    const BufferRange dx = call.in(x, floats(n * rows));
+    const BufferRange dw = w ? call.in(w, floats(n)) : BufferRange{};
+    ops_.rms_norm(dx, dw, n, rows, eps, call.out(y, floats(n * rows)));
+    call.finish();
   }
 
   void layer_norm(const float* x, const float* w, const float* b, int64_t n, int64_t rows, float eps,
                   float* y) override {
-    const BufferRange dx = put(kInput, x, floats(n * rows));
-    const BufferRange dw = w ? put(kVector, w, floats(n)) : BufferRange{};
-    const BufferRange db = b ? put(kSecond, b, floats(n)) : BufferRange{};
-    Buffer& dy = slot(kOutput, floats(n * rows));
-    ops_.layer_norm(dx, dw, db, n, rows, eps, {&dy, 0, 0});
-    get(dy, y, floats(n * rows));
+    Call call(*this);
+    const BufferRange dx = call.in(x, floats(n * rows));
+    const BufferRange dw = w ? call.in(w, floats(n)) : BufferRange{};
+    const BufferRange db = b ? call.in(b, floats(n)) : BufferRange{};
+    ops_.layer_norm(dx, dw, db, n, rows, eps, call.out(y, floats(n * rows)));
+    call.finish();
   }
 
   void rope(float* x, int64_t tokens, int64_t row_stride, int64_t heads, int64_t head_dim, const int32_t* pos,
             const RopeParams& params) override {
     if (tokens == 0) return;
-    const size_t bytes = floats((tokens - 1) * row_stride + heads * head_dim);
-    const BufferRange dx = put(kInput, x, bytes);
-    const BufferRange dpos = put(kIds, pos, static_cast<size_t>(tokens) * sizeof(int32_t));
-    ops_.rope(dx, tokens, row_stride, heads, head_dim, dpos, params);
-    get(*dx.buffer, x, bytes);
+    Call call(*this);
+    const BufferRange dx = call.in_out(x, floats((tokens - 1) * row_stride + heads * head_dim));
+    ops_.rope(dx, tokens, row_stride, heads, head_dim, call.in(pos, ints(tokens)), params);
+    call.finish();
   }
 
   void attention(const float* q, int64_t q_row_stride, std::span<const AttentionQuery> queries,
                  const AttentionParams& params, float* out) override {
-    cpu_->attention(q, q_row_stride, queries, params, out);
+    if (queries.empty()) return;
+    const auto n = static_cast<int64_t>(queries.size());
+    std::vector<float> q_copy;
+    const float* hq = on_host(q, (n - 1) * q_row_stride + params.n_head * params.head_dim_k, q_copy);
+    to(out, n * params.n_head * params.head_dim_v, [&](float* y) { cpu_->attention(hq, q_row_stride, queries, params, y); });
   }
 
   void add(const float* a, const float* b, int64_t n, int64_t rows, int64_t b_rows, float* y) override {
@@ -107,9 +190,9 @@ class VulkanBackend final : public Backend {
   }
 
   void scale(float* x, int64_t count, float factor) override {
-    const BufferRange dx = put(kInput, x, floats(count));
-    ops_.scale(dx, count, factor);
-    get(*dx.buffer, x, floats(count));
+    Call call(*this);
+    ops_.scale(call.in_out(x, floats(count)), count, factor);
+    call.finish();
   }
 
   void silu(const float* x, int64_t n, int64_t rows, float* y) override { unary(&vulkan::Ops::silu, x, n * rows, y); }
@@ -119,99 +202,229 @@ class VulkanBackend final : public Backend {
   void softplus(const float* x, int64_t count, float* y) override { unary(&vulkan::Ops::softplus, x, count, y); }
 
   void softmax(float* x, int64_t n, int64_t rows) override {
-    const BufferRange dx = put(kInput, x, floats(n * rows));
-    ops_.softmax(dx, n, rows);
-    get(*dx.buffer, x, floats(n * rows));
+    Call call(*this);
+    ops_.softmax(call.in_out(x, floats(n * rows)), n, rows);
+    call.finish();
   }
 
   void l2_norm(const float* x, int64_t n, int64_t rows, float eps, float* y) override {
-    const BufferRange dx = put(kInput, x, floats(n * rows));
-    Buffer& dy = slot(kOutput, floats(n * rows));
-    ops_.l2_norm(dx, n, rows, eps, {&dy, 0, 0});
-    get(dy, y, floats(n * rows));
+    Call call(*this);
+    const BufferRange dx = call.in(x, floats(n * rows));
+    ops_.l2_norm(dx, n, rows, eps, call.out(y, floats(n * rows)));
+    call.finish();
   }
 
   void ssm_conv(const float* x, int64_t channels, const float* weights, int64_t taps,
                 std::span<const RecurrentSequence> sequences, float* y) override {
-    cpu_->ssm_conv(x, channels, weights, taps, sequences, y);
+    const int64_t rows = total_rows(sequences);
+    std::vector<float> x_copy;
+    const float* hx = on_host(x, rows * channels, x_copy);
+    to(y, rows * channels, [&](float* hy) { cpu_->ssm_conv(hx, channels, weights, taps, sequences, hy); });
   }
 
   void delta_rule(const float* q, const float* k, const float* v, int64_t row_stride, const float* log_decay,
                   const float* beta, std::span<const RecurrentSequence> sequences, const DeltaRuleParams& params,
                   float* out) override {
-    cpu_->delta_rule(q, k, v, row_stride, log_decay, beta, sequences, params, out);
+    const int64_t rows = total_rows(sequences);
+    if (rows == 0) return;
+    const int64_t qk_span = (rows - 1) * row_stride + params.n_k_heads * params.head_dim;
+    const int64_t v_span = (rows - 1) * row_stride + params.n_v_heads * params.head_dim;
+    std::vector<float> q_copy, k_copy, v_copy, g_copy, b_copy;
+    const float* hq = on_host(q, qk_span, q_copy);
+    const float* hk = on_host(k, qk_span, k_copy);
+    const float* hv = on_host(v, v_span, v_copy);
+    const float* hg = on_host(log_decay, rows * params.n_v_heads, g_copy);
+    const float* hb = on_host(beta, rows * params.n_v_heads, b_copy);
+    to(out, rows * params.n_v_heads * params.head_dim,
+       [&](float* y) { cpu_->delta_rule(hq, hk, hv, row_stride, hg, hb, sequences, params, y); });
   }
 
   void moe_route(const float* logits, int64_t n_expert, int64_t tokens, int64_t k, bool normalize, int32_t* experts,
                  float* weights) override {
-    const BufferRange dl = put(kInput, logits, floats(n_expert * tokens));
-    Buffer& de = slot(kIds, static_cast<size_t>(tokens * k) * sizeof(int32_t));
-    Buffer& dw = slot(kOutput, floats(tokens * k));
-    ops_.moe_route(dl, n_expert, tokens, k, normalize, {&de, 0, 0}, {&dw, 0, 0});
-    get(de, experts, static_cast<size_t>(tokens * k) * sizeof(int32_t));
-    get(dw, weights, floats(tokens * k));
+    Call call(*this);
+    const BufferRange dl = call.in(logits, floats(n_expert * tokens));
+    ops_.moe_route(dl, n_expert, tokens, k, normalize, call.out(experts, ints(tokens * k)),
+                   call.out(weights, floats(tokens * k)));
+    call.finish();
   }
 
   void moe_ffn(const ExpertWeights& w, const float* x, int64_t tokens, const int32_t* experts, const float* weights,
                int64_t k, float* out) override {
-    if (!vulkan::Ops::supports(Op::moe_ffn, w.gate.type) || w.up.type != w.gate.type || w.down.type != w.gate.type)
-      return cpu_->moe_ffn(w, x, tokens, experts, weights, k, out);
+    if (!vulkan::Ops::supports(Op::moe_ffn, w.gate.type) || w.up.type != w.gate.type || w.down.type != w.gate.type) {
+      std::vector<float> x_copy, w_copy;
+      const float* hx = on_host(x, tokens * w.gate.cols, x_copy);
+      const float* hw = on_host(weights, tokens * k, w_copy);
+      return to(out, tokens * w.down.rows, [&](float* y) { cpu_->moe_ffn(w, hx, tokens, experts, hw, k, y); });
+    }
+    Call call(*this);
     const vulkan::DeviceExperts& dexp = expert_stacks(w);
-    const int64_t n_embd = w.gate.cols;
-    const BufferRange dx = put_activations(w.gate.type, x, tokens, n_embd);
-    const BufferRange de = put(kIds, experts, static_cast<size_t>(tokens * k) * sizeof(int32_t));
-    const BufferRange dw = put(kVector, weights, floats(tokens * k));
-    Buffer& scratch = slot(kScratch, ops_.moe_scratch_bytes(dexp, tokens, k));
-    Buffer& dy = slot(kOutput, floats(tokens * w.down.rows));
-    ops_.moe_ffn(dexp, dx, tokens, de, dw, k, scratch, {&dy, 0, 0});
-    get(dy, out, floats(tokens * w.down.rows));
+    const BufferRange dx = activations_for(call, w.gate.type, x, tokens, w.gate.cols);
+    const BufferRange de = call.in(experts, ints(tokens * k));
+    const BufferRange dw = call.in(weights, floats(tokens * k));
+    const size_t scratch_bytes = ops_.moe_scratch_bytes(dexp, tokens, k);
+    if (moe_scratch_.size() < scratch_bytes) moe_scratch_ = device_->allocate(scratch_bytes + scratch_bytes / 2);
+    ops_.moe_ffn(dexp, dx, tokens, de, dw, k, moe_scratch_, call.out(out, floats(tokens * w.down.rows)));
+    call.finish();
   }
 
  private:
-  // Reused buffers, one per role in a call (each call submits and reads back before
-  // returning, so nothing recorded still uses them when the next call refills them).
-  enum Slot { kInput, kSecond, kVector, kIds, kOutput, kScratch, kSlots };
+  static constexpr size_t kReserved = size_t{64} << 30;
 
-  static size_t floats(int64_t count) { return static_cast<size_t>(count) * sizeof(float); }
+  // Where activation memory at p lies on the device (nullopt: p is host memory).
+  std::optional<BufferRange> resident(const void* p) const {
+    const auto address = reinterpret_cast<uintptr_t>(p), base = reinterpret_cast<uintptr_t>(reserved_);
+    if (address < base || address >= base + kReserved) return std::nullopt;
+    const size_t offset = address - base;
+    const auto& chunks = arena_.chunks();
+    auto it = std::upper_bound(chunks.begin(), chunks.end(), offset,
+                               [](size_t o, const Arena::Chunk& c) { return o < c.begin; });
+    if (it == chunks.begin() || offset >= std::prev(it)->begin + std::prev(it)->bytes)
+      throw std::logic_error("vulkan: an address among the reserved ones that no activation chunk holds");
+    const auto i = static_cast<size_t>(std::prev(it) - chunks.begin());
+    return BufferRange{&chunks_[i], offset - chunks[i].begin, 0};
+  }
 
-  Buffer& slot(Slot s, size_t bytes) {
-    Buffer& b = slots_[s];
-    if (b.size() < bytes) b = device_->allocate(std::max<size_t>(bytes + bytes / 2, 256));
-    return b;
+  // One op's operands on the device. Activation memory is bound where it lies (through
+  // an aligned copy when its offset is not one the device binds); host memory goes in
+  // through recorded writes, and host results come back in finish(), which submits.
+  // Temporaries are activation memory given back when the call ends (the device runs
+  // the recorded work in order, so a later op reusing them cannot overtake this one).
+  class Call {
+   public:
+    explicit Call(VulkanBackend& be) : be_(be), scope_(be) {}
+
+    BufferRange in(const void* p, size_t bytes) {
+      if (const auto at = be_.resident(p); at && aligned(*at)) return {at->buffer, at->offset, bytes};
+      return copy_of(p, bytes);
+    }
+    BufferRange out(void* p, size_t bytes) {
+      if (const auto at = be_.resident(p); at && aligned(*at)) return {at->buffer, at->offset, bytes};
+      const BufferRange t = temp(bytes);
+      back_.push_back({t, p});
+      return t;
+    }
+    BufferRange in_out(void* p, size_t bytes) {
+      if (const auto at = be_.resident(p); at && aligned(*at)) return {at->buffer, at->offset, bytes};
+      const BufferRange t = copy_of(p, bytes);
+      back_.push_back({t, p});
+      return t;
+    }
+    // A fresh device copy of the bytes at p, which the op may change.
+    BufferRange copy_of(const void* p, size_t bytes) {
+      const BufferRange t = temp(bytes);
+      if (const auto at = be_.resident(p)) {
+        const vulkan::Device::CopyRegion region{at->offset, t.offset, bytes};
+        be_.device_->copy(*at->buffer, *t.buffer, {&region, 1});
+      } else {
+        be_.device_->write(*t.buffer, t.offset, p, bytes);
+      }
+      return t;
+    }
+    void finish() {
+      for (const Back& b : back_) {
+        if (const auto at = be_.resident(b.to)) {
+          const vulkan::Device::CopyRegion region{b.from.offset, at->offset, b.from.bytes};
+          be_.device_->copy(*b.from.buffer, *at->buffer, {&region, 1});
+        } else {
+          be_.device_->download(*b.from.buffer, b.from.offset, b.to, b.from.bytes);
+        }
+      }
+      back_.clear();
+    }
+
+   private:
+    struct Back {
+      BufferRange from;
+      void* to;
+    };
+    bool aligned(const BufferRange& r) const { return r.offset % be_.alignment_ == 0; }
+    BufferRange temp(size_t bytes) {
+      const BufferRange r = *be_.resident(be_.activations(static_cast<int64_t>((bytes + 3) / 4)));
+      return {r.buffer, r.offset, bytes};
+    }
+    VulkanBackend& be_;
+    ActivationScope scope_;
+    std::vector<Back> back_;
+  };
+
+  // x as a matmul over `w_type` multiplies it: rounded on the device to the type's dot
+  // partner (Q8_0, Q8_1, Q8_K, F16, BF16; Ops::round_rows) in a copy, as the CPU backend's
+  // matmul (and llama.cpp's) rounds it; F32 weights take x as it is.
+  BufferRange activations_for(Call& call, GgmlType w_type, const float* x, int64_t rows, int64_t cols) {
+    if (cpu::activation_type(w_type) == GgmlType::F32) return call.in(x, floats(rows * cols));
+    const BufferRange dx = call.copy_of(x, floats(rows * cols));
+    ops_.round_rows(dx, cols, rows, w_type);
+    return dx;
   }
-  BufferRange put(Slot s, const void* data, size_t bytes) {
-    Buffer& b = slot(s, bytes);
-    device_->upload(b, 0, data, bytes);
-    return {&b, 0, 0};
+
+  // What an op left on the CPU reads: x itself on the host, or a download of the
+  // activations at x into `copy` (which submits the work recorded so far).
+  const float* on_host(const float* x, int64_t count, std::vector<float>& copy) {
+    const auto at = resident(x);
+    if (!at) return x;
+    copy.resize(static_cast<size_t>(count));
+    device_->download(*at->buffer, at->offset, copy.data(), floats(count));
+    return copy.data();
   }
-  void get(const Buffer& b, void* out, size_t bytes) {
-    device_->submit();
-    device_->download(b, 0, out, bytes);
+  // Runs an op left on the CPU that writes count floats for y: into y on the host, or
+  // into a host buffer then written to the activations at y (recorded, no wait).
+  template <class Op>
+  void to(float* y, int64_t count, Op&& op) {
+    const auto at = resident(y);
+    if (!at) return op(y);
+    std::vector<float> result(static_cast<size_t>(count));
+    op(result.data());
+    device_->write(*at->buffer, at->offset, result.data(), floats(count));
+  }
+
+  // Copies `regions` (byte offsets from x and y) from the x_bytes at x to y, wherever
+  // each lies.
+  void copy(const float* x, size_t x_bytes, float* y, std::span<const vulkan::Device::CopyRegion> regions) {
+    const auto from = resident(x), into = resident(y);
+    if (from && into) {
+      std::vector<vulkan::Device::CopyRegion> moved(regions.begin(), regions.end());
+      for (auto& r : moved) {
+        r.from += from->offset;
+        r.to += into->offset;
+      }
+      return device_->copy(*from->buffer, *into->buffer, moved);
+    }
+    std::vector<uint8_t> x_copy;
+    const auto* hx = reinterpret_cast<const uint8_t*>(x);
+    if (from) {
+      x_copy.resize(x_bytes);
+      device_->download(*from->buffer, from->offset, x_copy.data(), x_bytes);
+      hx = x_copy.data();
+    }
+    for (const auto& r : regions) {
+      if (into) {
+        device_->write(*into->buffer, into->offset + r.to, hx + r.from, r.bytes);
+      } else {
+        std::memcpy(reinterpret_cast<uint8_t*>(y) + r.to, hx + r.from, r.bytes);
+      }
+    }
+  }
+
+  static int64_t total_rows(std::span<const RecurrentSequence> sequences) {
+    int64_t rows = 0;
+    for (const RecurrentSequence& s : sequences) rows = std::max(rows, s.first_row + s.rows);
+    return rows;
   }
 
   using Binary = void (vulkan::Ops::*)(BufferRange, BufferRange, int64_t, int64_t, int64_t, BufferRange);
   void binary(Binary op, const float* a, const float* b, int64_t n, int64_t rows, int64_t b_rows, float* y) {
-    const BufferRange da = put(kInput, a, floats(n * rows));
-    const BufferRange db = put(kSecond, b, floats(n * b_rows));
-    Buffer& dy = slot(kOutput, floats(n * rows));
-    (ops_.*op)(da, db, n, rows, b_rows, {&dy, 0, 0});
-    get(dy, y, floats(n * rows));
+    Call call(*this);
+    const BufferRange da = call.in(a, floats(n * rows));
+    const BufferRange db = call.in(b, floats(n * b_rows));
+    (ops_.*op)(da, db, n, rows, b_rows, call.out(y, floats(n * rows)));
+    call.finish();
   }
   using Unary = void (vulkan::Ops::*)(BufferRange, int64_t, BufferRange);
   void unary(Unary op, const float* x, int64_t count, float* y) {
-    const BufferRange dx = put(kInput, x, floats(count));
-    Buffer& dy = slot(kOutput, floats(count));
-    (ops_.*op)(dx, count, {&dy, 0, 0});
-    get(dy, y, floats(count));
-  }
-
-  // The activations in kInput as the CPU backend's matmul (and llama.cpp's) sees them:
-  // rounded on the device to the weight type's dot partner (Q8_0, Q8_1, Q8_K, F16,
-  // BF16; Ops::round_rows), so that the float shaders multiply the same values.
-  BufferRange put_activations(GgmlType w_type, const float* x, int64_t rows, int64_t cols) {
-    const BufferRange dx = put(kInput, x, floats(rows * cols));
-    ops_.round_rows(dx, cols, rows, w_type);
-    return dx;
+    Call call(*this);
+    const BufferRange dx = call.in(x, floats(count));
+    (ops_.*op)(dx, count, call.out(y, floats(count)));
+    call.finish();
   }
 
   // Uploaded once per matrix (keyed by where it is mapped and its shape).
@@ -230,7 +443,11 @@ class VulkanBackend final : public Backend {
   std::unique_ptr<vulkan::Device> device_;
   vulkan::Ops ops_;
   std::unique_ptr<Backend> cpu_;
-  std::array<Buffer, kSlots> slots_;
+  uint8_t* reserved_ = nullptr;
+  size_t alignment_ = 4;
+  Arena arena_;
+  std::deque<Buffer> chunks_;  // deque: a recorded range's buffer stays where it is
+  Buffer moe_scratch_;
   std::map<std::tuple<const void*, GgmlType, int64_t, int64_t>, vulkan::DeviceWeight> weights_;
   std::map<const void*, vulkan::DeviceExperts> experts_;
 };

@@ -1,14 +1,14 @@
-// backend.hpp's Backend over the Vulkan ops, op by op: each call's activations go to
-// the device and its results come back before it returns; weight matrices and expert
-// stacks are uploaded once, at first use, and kept (keyed by their mapped address:
-// the model file's mapping outlives the backend). Attention and the recurrent ops run
-// on the CPU backend, because the KV cache and the recurrent state are host memory
-// until state storage moves behind the backend (docs/ARCHITECTURE.md, "Device
-// backends"); so do weight types the shaders lack.
-//
-// This is how the whole model runs through the shaders today (conformance against
-// llama.cpp, `--backend vulkan`); it is not yet the device-resident stage, which keeps
-// activations and state on the device for a whole step.
+// backend.hpp's Backend over the Vulkan ops. A forward pass's activations live in
+// device memory (Backend::activations(): addresses the host cannot touch, each naming a
+// place in a device buffer), so the ops between a stage's input and its output record
+// dispatches and copies without waiting; the device runs them when the host needs a
+// result (a download, or an op left on the CPU). Weight matrices and expert stacks are
+// uploaded once, at first use, and kept (keyed by their mapped address: the model
+// file's mapping outlives the backend). Attention and the recurrent ops run on the CPU
+// backend, because the KV cache and the recurrent state are host memory until state
+// storage moves behind the backend (docs/ARCHITECTURE.md, "Device backends"); each of
+// them downloads its inputs (one submission) and writes its result back; so do weight
+// types the shaders lack. Ops handed host pointers (tests, tools) copy them in and out.
 #pragma once
 
 #include <memory>

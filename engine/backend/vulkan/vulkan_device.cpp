@@ -206,9 +206,12 @@ struct Device::Impl {
   };
   std::array<Pipeline, static_cast<size_t>(Shader::count)> pipelines{};
   Buffer staging;
+  std::vector<Buffer> pending_staging;  // write()'s, freed once submitted
 
   Pipeline& pipeline(Device& owner, Shader shader);
   void begin();
+  // After a recorded transfer: the dispatches and transfers after it see what it wrote.
+  void transfer_barrier();
 };
 
 Device::Device() : impl_(std::make_unique<Impl>()) {}
@@ -279,6 +282,7 @@ Device::~Device() {
   Impl& m = *impl_;
   if (m.device) vkDeviceWaitIdle(m.device);
   m.staging = Buffer();
+  m.pending_staging.clear();
   for (auto& p : m.pipelines) {
     if (p.pipeline) vkDestroyPipeline(m.device, p.pipeline, nullptr);
     if (p.layout) vkDestroyPipelineLayout(m.device, p.layout, nullptr);
@@ -291,7 +295,7 @@ Device::~Device() {
   if (m.instance) vkDestroyInstance(m.instance, nullptr);
 }
 
-Buffer Device::allocate(size_t bytes) {
+Buffer Device::allocate(size_t bytes, bool host_visible) {
   Impl& m = *impl_;
   Buffer b;
   bytes = std::max<size_t>(bytes, 4);
@@ -308,7 +312,7 @@ Buffer Device::allocate(size_t bytes) {
   const VkMemoryPropertyFlags local = VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT;
   const VkMemoryPropertyFlags visible = VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | VK_MEMORY_PROPERTY_HOST_COHERENT_BIT;
   uint32_t type = pick_memory_type(m.memory, needs.memoryTypeBits, local | visible);
-  if (type == UINT32_MAX) type = pick_memory_type(m.memory, needs.memoryTypeBits, local);
+  if (type == UINT32_MAX && !host_visible) type = pick_memory_type(m.memory, needs.memoryTypeBits, local);
   if (type == UINT32_MAX) type = pick_memory_type(m.memory, needs.memoryTypeBits, visible);
   if (type == UINT32_MAX) {
     vkDestroyBuffer(m.device, buffer, nullptr);
@@ -352,7 +356,7 @@ void Device::upload(Buffer& to, size_t offset, const void* data, size_t bytes) {
     return;
   }
   constexpr size_t kStaging = size_t{64} << 20;
-  if (!m.staging) m.staging = allocate(kStaging);
+  if (!m.staging) m.staging = allocate(kStaging, true);
   for (size_t done = 0; done < bytes; done += kStaging) {
     const size_t n = std::min(kStaging, bytes - done);
     std::memcpy(m.staging.mapped_, static_cast<const uint8_t*>(data) + done, n);
@@ -373,7 +377,7 @@ void Device::download(const Buffer& from, size_t offset, void* data, size_t byte
     return;
   }
   constexpr size_t kStaging = size_t{64} << 20;
-  if (!m.staging) m.staging = allocate(kStaging);
+  if (!m.staging) m.staging = allocate(kStaging, true);
   for (size_t done = 0; done < bytes; done += kStaging) {
     const size_t n = std::min(kStaging, bytes - done);
     m.begin();
@@ -383,6 +387,50 @@ void Device::download(const Buffer& from, size_t offset, void* data, size_t byte
     submit();
     std::memcpy(static_cast<uint8_t*>(data) + done, m.staging.mapped_, n);
   }
+}
+
+void Device::write(const Buffer& to, size_t offset, const void* data, size_t bytes) {
+  if (offset > to.size_ || bytes > to.size_ - offset) throw std::out_of_range("vulkan: write past a buffer's end");
+  if (bytes == 0) return;
+  Impl& m = *impl_;
+  m.begin();
+  // vkCmdUpdateBuffer keeps up to 64 KiB in the command buffer, in whole words.
+  if (bytes <= 65536 && bytes % 4 == 0 && offset % 4 == 0) {
+    vkCmdUpdateBuffer(m.commands, reinterpret_cast<VkBuffer>(to.buffer_), offset, bytes, data);
+  } else {
+    Buffer& staging = m.pending_staging.emplace_back(allocate(bytes, true));
+    std::memcpy(staging.mapped_, data, bytes);
+    const VkBufferCopy region{0, offset, bytes};
+    vkCmdCopyBuffer(m.commands, reinterpret_cast<VkBuffer>(staging.buffer_), reinterpret_cast<VkBuffer>(to.buffer_), 1,
+                    &region);
+  }
+  m.transfer_barrier();
+}
+
+void Device::copy(const Buffer& from, const Buffer& to, std::span<const CopyRegion> regions) {
+  if (regions.empty()) return;
+  std::vector<VkBufferCopy> copies(regions.size());
+  for (size_t i = 0; i < regions.size(); ++i) {
+    const CopyRegion& r = regions[i];
+    if (r.from > from.size_ || r.bytes > from.size_ - r.from || r.to > to.size_ || r.bytes > to.size_ - r.to)
+      throw std::out_of_range("vulkan: a copy past a buffer's end");
+    copies[i] = {r.from, r.to, r.bytes};
+  }
+  Impl& m = *impl_;
+  m.begin();
+  vkCmdCopyBuffer(m.commands, reinterpret_cast<VkBuffer>(from.buffer_), reinterpret_cast<VkBuffer>(to.buffer_),
+                  static_cast<uint32_t>(copies.size()), copies.data());
+  m.transfer_barrier();
+}
+
+void Device::Impl::transfer_barrier() {
+  VkMemoryBarrier barrier = make<VkMemoryBarrier>(VK_STRUCTURE_TYPE_MEMORY_BARRIER);
+  barrier.srcAccessMask = VK_ACCESS_TRANSFER_WRITE_BIT;
+  barrier.dstAccessMask = VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_READ_BIT |
+                          VK_ACCESS_TRANSFER_WRITE_BIT;
+  vkCmdPipelineBarrier(commands, VK_PIPELINE_STAGE_TRANSFER_BIT,
+                       VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT, 0, 1, &barrier, 0, nullptr, 0,
+                       nullptr);
 }
 
 void Device::Impl::begin() {
@@ -478,7 +526,8 @@ void Device::dispatch(Shader shader, std::span<const BufferRange> buffers, const
   // Each dispatch sees what the ones before it wrote.
   VkMemoryBarrier barrier = make<VkMemoryBarrier>(VK_STRUCTURE_TYPE_MEMORY_BARRIER);
   barrier.srcAccessMask = VK_ACCESS_SHADER_WRITE_BIT;
-  barrier.dstAccessMask = VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_READ_BIT;
+  barrier.dstAccessMask = VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_READ_BIT |
+                          VK_ACCESS_TRANSFER_WRITE_BIT;
   vkCmdPipelineBarrier(m.commands, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
                        VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT, 0, 1, &barrier, 0, nullptr, 0,
                        nullptr);
@@ -497,6 +546,7 @@ void Device::submit() {
   check(vkWaitForFences(m.device, 1, &m.fence, VK_TRUE, UINT64_MAX), "waiting for the device");
   check(vkResetFences(m.device, 1, &m.fence), "resetting a fence");
   check(vkResetCommandBuffer(m.commands, 0), "resetting a command buffer");
+  m.pending_staging.clear();
   ++submissions_;
 }
 

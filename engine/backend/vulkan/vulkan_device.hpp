@@ -157,11 +157,23 @@ class Device {
   // Bytes of the buffers allocated now (the device's memory accounting).
   uint64_t allocated_bytes() const { return allocated_; }
 
-  Buffer allocate(size_t bytes);
+  // host_visible: memory the host maps (staging), else device-local where there is some.
+  Buffer allocate(size_t bytes, bool host_visible = false);
   // Host to device and back. A host-visible buffer is copied directly; otherwise
   // through a staging buffer. Either waits for the recorded work first.
   void upload(Buffer& to, size_t offset, const void* data, size_t bytes);
   void download(const Buffer& from, size_t offset, void* data, size_t bytes);
+
+  // Recorded, in order with the dispatches (nothing waits): host bytes into `to` (taken
+  // now: small ones inside the command buffer, larger ones through staging kept until
+  // the submission), and copies between buffers (no alignment asked of the offsets).
+  void write(const Buffer& to, size_t offset, const void* data, size_t bytes);
+  struct CopyRegion {
+    size_t from = 0;
+    size_t to = 0;
+    size_t bytes = 0;
+  };
+  void copy(const Buffer& from, const Buffer& to, std::span<const CopyRegion> regions);
 
   // Records a dispatch of `groups` workgroups with the buffers bound in order and the
   // push constants, after everything recorded before it (a barrier between). Nothing
