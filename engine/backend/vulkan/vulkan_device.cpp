@@ -206,7 +206,8 @@ struct Device::Impl {
   };
   std::array<Pipeline, static_cast<size_t>(Shader::count)> pipelines{};
   Buffer staging;
-  std::vector<Buffer> pending_staging;  // write()'s, freed once submitted
+  std::vector<Buffer> pending_staging;  // write()'s until submitted, then spare for the next ones
+  std::vector<Buffer> spare_staging;
 
   Pipeline& pipeline(Device& owner, Shader shader);
   void begin();
@@ -283,6 +284,7 @@ Device::~Device() {
   if (m.device) vkDeviceWaitIdle(m.device);
   m.staging = Buffer();
   m.pending_staging.clear();
+  m.spare_staging.clear();
   for (auto& p : m.pipelines) {
     if (p.pipeline) vkDestroyPipeline(m.device, p.pipeline, nullptr);
     if (p.layout) vkDestroyPipelineLayout(m.device, p.layout, nullptr);
@@ -398,7 +400,15 @@ void Device::write(const Buffer& to, size_t offset, const void* data, size_t byt
   if (bytes <= 65536 && bytes % 4 == 0 && offset % 4 == 0) {
     vkCmdUpdateBuffer(m.commands, reinterpret_cast<VkBuffer>(to.buffer_), offset, bytes, data);
   } else {
-    Buffer& staging = m.pending_staging.emplace_back(allocate(bytes, true));
+    auto spare = std::find_if(m.spare_staging.begin(), m.spare_staging.end(),
+                              [&](const Buffer& b) { return b.size() >= bytes; });
+    if (spare == m.spare_staging.end()) {
+      m.pending_staging.push_back(allocate(bytes, true));
+    } else {
+      m.pending_staging.push_back(std::move(*spare));
+      m.spare_staging.erase(spare);
+    }
+    Buffer& staging = m.pending_staging.back();
     std::memcpy(staging.mapped_, data, bytes);
     const VkBufferCopy region{0, offset, bytes};
     vkCmdCopyBuffer(m.commands, reinterpret_cast<VkBuffer>(staging.buffer_), reinterpret_cast<VkBuffer>(to.buffer_), 1,
@@ -546,7 +556,10 @@ void Device::submit() {
   check(vkWaitForFences(m.device, 1, &m.fence, VK_TRUE, UINT64_MAX), "waiting for the device");
   check(vkResetFences(m.device, 1, &m.fence), "resetting a fence");
   check(vkResetCommandBuffer(m.commands, 0), "resetting a command buffer");
+  // Kept for the next writes (at most a few: a step's largest host results).
+  for (Buffer& b : m.pending_staging) m.spare_staging.push_back(std::move(b));
   m.pending_staging.clear();
+  if (m.spare_staging.size() > 8) m.spare_staging.erase(m.spare_staging.begin(), m.spare_staging.end() - 8);
   ++submissions_;
 }
 
