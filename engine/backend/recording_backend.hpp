@@ -100,19 +100,29 @@ class RecordingBackend final : public Backend {
   void moe_route(const float* logits, int64_t n_expert, int64_t tokens, int64_t k, bool normalize, int32_t* experts,
                  float* weights) override {
     inner_.moe_route(logits, n_expert, tokens, k, normalize, experts, weights);
+    const std::vector<int32_t> chosen = host_ints(experts, tokens * k);
+    std::vector<float> chosen_weights(static_cast<size_t>(tokens * k));
+    inner_.download(weights, tokens * k, chosen_weights.data());
     for (int64_t t = 0; t < tokens; ++t) {
-      routes.emplace_back(experts + t * k, experts + (t + 1) * k);
-      route_weights.emplace_back(weights + t * k, weights + (t + 1) * k);
+      routes.emplace_back(chosen.begin() + t * k, chosen.begin() + (t + 1) * k);
+      route_weights.emplace_back(chosen_weights.begin() + t * k, chosen_weights.begin() + (t + 1) * k);
     }
   }
   void moe_ffn(const ExpertWeights& w, const float* x, int64_t tokens, const int32_t* experts, const float* weights,
                int64_t k, float* out) override {
-    const std::set<int32_t> chosen(experts, experts + tokens * k);
+    const std::vector<int32_t> routed = host_ints(experts, tokens * k);
+    const std::set<int32_t> chosen(routed.begin(), routed.end());
     weight_bytes += chosen.size() * (w.gate.expert_bytes() + w.up.expert_bytes() + w.down.expert_bytes());
     inner_.moe_ffn(w, x, tokens, experts, weights, k, out);
   }
 
  private:
+  // Expert ids wherever they are (activation memory holds them in float-sized slots).
+  std::vector<int32_t> host_ints(const int32_t* ids, int64_t count) {
+    std::vector<int32_t> out(static_cast<size_t>(count));
+    inner_.download(reinterpret_cast<const float*>(ids), count, reinterpret_cast<float*>(out.data()));
+    return out;
+  }
   static uint64_t bytes(const Weight& w) {
     return bytes_of(type_traits(w.type), static_cast<uint64_t>(w.cols)).value() * static_cast<uint64_t>(w.rows);
   }

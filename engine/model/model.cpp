@@ -233,11 +233,12 @@ void Model::swiglu(ForwardContext& ctx, const Weight& gate_w, const Weight& up_w
 void Model::moe_ffn(ForwardContext& ctx, const LayerWeights& lw, const float* xn, float* out) const {
   const int64_t n = ctx.n_tokens(), n_expert = hp_.n_expert, k = hp_.n_expert_used;
   float* logits = ctx.floats(n * n_expert);
-  std::vector<float> weights(static_cast<size_t>(n * k));  // the routing lands on the host
-  std::vector<int32_t> experts(static_cast<size_t>(n * k));
+  // The routing stays in activation memory too: int32 expert ids in float-sized slots.
+  auto* experts = reinterpret_cast<int32_t*>(ctx.floats(n * k));
+  float* weights = ctx.floats(n * k);
   ctx.be.matmul(lw.ffn_gate_inp, xn, n, logits);
-  ctx.be.moe_route(logits, n_expert, n, k, hp_.expert_weights_norm, experts.data(), weights.data());
-  ctx.be.moe_ffn(lw.ffn_exps, xn, n, experts.data(), weights.data(), k, out);
+  ctx.be.moe_route(logits, n_expert, n, k, hp_.expert_weights_norm, experts, weights);
+  ctx.be.moe_ffn(lw.ffn_exps, xn, n, experts, weights, k, out);
 }
 
 void Model::residual(ForwardContext& ctx, float* x, const float* o) const {

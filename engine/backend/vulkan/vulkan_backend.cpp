@@ -86,13 +86,10 @@ class VulkanBackend final : public Backend {
   }
 
   void scale_rows(float* x, int64_t n, int64_t rows, const float* factors) override {
-    std::vector<float> x_copy, f_copy;
-    const float* hf = on_host(factors, rows, f_copy);
-    const float* hx = on_host(x, n * rows, x_copy);
-    to(x, n * rows, [&](float* y) {
-      if (y != hx) std::memcpy(y, hx, floats(n * rows));
-      cpu_->scale_rows(y, n, rows, hf);
-    });
+    Call call(*this);
+    const BufferRange df = call.in(factors, floats(rows));
+    ops_.scale_rows(call.in_out(x, floats(n * rows)), df, n, rows);
+    call.finish();
   }
 
   void store_kv(state::KvCache& cache, int32_t layer, std::span<const KvSlot> slots, const float* k, int64_t k_stride,
@@ -251,10 +248,11 @@ class VulkanBackend final : public Backend {
   void moe_ffn(const ExpertWeights& w, const float* x, int64_t tokens, const int32_t* experts, const float* weights,
                int64_t k, float* out) override {
     if (!vulkan::Ops::supports(Op::moe_ffn, w.gate.type) || w.up.type != w.gate.type || w.down.type != w.gate.type) {
-      std::vector<float> x_copy, w_copy;
+      std::vector<float> x_copy, w_copy, e_copy;
       const float* hx = on_host(x, tokens * w.gate.cols, x_copy);
       const float* hw = on_host(weights, tokens * k, w_copy);
-      return to(out, tokens * w.down.rows, [&](float* y) { cpu_->moe_ffn(w, hx, tokens, experts, hw, k, y); });
+      const auto* he = reinterpret_cast<const int32_t*>(on_host(reinterpret_cast<const float*>(experts), tokens * k, e_copy));
+      return to(out, tokens * w.down.rows, [&](float* y) { cpu_->moe_ffn(w, hx, tokens, he, hw, k, y); });
     }
     Call call(*this);
     const vulkan::DeviceExperts& dexp = expert_stacks(w);

@@ -89,6 +89,7 @@ std::vector<float> chain(Backend& be, const Weights& w, const std::vector<float>
   float* d = alloc(kTokens * kRows);
   be.gather_rows(c, kRows, order, kTokens, d);
   be.softmax(d, kRows, kTokens);
+  be.scale_rows(d, kRows, kTokens, b + 7);  // per-row factors from an activation
   be.scale(d, kTokens * kRows, 3.0f);
   be.add(d, c, kRows, kTokens, kTokens, d);
   std::vector<float> out(static_cast<size_t>(kTokens * kRows));
@@ -135,6 +136,21 @@ TEST(VulkanActivations, AnOpLeftOnTheCpuWaitsForItsInputsOnly) {
   cpu->ssm_conv(input.data(), 12, taps.data(), 4, {&host_sequence, 1}, want.data());
   be->silu(want.data(), 12, 8, want.data());
   EXPECT_EQ(got, want);
+}
+
+TEST(VulkanActivations, RowOpsEqualTheCpusBitForBit) {
+  REQUIRE_BACKEND(be);
+  const std::unique_ptr<Backend> cpu = make_cpu_backend(1);
+  const std::vector<float> x = random_floats(7 * 33, 8), factors = random_floats(7, 9);
+  std::vector<float> want = x, got = x;
+  cpu->scale_rows(want.data(), 33, 7, factors.data());
+  be->scale_rows(got.data(), 33, 7, factors.data());
+  EXPECT_EQ(got, want);
+  const int32_t ids[4] = {6, 0, 6, 3};
+  std::vector<float> want_rows(4 * 33), got_rows(4 * 33);
+  cpu->gather_rows(x.data(), 33, ids, 4, want_rows.data());
+  be->gather_rows(x.data(), 33, ids, 4, got_rows.data());
+  EXPECT_EQ(got_rows, want_rows);
 }
 
 TEST(VulkanActivations, MemoryIsGivenBackToAMarkAndReused) {

@@ -193,11 +193,21 @@ void Ops::elementwise(Shader shader, BufferRange a, BufferRange b, int64_t n, in
   if (b_rows != 1 && b_rows != rows) throw std::invalid_argument("vulkan: b must have 1 row or as many as a");
   const int64_t count = n * rows;
   const struct {
-    uint32_t n, count, b_rows;
-  } push{checked_u32(n, "n"), checked_u32(count, "count"), checked_u32(b_rows, "b rows")};
+    uint32_t n, count, b_rows, per_row;
+  } push{checked_u32(n, "n"), checked_u32(count, "count"), checked_u32(b_rows, "b rows"), 0};
   const BufferRange bindings[] = {floats(a, 0, count), floats(b, 0, n * b_rows), floats(y, 0, count)};
   const auto [gx, gy] = grid((static_cast<uint64_t>(count) + kWorkgroupSize - 1) / kWorkgroupSize);
   device_.dispatch(shader, bindings, &push, sizeof push, gx, gy);
+}
+
+void Ops::scale_rows(BufferRange x, BufferRange factors, int64_t n, int64_t rows) {
+  const int64_t count = n * rows;
+  const struct {
+    uint32_t n, count, b_rows, per_row;
+  } push{checked_u32(n, "n"), checked_u32(count, "count"), checked_u32(rows, "rows"), 1};
+  const BufferRange bindings[] = {floats(x, 0, count), floats(factors, 0, rows), floats(x, 0, count)};
+  const auto [gx, gy] = grid((static_cast<uint64_t>(count) + kWorkgroupSize - 1) / kWorkgroupSize);
+  device_.dispatch(Shader::mul, bindings, &push, sizeof push, gx, gy);
 }
 
 void Ops::add(BufferRange a, BufferRange b, int64_t n, int64_t rows, int64_t b_rows, BufferRange y) {

@@ -82,6 +82,8 @@ class Ops {
   void rms_norm(BufferRange x, BufferRange weight, int64_t n, int64_t rows, float eps, BufferRange y);
   void add(BufferRange a, BufferRange b, int64_t n, int64_t rows, int64_t b_rows, BufferRange y);
   void mul(BufferRange a, BufferRange b, int64_t n, int64_t rows, int64_t b_rows, BufferRange y);
+  // x row r *= factors[r], in place, rows of n.
+  void scale_rows(BufferRange x, BufferRange factors, int64_t n, int64_t rows);
   void layer_norm(BufferRange x, BufferRange weight, BufferRange bias, int64_t n, int64_t rows, float eps, BufferRange y);
   void l2_norm(BufferRange x, int64_t n, int64_t rows, float eps, BufferRange y);
   // Elementwise over count floats (backend.hpp's definitions).
