@@ -18,7 +18,7 @@ inline float hsum512(__m512 v) {
 }
 
 struct ZmmTiles {
-  static constexpr int kRows = 4, kCols = 4, kGemvRows = 1;
+  static constexpr int kGemvRows = 1;  // tile shapes: the derived kernels'
   using Acc = __m512;
   static Acc zero() { return _mm512_setzero_ps(); }
   static float reduce(const Acc& acc) { return hsum512(acc); }
