@@ -392,7 +392,7 @@ TEST(EngineSteps, SubmitsTheNextStepBeforeATokensText) {
   EXPECT_EQ(text, "aaa");
 }
 
-// argmax_suffices says yes only where the sampler's pick is the arg max of the raw
+// SamplingParams::argmax_suffices says yes only where the sampler's pick is the arg max of the raw
 // logits (the first of equal maxima): checked against the sampler on rows with ties.
 TEST(ArgmaxOutput, SufficesExactlyWhereTheSamplerPicksTheArgmax) {
   std::vector<float> logits(64);
@@ -404,7 +404,7 @@ TEST(ArgmaxOutput, SufficesExactlyWhereTheSamplerPicksTheArgmax) {
   const int32_t argmax = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
   sample::SamplingParams greedy = sample::SamplingParams::greedy();
   greedy.seed = 1;
-  EXPECT_TRUE(argmax_suffices(greedy));
+  EXPECT_TRUE(greedy.argmax_suffices());
   std::vector<int32_t> history;  // accepted tokens: the penalties see them
   for (int32_t t = 0; t < 64; t += 3) history.push_back(t);
   auto picks = [&](const sample::SamplingParams& p) {
@@ -417,24 +417,39 @@ TEST(ArgmaxOutput, SufficesExactlyWhereTheSamplerPicksTheArgmax) {
   top_k.top_k = 5;
   top_k.top_p = 0.5f;
   top_k.min_p = 0.2f;
-  EXPECT_TRUE(argmax_suffices(top_k));
+  EXPECT_TRUE(top_k.argmax_suffices());
   EXPECT_EQ(picks(top_k), argmax);
   auto warm = greedy;
   warm.temperature = 0.8f;
-  EXPECT_FALSE(argmax_suffices(warm));
+  EXPECT_FALSE(warm.argmax_suffices());
   auto biased = greedy;
   biased.logit_bias = {{argmax, -INFINITY}};
-  EXPECT_FALSE(argmax_suffices(biased));
+  EXPECT_FALSE(biased.argmax_suffices());
   EXPECT_NE(picks(biased), argmax);
   auto penalised = greedy;
   penalised.repeat_penalty = 1.5f;
   penalised.penalty_last_n = 64;
-  EXPECT_FALSE(argmax_suffices(penalised));
+  EXPECT_FALSE(penalised.argmax_suffices());
   penalised.penalty_last_n = 0;  // a window of nothing: no penalty
-  EXPECT_TRUE(argmax_suffices(penalised));
+  EXPECT_TRUE(penalised.argmax_suffices());
   auto typical = greedy;
   typical.typical_p = 0.5f;
-  EXPECT_FALSE(argmax_suffices(typical));
+  EXPECT_FALSE(typical.argmax_suffices());
+  auto xtc = greedy;  // excludes the top choices: the best goes
+  xtc.xtc_probability = 1.0f;
+  xtc.xtc_threshold = 0.0f;
+  EXPECT_FALSE(xtc.argmax_suffices());
+  EXPECT_NE(picks(xtc), argmax);
+  auto dynamic = greedy;
+  dynamic.dynatemp_range = 1.0f;
+  EXPECT_FALSE(dynamic.argmax_suffices());
+  auto mirostat = greedy;
+  mirostat.mirostat = 1;
+  EXPECT_FALSE(mirostat.argmax_suffices());
+  auto sigma = greedy;  // keeps the best
+  sigma.top_n_sigma = 0.5f;
+  EXPECT_TRUE(sigma.argmax_suffices());
+  EXPECT_EQ(picks(sigma), argmax);
 }
 
 // The last stage's arg max is std::max_element's pick (which the greedy sampler makes):

@@ -28,13 +28,6 @@ std::string exceeds_context_message(size_t n_tokens, int64_t ctx) {
          std::to_string(ctx) + " tokens), try increasing it";
 }
 
-bool argmax_suffices(const sample::SamplingParams& params) {
-  const bool penalties = params.penalty_last_n != 0 &&
-                         (params.repeat_penalty != 1.0f || params.frequency_penalty != 0.0f ||
-                          params.presence_penalty != 0.0f);
-  return params.temperature <= 0.0f && params.logit_bias.empty() && !penalties && params.typical_p >= 1.0f;
-}
-
 std::string StopMatcher::push(const std::string& text) {
   if (matched_) return {};
   held_ += text;
@@ -479,7 +472,7 @@ void Engine::admit() {
       fail(*s, std::string("the request cannot start: ") + e.what());
       continue;
     }
-    s->argmax_only = argmax_suffices(s->request.sampling) && s->request.logprobs < 0 && !s->request.full_logits;
+    s->argmax_only = s->request.sampling.argmax_suffices() && s->request.logprobs < 0 && !s->request.full_logits;
     reuse_prefix(*s);
     evict_kept();  // the new sequence may push the kept ones over the bounds
     {

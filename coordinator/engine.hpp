@@ -69,11 +69,6 @@ struct OnlineRequest {
   bool full_logits = false;
 };
 
-// Sampling with these parameters picks the arg max of the raw logits (the first of
-// equal maxima), as sample::Sampler's greedy path does: temperature 0, no logit bias,
-// no penalties, no typical-p (the other filters all keep the best candidate).
-bool argmax_suffices(const sample::SamplingParams& params);
-
 struct Callbacks {
   // Every sampled token, end-of-generation ones included, with the logits row it was
   // sampled from (valid during the call; empty unless OnlineRequest::full_logits or the

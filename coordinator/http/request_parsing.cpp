@@ -193,9 +193,11 @@ void parse_samplers(Parse& p, const std::string& name, const json& v) {
     else if (n == "top_p") stages.push_back(Stage::TopP);
     else if (n == "min_p") stages.push_back(Stage::MinP);
     else if (n == "temperature") stages.push_back(Stage::Temperature);
-    // Samplers pico does not have, neutral at their default parameters (which their own
-    // fields keep): nothing to run.
-    else if (n == "dry" || n == "xtc" || n == "top_n_sigma") continue;
+    else if (n == "top_n_sigma") stages.push_back(Stage::TopNSigma);
+    else if (n == "xtc") stages.push_back(Stage::Xtc);
+    // DRY is not here yet: neutral at its default multiplier 0 (which dry_multiplier
+    // keeps): nothing to run.
+    else if (n == "dry") continue;
     else invalid(name, "names an unknown sampler '" + n + "'");
   }
   p.req.sampling.stages = std::move(stages);
@@ -385,17 +387,30 @@ const Field kGenerationFields[] = {
     {"store", kChat, [](Parse&, const std::string& n, const json& v) { neutral_only(n, v, is_false); }},
     {"chat_template_kwargs", kChat,
      [](Parse& p, const std::string& n, const json& v) { p.chat = parse_chat_template_kwargs(n, v); }},
+    // llama.cpp's other samplers (sample/sampler.hpp).
+    {"mirostat", kAll,
+     [](Parse& p, const std::string& n, const json& v) { p.req.sampling.mirostat = static_cast<int32_t>(integer(n, v, 0, 2)); }},
+    {"mirostat_tau", kAll,
+     [](Parse& p, const std::string& n, const json& v) { p.req.sampling.mirostat_tau = static_cast<float>(number(n, v, -1e9, 1e9)); }},
+    {"mirostat_eta", kAll,
+     [](Parse& p, const std::string& n, const json& v) { p.req.sampling.mirostat_eta = static_cast<float>(number(n, v, -1e9, 1e9)); }},
+    {"xtc_probability", kAll,
+     [](Parse& p, const std::string& n, const json& v) { p.req.sampling.xtc_probability = static_cast<float>(number(n, v, 0, 1)); }},
+    {"xtc_threshold", kAll,
+     [](Parse& p, const std::string& n, const json& v) { p.req.sampling.xtc_threshold = static_cast<float>(number(n, v, 0, 1)); }},
+    {"dynatemp_range", kAll,
+     [](Parse& p, const std::string& n, const json& v) { p.req.sampling.dynatemp_range = static_cast<float>(number(n, v, 0, 100)); }},
+    {"dynatemp_exponent", kAll,
+     [](Parse& p, const std::string& n, const json& v) {
+       p.req.sampling.dynatemp_exponent = static_cast<float>(number(n, v, -1e9, 1e9));
+     }},
+    {"top_n_sigma", kAll,
+     [](Parse& p, const std::string& n, const json& v) { p.req.sampling.top_n_sigma = static_cast<float>(number(n, v, -1e9, 1e9)); }},
     // llama.cpp samplers and options without an implementation here: their off values.
-    {"mirostat", kAll, [](Parse&, const std::string& n, const json& v) { neutral_only(n, v, is_zero); }},
     {"dry_multiplier", kAll, [](Parse&, const std::string& n, const json& v) { neutral_only(n, v, is_zero); }},
-    {"xtc_probability", kAll, [](Parse&, const std::string& n, const json& v) { neutral_only(n, v, is_zero); }},
-    {"dynatemp_range", kAll, [](Parse&, const std::string& n, const json& v) { neutral_only(n, v, is_zero); }},
-    {"top_n_sigma", kAll, [](Parse&, const std::string& n, const json& v) { neutral_only(n, v, non_positive); }},
     {"adaptive_target", kAll,
      [](Parse&, const std::string& n, const json& v) { neutral_only(n, v, [](const json& x) { return x.is_number() && x.get<double>() < 0; }); }},
     // Parameters of those samplers: no effect while the sampler is off, so any number.
-    {"mirostat_tau", kAll, [](Parse&, const std::string& n, const json& v) { number(n, v, -1e9, 1e9); }},
-    {"mirostat_eta", kAll, [](Parse&, const std::string& n, const json& v) { number(n, v, -1e9, 1e9); }},
     {"dry_base", kAll, [](Parse&, const std::string& n, const json& v) { number(n, v, -1e9, 1e9); }},
     {"dry_allowed_length", kAll, [](Parse&, const std::string& n, const json& v) { integer(n, v, 0, kInt32Max); }},
     {"dry_penalty_last_n", kAll, [](Parse&, const std::string& n, const json& v) { integer(n, v, -1, kInt32Max); }},
@@ -404,8 +419,6 @@ const Field kGenerationFields[] = {
        if (!v.is_array()) invalid(n, "must be a list of strings");
        for (const auto& s : v) string(n, s);
      }},
-    {"xtc_threshold", kAll, [](Parse&, const std::string& n, const json& v) { number(n, v, 0, 1); }},
-    {"dynatemp_exponent", kAll, [](Parse&, const std::string& n, const json& v) { number(n, v, -1e9, 1e9); }},
     {"adaptive_decay", kAll, [](Parse&, const std::string& n, const json& v) { number(n, v, 0, 0.99); }},
     {"grammar", kAll, [](Parse&, const std::string& n, const json& v) { neutral_only(n, v, is_empty_text); }},
     {"json_schema", kAll, [](Parse&, const std::string& n, const json&) { unsupported(n); }},

@@ -123,11 +123,13 @@ TEST(RequestParsing, EachInvalidFieldIsRefusedByName) {
       {2, "echo", true, "echo"},
       {2, "suffix", "x", "suffix"},
       {2, "best_of", 3, "best_of"},
-      {7, "mirostat", 2, "mirostat"},
+      {7, "mirostat", 3, "mirostat"},
+      {7, "mirostat_tau", "x", "mirostat_tau"},
       {7, "dry_multiplier", 0.8, "dry_multiplier"},
-      {7, "xtc_probability", 0.5, "xtc_probability"},
-      {7, "dynatemp_range", 0.5, "dynatemp_range"},
-      {7, "top_n_sigma", 1, "top_n_sigma"},
+      {7, "xtc_probability", 1.5, "xtc_probability"},
+      {7, "xtc_threshold", -0.1, "xtc_threshold"},
+      {7, "dynatemp_range", -0.5, "dynatemp_range"},
+      {7, "top_n_sigma", "1", "top_n_sigma"},
       {7, "grammar", "root ::= \"a\"", "grammar"},
       {7, "json_schema", json::object(), "json_schema"},
       {7, "lora", json::array({{{"id", 0}, {"scale", 1}}}), "lora"},
@@ -232,12 +234,13 @@ TEST(RequestParsing, NeutralValuesOfUnsupportedFieldsAreAccepted) {
                {"top_n_sigma", -1},
                {"modalities", json::array({"text"})},
                {"store", false},
-               {"samplers", json::array({"top_k", "dry", "temperature"})},
+               {"samplers", json::array({"top_k", "dry", "xtc", "top_n_sigma", "temperature"})},
                {"unknown_field", "ignored as llama-server does"},
                {"temperature", nullptr}});  // null: the default
   const ParsedGeneration g = parse_generation_request(f.ctx, Endpoint::ChatCompletions, body);
   using sample::Stage;
-  EXPECT_EQ(g.choices[0].sampling.stages, (std::vector<Stage>{Stage::TopK, Stage::Temperature}));
+  EXPECT_EQ(g.choices[0].sampling.stages,
+            (std::vector<Stage>{Stage::TopK, Stage::Xtc, Stage::TopNSigma, Stage::Temperature}));
   EXPECT_EQ(g.choices[0].sampling.temperature, sample::SamplingParams{}.temperature);
 }
 
@@ -257,6 +260,14 @@ TEST(RequestParsing, ReadsTheFieldsItAccepts) {
                {"frequency_penalty", -0.5},
                {"seed", 5},
                {"min_keep", 2},
+               {"top_n_sigma", 1.5},
+               {"xtc_probability", 0.25},
+               {"xtc_threshold", 0.2},
+               {"dynatemp_range", 0.3},
+               {"dynatemp_exponent", 2},
+               {"mirostat", 2},
+               {"mirostat_tau", 4},
+               {"mirostat_eta", 0.2},
                {"stop", json::array({"x", ""})},
                {"n_probs", 3},
                {"stream", true},
@@ -275,6 +286,14 @@ TEST(RequestParsing, ReadsTheFieldsItAccepts) {
   EXPECT_EQ(r.sampling.frequency_penalty, -0.5f);
   EXPECT_EQ(r.sampling.seed, 5u);
   EXPECT_EQ(r.sampling.min_keep, 2u);
+  EXPECT_EQ(r.sampling.top_n_sigma, 1.5f);
+  EXPECT_EQ(r.sampling.xtc_probability, 0.25f);
+  EXPECT_EQ(r.sampling.xtc_threshold, 0.2f);
+  EXPECT_EQ(r.sampling.dynatemp_range, 0.3f);
+  EXPECT_EQ(r.sampling.dynatemp_exponent, 2.0f);
+  EXPECT_EQ(r.sampling.mirostat, 2);
+  EXPECT_EQ(r.sampling.mirostat_tau, 4.0f);
+  EXPECT_EQ(r.sampling.mirostat_eta, 0.2f);
   EXPECT_EQ(r.stop, std::vector<std::string>{"x"});
   EXPECT_EQ(g.n_probs, 3);
   EXPECT_EQ(r.logprobs, 3);

@@ -29,6 +29,8 @@ std::string_view stage_name(Stage stage) {
     case Stage::TopP: return "top_p";
     case Stage::MinP: return "min_p";
     case Stage::Temperature: return "temperature";
+    case Stage::TopNSigma: return "top_n_sigma";
+    case Stage::Xtc: return "xtc";
   }
   return "?";
 }
@@ -38,6 +40,14 @@ SamplingParams SamplingParams::greedy() {
   p.temperature = 0.0f;
   p.penalty_last_n = 0;
   return p;
+}
+
+bool SamplingParams::argmax_suffices() const {
+  const bool penalties =
+      penalty_last_n != 0 && (repeat_penalty != 1.0f || frequency_penalty != 0.0f || presence_penalty != 0.0f);
+  const bool xtc = xtc_probability > 0.0f && xtc_threshold <= 0.5f;
+  return temperature <= 0.0f && logit_bias.empty() && !penalties && typical_p >= 1.0f && !xtc &&
+         dynatemp_range <= 0.0f && mirostat == 0;
 }
 
 Candidates Candidates::from_logits(std::span<const float> logits) {
@@ -159,6 +169,59 @@ void apply_temperature(Candidates& c, float temperature) {
   for (Candidate& cand : c.items) cand.logit /= temperature;
 }
 
+void apply_dynamic_temperature(Candidates& c, float temperature, float range, float exponent) {
+  if (range <= 0.0f) return apply_temperature(c, temperature);
+  if (c.items.size() <= 1) return;
+  const float min_temperature = std::max(0.0f, temperature - range);
+  const float max_temperature = temperature + range;
+  const float max_entropy = -std::log(1.0f / static_cast<float>(c.items.size()));
+  c.softmax();
+  float entropy = 0.0f;
+  for (const Candidate& cand : c.items) {
+    if (cand.p > 0.0f) entropy -= cand.p * std::log(cand.p);
+  }
+  const float normalized = entropy / max_entropy;
+  apply_temperature(c, min_temperature + (max_temperature - min_temperature) * std::pow(normalized, exponent));
+}
+
+void apply_top_n_sigma(Candidates& c, float n) {
+  if (n <= 0.0f || c.items.size() <= 1) return;
+  float max_logit = c.items.front().logit;
+  float sum = 0.0f;
+  size_t finite = 0;
+  for (const Candidate& cand : c.items) {
+    if (cand.logit == -INFINITY) continue;
+    max_logit = std::max(max_logit, cand.logit);
+    sum += cand.logit;
+    ++finite;
+  }
+  const float mean = finite > 0 ? sum / static_cast<float>(finite) : 0.0f;
+  float squares = 0.0f;
+  for (const Candidate& cand : c.items) {
+    // llama.cpp squares in double (pow of a float and an int) and adds to a float.
+    if (cand.logit != -INFINITY) squares = static_cast<float>(squares + std::pow(static_cast<double>(cand.logit - mean), 2));
+  }
+  const float sigma = finite > 0 ? std::sqrt(squares / static_cast<float>(finite)) : 0.0f;
+  for (Candidate& cand : c.items) {
+    if (cand.logit < max_logit - n * sigma) cand.logit = -INFINITY;
+  }
+  c.sorted = false;
+}
+
+bool xtc_can_act(const Candidates& c, float probability, float threshold) {
+  return probability > 0.0f && threshold <= 0.5f && c.items.size() >= 2;
+}
+
+void apply_xtc(Candidates& c, float probability, float threshold, size_t min_keep, double chance) {
+  if (!xtc_can_act(c, probability, threshold) || chance > probability) return;
+  c.softmax();
+  size_t last_above = 0;  // the least probable candidate at or above the threshold
+  for (size_t i = 0; i < c.items.size() && c.items[i].p >= threshold; ++i) last_above = i;
+  if (last_above > 0 && c.items.size() - last_above >= min_keep) {
+    c.items.erase(c.items.begin(), c.items.begin() + static_cast<std::ptrdiff_t>(last_above));
+  }
+}
+
 size_t draw(Candidates& c, double uniform) {
   if (c.items.empty()) throw std::invalid_argument("no candidates to sample from");
   if (c.items.size() == 1) {
@@ -244,17 +307,30 @@ Sampler::Sampler(SamplingParams params)
     : params_(std::move(params)),
       seed_(resolve_seed(params_.seed)),
       random_(seed_),
+      xtc_random_(seed_),
       penalties_(params_.penalty_last_n),
-      plain_greedy_(is_plain_greedy()) {
+      mu_(2.0f * params_.mirostat_tau),
+      plain_greedy_(params_.argmax_suffices()) {
   if (!std::isfinite(params_.repeat_penalty) || params_.repeat_penalty <= 0.0f) {
     throw std::invalid_argument("repeat_penalty must be finite and greater than 0");
   }
   if (!std::isfinite(params_.frequency_penalty) || !std::isfinite(params_.presence_penalty)) {
     throw std::invalid_argument("frequency and presence penalties must be finite");
   }
+  if (params_.mirostat < 0 || params_.mirostat > 2) throw std::invalid_argument("mirostat must be 0, 1 or 2");
+  if (!std::isfinite(params_.mirostat_tau) || !std::isfinite(params_.mirostat_eta)) {
+    throw std::invalid_argument("mirostat_tau and mirostat_eta must be finite");
+  }
+  if (!(params_.xtc_probability >= 0.0f && params_.xtc_probability <= 1.0f)) {
+    throw std::invalid_argument("xtc_probability must be in [0, 1]");
+  }
+  if (!std::isfinite(params_.dynatemp_range) || !std::isfinite(params_.dynatemp_exponent) ||
+      !std::isfinite(params_.top_n_sigma)) {
+    throw std::invalid_argument("dynatemp_range, dynatemp_exponent and top_n_sigma must be finite");
+  }
 }
 
-Candidates Sampler::filter(std::span<const float> logits) const {
+Candidates Sampler::filter(std::span<const float> logits, Random* xtc_random) const {
   Candidates c = Candidates::from_logits(logits);
   apply_logit_bias(c, params_.logit_bias);
   for (Stage stage : params_.stages) {
@@ -266,20 +342,20 @@ Candidates Sampler::filter(std::span<const float> logits) const {
       case Stage::TypicalP: apply_typical_p(c, params_.typical_p, params_.min_keep); break;
       case Stage::TopP: apply_top_p(c, params_.top_p, params_.min_keep); break;
       case Stage::MinP: apply_min_p(c, params_.min_p, params_.min_keep); break;
-      case Stage::Temperature: apply_temperature(c, params_.temperature); break;
+      case Stage::TopNSigma: apply_top_n_sigma(c, params_.top_n_sigma); break;
+      case Stage::Xtc: {
+        // The chance is drawn only where the stage could act (llama.cpp's rule).
+        double chance = 0.0;
+        if (xtc_random && xtc_can_act(c, params_.xtc_probability, params_.xtc_threshold)) chance = xtc_random->uniform();
+        apply_xtc(c, params_.xtc_probability, params_.xtc_threshold, params_.min_keep, chance);
+        break;
+      }
+      case Stage::Temperature:
+        apply_dynamic_temperature(c, params_.temperature, params_.dynatemp_range, params_.dynatemp_exponent);
+        break;
     }
   }
   return c;
-}
-
-bool Sampler::is_plain_greedy() const {
-  // With temperature 0 the best candidate wins; every stage but penalties, logit
-  // bias and typical-p keeps the best one, so then the arg max of the raw logits is
-  // the answer, without building and sorting the whole vocabulary per token.
-  const bool penalties = params_.penalty_last_n != 0 &&
-                         (params_.repeat_penalty != 1.0f || params_.frequency_penalty != 0.0f ||
-                          params_.presence_penalty != 0.0f);
-  return params_.temperature <= 0.0f && params_.logit_bias.empty() && !penalties && params_.typical_p >= 1.0f;
 }
 
 int32_t Sampler::sample(std::span<const float> logits) {
@@ -288,9 +364,48 @@ int32_t Sampler::sample(std::span<const float> logits) {
     // The first of equal maxima, as the candidates' order (logit, then id) picks.
     return static_cast<int32_t>(first_argmax(logits.data(), logits.size()));
   }
-  Candidates c = filter(logits);
+  if (params_.mirostat != 0) return sample_mirostat(logits);
+  Candidates c = filter(logits, &xtc_random_);
   const double u = random_.uniform();  // one draw per token, whatever is left
   return c.items[draw(c, u)].id;
+}
+
+// llama.cpp's mirostat samplers: the logit bias, the temperature, then a truncation that
+// steers the observed surprise (-log2 p of the pick) towards tau: v1 by top-k with k from
+// the estimated Zipf exponent of the 100 most probable candidates, v2 by dropping the
+// candidates whose surprise exceeds mu. mu moves by eta times the error after each pick.
+int32_t Sampler::sample_mirostat(std::span<const float> logits) {
+  Candidates c = Candidates::from_logits(logits);
+  apply_logit_bias(c, params_.logit_bias);
+  apply_temperature(c, params_.temperature);
+  c.softmax();
+  if (params_.mirostat == 1) {
+    constexpr size_t kM = 100;
+    float sum_ti_bi = 0.0f, sum_ti_sq = 0.0f;
+    for (size_t i = 0; i + 1 < kM && i + 1 < c.items.size(); ++i) {
+      const float t_i = std::log(static_cast<float>(i + 2) / static_cast<float>(i + 1));
+      const float b_i = std::log(c.items[i].p / c.items[i + 1].p);
+      sum_ti_bi += t_i * b_i;
+      sum_ti_sq += t_i * t_i;
+    }
+    const float s_hat = sum_ti_bi / sum_ti_sq;
+    const float epsilon_hat = s_hat - 1.0f;
+    const float k = std::pow((epsilon_hat * std::pow(2.0f, mu_)) /
+                                 (1.0f - std::pow(static_cast<float>(logits.size()), -epsilon_hat)),
+                             1.0f / s_hat);
+    // One candidate (or a flat distribution) gives no estimate: keep the best.
+    const float kept = std::isnan(k) ? 1.0f : std::clamp(k, 1.0f, static_cast<float>(c.items.size()));
+    apply_top_k(c, static_cast<int32_t>(kept));
+  } else {
+    size_t keep = 0;
+    while (keep < c.items.size() && -std::log2(c.items[keep].p) <= mu_) ++keep;
+    apply_top_k(c, static_cast<int32_t>(std::max<size_t>(keep, 1)));
+  }
+  const double u = random_.uniform();
+  const size_t chosen = draw(c, u);
+  const float surprise = -std::log2(c.items[chosen].p);
+  mu_ -= params_.mirostat_eta * (surprise - params_.mirostat_tau);
+  return c.items[chosen].id;
 }
 
 void Sampler::accept(int32_t token) { penalties_.accept(token); }
@@ -298,6 +413,8 @@ void Sampler::accept(int32_t token) { penalties_.accept(token); }
 void Sampler::reset() {
   penalties_.reset();
   random_ = Random(seed_);
+  xtc_random_ = Random(seed_);
+  mu_ = 2.0f * params_.mirostat_tau;
 }
 
 }  // namespace pico::sample

@@ -1,8 +1,11 @@
 // Token sampling from logits: logit bias, repetition/frequency/presence penalties over
-// the last N tokens, top-k, typical-p, top-p, min-p, temperature, then a draw from the
-// distribution (or the arg max when the temperature is 0). The default order is
-// llama.cpp's (common/common.h: penalties, top-k, typical, top-p, min-p, temperature,
-// dist; the logit bias comes first), and each stage computes what llama.cpp's does.
+// the last N tokens, top-n-sigma, top-k, typical-p, top-p, min-p, XTC, temperature
+// (fixed or dynamic by the entropy), then a draw from the distribution (or the arg max
+// when the temperature is 0); or mirostat (v1, v2) after the logit bias and the
+// temperature instead of all of that. The default order is llama.cpp's
+// (common/common.h: penalties, dry, top_n_sigma, top_k, typ_p, top_p, min_p, xtc,
+// temperature, dist; the logit bias comes first), and each stage computes what
+// llama.cpp's does (src/llama-sampler.cpp). DRY is not here yet.
 //
 // Seeded sampling is deterministic everywhere: the generator is std::mt19937 (fully
 // specified by the standard) and its output is turned into a uniform double here,
@@ -25,7 +28,7 @@ struct LogitBias {
   float bias = 0.0f;  // added to the logit; -INFINITY bans the token
 };
 
-enum class Stage { Penalties, TopK, TypicalP, TopP, MinP, Temperature };
+enum class Stage { Penalties, TopK, TypicalP, TopP, MinP, Temperature, TopNSigma, Xtc };
 
 std::string_view stage_name(Stage stage);
 
@@ -44,11 +47,24 @@ struct SamplingParams {
   float frequency_penalty = 0.0f;  // minus this times the token's count in the window
   float presence_penalty = 0.0f;   // minus this once if the token is in the window
   std::vector<LogitBias> logit_bias;
-  std::vector<Stage> stages = {Stage::Penalties, Stage::TopK, Stage::TypicalP,
-                               Stage::TopP, Stage::MinP, Stage::Temperature};
+  float top_n_sigma = -1.0f;       // <= 0: off; else keeps logits >= max - n * their std
+  float xtc_probability = 0.0f;    // XTC: the chance per token of excluding the top choices; 0: off
+  float xtc_threshold = 0.1f;      // ... those at or above this probability but the least (> 0.5: off)
+  float dynatemp_range = 0.0f;     // > 0: temperature in [t - range, t + range] by the entropy
+  float dynatemp_exponent = 1.0f;  // ... normalised entropy to this power
+  int32_t mirostat = 0;            // 1, 2: mirostat v1 / v2 after the logit bias and temperature
+  float mirostat_tau = 5.0f;       // its target surprise (bits)
+  float mirostat_eta = 0.1f;       // its learning rate
+  std::vector<Stage> stages = {Stage::Penalties, Stage::TopNSigma, Stage::TopK, Stage::TypicalP,
+                               Stage::TopP,      Stage::MinP,      Stage::Xtc,  Stage::Temperature};
 
   // Greedy decoding: temperature 0, no penalties.
   static SamplingParams greedy();
+  // Whether the pick is always the arg max of the raw logits (the first of equal ones),
+  // so that the distribution need not be built: temperature 0 and no stage that can
+  // move the best candidate (logit bias, penalties, typical-p, XTC, dynamic
+  // temperature, mirostat).
+  bool argmax_suffices() const;
 };
 
 struct Candidate {
@@ -75,6 +91,17 @@ void apply_top_p(Candidates& c, float p, size_t min_keep);
 void apply_min_p(Candidates& c, float p, size_t min_keep);
 void apply_typical_p(Candidates& c, float p, size_t min_keep);
 void apply_temperature(Candidates& c, float temperature);
+// Dynamic temperature (llama.cpp's temp_ext): temperature + range scaled by the
+// normalised entropy of the candidates to `exponent`, from max(0, t - range) to t + range.
+void apply_dynamic_temperature(Candidates& c, float temperature, float range, float exponent);
+// Top-n-sigma: logits below max - n * std (over the finite ones) become -infinity.
+void apply_top_n_sigma(Candidates& c, float n);
+// XTC ("exclude top choices"): when `chance` <= probability, removes every candidate
+// at or above `threshold` but the least probable of them (keeping at least min_keep).
+void apply_xtc(Candidates& c, float probability, float threshold, size_t min_keep, double chance);
+// XTC draws its chance only when it can act (llama.cpp's rule, which keeps the draws
+// the same as its own).
+bool xtc_can_act(const Candidates& c, float probability, float threshold);
 // Index into c.items of a draw from softmax(logits) with `uniform` in [0, 1).
 size_t draw(Candidates& c, double uniform);
 
@@ -115,17 +142,25 @@ class Sampler {
   // Forgets the accepted tokens and restarts the generator from the seed.
   void reset();
 
-  // The candidates left after every stage, before the draw (for inspection and tests).
-  Candidates filter(std::span<const float> logits) const;
+  // The candidates left after every stage, before the draw (for inspection and tests;
+  // XTC acts whenever it is on, as if its chance came up).
+  Candidates filter(std::span<const float> logits) const { return filter(logits, nullptr); }
+  // Mirostat's running target surprise (2 tau at the start).
+  float mirostat_mu() const { return mu_; }
   const SamplingParams& params() const { return params_; }
   uint32_t seed() const { return seed_; }
 
  private:
+  // xtc_random: XTC's chance comes from it (null: XTC acts whenever it is on).
+  Candidates filter(std::span<const float> logits, Random* xtc_random) const;
+  int32_t sample_mirostat(std::span<const float> logits);
+
   SamplingParams params_;
   uint32_t seed_;
   Random random_;
+  Random xtc_random_;  // XTC's own stream (as llama.cpp's), so it moves no other draw
   PenaltyWindow penalties_;
-  bool is_plain_greedy() const;
+  float mu_ = 0.0f;
   bool plain_greedy_ = false;  // sample() takes the arg max directly
 };
 

@@ -100,6 +100,141 @@ TEST(Temperature, ScalesOrKeepsTheBest) {
   EXPECT_EQ(c.ids(), (std::vector<int32_t>{1}));
 }
 
+// The samplers below are checked against their definitions in llama.cpp's
+// src/llama-sampler.cpp, with the expected values worked out here independently.
+
+TEST(TopNSigma, MasksLogitsBelowMaxMinusNStd) {
+  // mean 2, std sqrt(2): 4 - 1.41 = 2.59 keeps 3 and 4.
+  auto c = Candidates::from_logits(std::vector<float>{0, 1, 2, 3, 4});
+  apply_top_n_sigma(c, 1.0f);
+  std::set<int32_t> finite;
+  for (const Candidate& cand : c.items)
+    if (std::isfinite(cand.logit)) finite.insert(cand.id);
+  EXPECT_EQ(finite, (std::set<int32_t>{3, 4}));
+  // -infinity is left out of the mean and the std: over {0, 10}, mean 5 and std 5.
+  c = Candidates::from_logits(std::vector<float>{-INFINITY, 0, 10});
+  apply_top_n_sigma(c, 0.9f);  // 10 - 4.5: 0 goes
+  EXPECT_EQ(c.items[1].logit, -INFINITY);
+  EXPECT_EQ(c.items[2].logit, 10.0f);
+  c = Candidates::from_logits(std::vector<float>{0, 1, 2, 3, 4});
+  apply_top_n_sigma(c, 0.0f);  // off
+  for (const Candidate& cand : c.items) EXPECT_TRUE(std::isfinite(cand.logit));
+}
+
+TEST(Xtc, RemovesTheTopChoicesButTheLeastOfThem) {
+  const auto logits = log_probs({0.5f, 0.3f, 0.15f, 0.05f});
+  auto c = Candidates::from_logits(logits);
+  apply_xtc(c, 1.0f, 0.1f, 0, 0.5);  // 0.5, 0.3, 0.15 are >= 0.1: 0.15 stays
+  EXPECT_EQ(c.ids(), (std::vector<int32_t>{2, 3}));
+  c = Candidates::from_logits(logits);
+  apply_xtc(c, 0.5f, 0.1f, 0, 0.9);  // the chance did not come up
+  EXPECT_EQ(c.items.size(), 4u);
+  c = Candidates::from_logits(logits);
+  apply_xtc(c, 1.0f, 0.1f, 3, 0.0);  // 2 would be left, fewer than min_keep
+  EXPECT_EQ(c.items.size(), 4u);
+  c = Candidates::from_logits(logits);
+  apply_xtc(c, 1.0f, 0.6f, 0, 0.0);  // a threshold over 0.5 turns it off
+  EXPECT_EQ(c.items.size(), 4u);
+  c = Candidates::from_logits(logits);
+  apply_xtc(c, 1.0f, 0.4f, 0, 0.0);  // only 0.5 is above: nothing to exclude
+  EXPECT_EQ(c.items.size(), 4u);
+}
+
+TEST(DynamicTemperature, FollowsTheNormalisedEntropy) {
+  const std::vector<float> logits{2, 1, 0};
+  double sum = 0, entropy = 0;
+  for (float l : logits) sum += std::exp(l - 2.0);
+  for (float l : logits) {
+    const double p = std::exp(l - 2.0) / sum;
+    entropy -= p * std::log(p);
+  }
+  for (const float exponent : {1.0f, 2.0f}) {
+    // t = 1, range 0.5: from 0.5 to 1.5 by (H / ln 3)^exponent.
+    const double t = 0.5 + 1.0 * std::pow(entropy / std::log(3.0), exponent);
+    auto c = Candidates::from_logits(logits);
+    apply_dynamic_temperature(c, 1.0f, 0.5f, exponent);
+    for (const Candidate& cand : c.items) EXPECT_NEAR(cand.logit, logits[static_cast<size_t>(cand.id)] / t, 1e-5);
+  }
+  auto c = Candidates::from_logits(logits);
+  apply_dynamic_temperature(c, 2.0f, 0.0f, 1.0f);  // range 0: the plain temperature
+  EXPECT_FLOAT_EQ(c.items[0].logit, 1.0f);
+}
+
+TEST(Mirostat, V2KeepsWhatIsNoMoreSurprisingThanMuAndMovesMu) {
+  SamplingParams p;
+  p.seed = 7;
+  p.temperature = 1.0f;
+  p.mirostat = 2;
+  p.mirostat_tau = 0.1f;  // mu starts at 0.2 bits: only p >= 0.87 is kept, so the best alone
+  p.mirostat_eta = 0.1f;
+  Sampler s(p);
+  const auto logits = log_probs({0.1f, 0.5f, 0.3f, 0.1f});
+  EXPECT_EQ(s.sample(logits), 1);
+  // The pick had surprise 0 (alone, p 1): mu = 0.2 - 0.1 * (0 - 0.1).
+  EXPECT_NEAR(s.mirostat_mu(), 0.21f, 1e-6);
+  s.reset();
+  EXPECT_FLOAT_EQ(s.mirostat_mu(), 0.2f);
+}
+
+TEST(Mirostat, V1TruncatesToTheKOfItsZipfEstimate) {
+  // p_i ~ 1 / (i + 1)^1.2 over 1000 tokens: the estimate of the exponent is exactly 1.2,
+  // and with mu = 2 tau = 10: k = (0.2 * 2^10 / (1 - 1000^-0.2))^(1 / 1.2) = 107.
+  const double s_exp = 1.2;
+  std::vector<float> logits(1000);
+  for (size_t i = 0; i < logits.size(); ++i) logits[i] = static_cast<float>(-s_exp * std::log(static_cast<double>(i + 1)));
+  const double k = std::pow(0.2 * std::pow(2.0, 10.0) / (1.0 - std::pow(1000.0, -0.2)), 1.0 / s_exp);
+  ASSERT_EQ(static_cast<int>(k), 107);
+  double top_mass = 0;
+  for (int i = 0; i < 107; ++i) top_mass += std::exp(static_cast<double>(logits[static_cast<size_t>(i)]));
+  int largest = 0;
+  for (uint32_t seed = 1; seed <= 200; ++seed) {
+    SamplingParams p;
+    p.seed = seed;
+    p.temperature = 1.0f;
+    p.mirostat = 1;
+    p.mirostat_tau = 5.0f;
+    p.mirostat_eta = 0.1f;
+    Sampler s(p);
+    const int32_t token = s.sample(logits);
+    ASSERT_LT(token, 107) << "seed " << seed;
+    largest = std::max(largest, token);
+    // mu moves by eta times (the pick's surprise within the kept 107 - tau).
+    const double surprise = -std::log2(std::exp(static_cast<double>(logits[static_cast<size_t>(token)])) / top_mass);
+    EXPECT_NEAR(s.mirostat_mu(), 10.0 - 0.1 * (surprise - 5.0), 1e-3);
+  }
+  EXPECT_GT(largest, 50);  // the truncation is k's, not tighter
+}
+
+TEST(Greedy, ArgmaxSufficesOnlyWithoutStagesThatMoveTheBest) {
+  SamplingParams p = SamplingParams::greedy();
+  EXPECT_TRUE(p.argmax_suffices());
+  p.top_n_sigma = 1.0f;  // keeps the best
+  EXPECT_TRUE(p.argmax_suffices());
+  SamplingParams xtc = p;
+  xtc.xtc_probability = 0.5f;
+  EXPECT_FALSE(xtc.argmax_suffices());
+  xtc.xtc_threshold = 0.6f;  // off
+  EXPECT_TRUE(xtc.argmax_suffices());
+  SamplingParams dynamic = p;
+  dynamic.dynatemp_range = 0.5f;  // temperature 0 +- 0.5 can be above 0
+  EXPECT_FALSE(dynamic.argmax_suffices());
+  SamplingParams mirostat = p;
+  mirostat.mirostat = 2;
+  EXPECT_FALSE(mirostat.argmax_suffices());
+}
+
+TEST(Sampler, RejectsBadNewSamplerParameters) {
+  SamplingParams p;
+  p.mirostat = 3;
+  EXPECT_THROW(Sampler{p}, std::invalid_argument);
+  p.mirostat = 0;
+  p.xtc_probability = 1.5f;
+  EXPECT_THROW(Sampler{p}, std::invalid_argument);
+  p.xtc_probability = 0.0f;
+  p.dynatemp_exponent = NAN;
+  EXPECT_THROW(Sampler{p}, std::invalid_argument);
+}
+
 TEST(Penalties, ChangeOnlyTheTokensInTheWindow) {
   SamplingParams p = only({Stage::Penalties});
   p.penalty_last_n = 2;
@@ -246,8 +381,13 @@ TEST(Sampler, DrawsFollowTheDistribution) {
 
 TEST(Sampler, DefaultChainIsLlamaCpps) {
   const SamplingParams p;
-  EXPECT_EQ(p.stages, (std::vector<Stage>{Stage::Penalties, Stage::TopK, Stage::TypicalP, Stage::TopP, Stage::MinP,
-                                          Stage::Temperature}));
+  // common/common.h's order, less DRY (not here yet).
+  EXPECT_EQ(p.stages, (std::vector<Stage>{Stage::Penalties, Stage::TopNSigma, Stage::TopK, Stage::TypicalP, Stage::TopP,
+                                          Stage::MinP, Stage::Xtc, Stage::Temperature}));
+  EXPECT_LE(p.top_n_sigma, 0.0f);
+  EXPECT_EQ(p.xtc_probability, 0.0f);
+  EXPECT_EQ(p.dynatemp_range, 0.0f);
+  EXPECT_EQ(p.mirostat, 0);
   EXPECT_EQ(p.top_k, 40);
   EXPECT_FLOAT_EQ(p.top_p, 0.95f);
   EXPECT_FLOAT_EQ(p.min_p, 0.05f);

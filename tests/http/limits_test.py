@@ -204,7 +204,7 @@ def validation_tests(h, api):
     rows = [("temperature", -1), ("top_p", 1.5), ("min_p", -0.5), ("typical_p", 2), ("top_k", -5),
             ("repeat_penalty", 0), ("presence_penalty", 3), ("frequency_penalty", -3), ("seed", -7),
             ("max_tokens", "x"), ("stop", 5), ("logit_bias", {"99999999": 1}), ("logit_bias", {"1": 500}),
-            ("mirostat", 2), ("grammar", "root ::= x"), ("stream", "yes"), ("stream_options", 1),
+            ("mirostat", 3), ("grammar", "root ::= x"), ("stream", "yes"), ("stream_options", 1),
             ("response_format", {"type": "json_object"}), ("samplers", ["nope"]), ("cache_prompt", 1)]
     per_path = {"/completion": [("n_probs", 50), ("post_sampling_probs", True), ("n_predict", -3),
                                 ("prompt", [10 ** 9]), ("prompt", [-1])],
