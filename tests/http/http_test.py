@@ -597,6 +597,7 @@ def main():
 
     prefix_reuse_tests(api)
     n_choices_tests(api, ref, greedy)
+    sampler_tests(api, ref, greedy)
     cancel_tests(api, port, slots_total)
 
     # Malformed requests: status and an OpenAI-style error object, and the server lives on.
@@ -787,6 +788,22 @@ def n_choices_tests(api, ref, greedy):
     for c in chunks:
         text[c["choices"][0]["index"]] += c["choices"][0]["delta"].get("content", "")
     check(roles == [0, 1] and text == [b["choices"][0]["message"]["content"]] * 2, "chat n=2 streamed")
+
+
+def sampler_tests(api, ref, greedy):
+    """llama.cpp's other samplers through the API: each runs, seeded runs repeat, and
+    XTC at temperature 0 moves the pick off the arg max (so the coordinator did not
+    take the last stage's arg max for it)."""
+    for extra in ({"mirostat": 1, "mirostat_tau": 4}, {"mirostat": 2, "mirostat_eta": 0.2},
+                  {"xtc_probability": 0.5, "xtc_threshold": 0.05}, {"dynatemp_range": 0.5, "dynatemp_exponent": 2},
+                  {"top_n_sigma": 1.0}, {"samplers": ["top_n_sigma", "xtc", "temperature"], "xtc_probability": 1}):
+        body = dict(greedy, temperature=1.0, seed=11, ignore_eos=True, **extra)
+        s1, b1 = api.json("POST", "/v1/completions", body)
+        s2, b2 = api.json("POST", "/v1/completions", body)
+        check(s1 == 200 and s2 == 200 and b1["usage"]["completion_tokens"] == N and
+              b1["choices"][0]["text"] == b2["choices"][0]["text"], "sampler %s: runs, seeded runs repeat" % extra)
+    s, b = api.json("POST", "/v1/completions", dict(greedy, ignore_eos=True, xtc_probability=1, xtc_threshold=0))
+    check(s == 200 and b["choices"][0]["text"] != ref, "XTC at temperature 0 excludes the greedy pick")
 
 
 def cancel_tests(api, port, slots_total):
