@@ -296,6 +296,11 @@ double Random::uniform() {
 }
 
 namespace {
+// XTC's stream from a seed of its own: the same seed would make its chance equal the
+// draw of the same token (both streams take one uniform per token), so that whether
+// XTC acts and which token is drawn would go together.
+uint32_t xtc_seed(uint32_t seed) { return seed ^ 0x9E3779B9u; }
+
 uint32_t resolve_seed(uint32_t seed) {
   if (seed != SamplingParams::kRandomSeed) return seed;
   std::random_device device;
@@ -307,7 +312,7 @@ Sampler::Sampler(SamplingParams params)
     : params_(std::move(params)),
       seed_(resolve_seed(params_.seed)),
       random_(seed_),
-      xtc_random_(seed_),
+      xtc_random_(xtc_seed(seed_)),
       penalties_(params_.penalty_last_n),
       mu_(2.0f * params_.mirostat_tau),
       plain_greedy_(params_.argmax_suffices()) {
@@ -413,7 +418,7 @@ void Sampler::accept(int32_t token) { penalties_.accept(token); }
 void Sampler::reset() {
   penalties_.reset();
   random_ = Random(seed_);
-  xtc_random_ = Random(seed_);
+  xtc_random_ = Random(xtc_seed(seed_));
   mu_ = 2.0f * params_.mirostat_tau;
 }
 

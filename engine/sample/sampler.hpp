@@ -158,7 +158,7 @@ class Sampler {
   SamplingParams params_;
   uint32_t seed_;
   Random random_;
-  Random xtc_random_;  // XTC's own stream (as llama.cpp's), so it moves no other draw
+  Random xtc_random_;  // XTC's own stream, so it moves no other draw and goes with none
   PenaltyWindow penalties_;
   float mu_ = 0.0f;
   bool plain_greedy_ = false;  // sample() takes the arg max directly

@@ -140,6 +140,26 @@ TEST(Xtc, RemovesTheTopChoicesButTheLeastOfThem) {
   EXPECT_EQ(c.items.size(), 4u);
 }
 
+TEST(Xtc, ItsChanceIsIndependentOfTheDraw) {
+  // p = 0.6, 0.3, 0.1, threshold 0.25, probability 0.5: the best is picked only when XTC
+  // does not act (half the time) and then with 0.6: 30 % in all. Were XTC's chance the
+  // draw itself, the best would come only from draws in (0.5, 0.6): 10 %.
+  SamplingParams p;
+  p.seed = 21;
+  p.temperature = 1.0f;
+  p.top_k = 0;
+  p.top_p = 1.0f;
+  p.min_p = 0.0f;
+  p.xtc_probability = 0.5f;
+  p.xtc_threshold = 0.25f;
+  Sampler s(p);
+  const auto logits = log_probs({0.6f, 0.3f, 0.1f});
+  int best = 0;
+  constexpr int kDraws = 4000;
+  for (int i = 0; i < kDraws; ++i) best += s.sample(logits) == 0 ? 1 : 0;
+  EXPECT_NEAR(static_cast<double>(best) / kDraws, 0.30, 0.03);
+}
+
 TEST(DynamicTemperature, FollowsTheNormalisedEntropy) {
   const std::vector<float> logits{2, 1, 0};
   double sum = 0, entropy = 0;
