@@ -244,7 +244,7 @@ class ModelTest : public ::testing::TestWithParam<Param> {};
 
 #define LOAD_OR_SKIP(m)                                                   \
   Loaded m(GetParam().arch, GetParam().type, GetParam().backend);         \
-  if (!m.be) GTEST_SKIP() << "no " << GetParam().backend << " backend: " << m.no_backend
+  if (!m.be) GTEST_SKIP() << "no " << GetParam().backend << " backend: " << m.no_backend  // reason: backend not built or no device
 
 TEST_P(ModelTest, BatchInvariance) {
   LOAD_OR_SKIP(m);
@@ -366,7 +366,7 @@ INSTANTIATE_TEST_SUITE_P(ArchsOnVulkan, ModelTest, ::testing::ValuesIn(every_arc
 TEST(DeviceStep, WaitsOnlyWhereTheHostNeedsAResult) {
   for (const std::string arch : {"llama", "qwen3moe", "qwen35moe"}) {
     Loaded m(arch, arch == "qwen35moe" ? GgmlType::F16 : GgmlType::Q8_0, "vulkan");
-    if (!m.be) GTEST_SKIP() << "no vulkan backend: " << m.no_backend;
+    if (!m.be) GTEST_SKIP() << "no vulkan backend: " << m.no_backend;  // reason: built without Vulkan or no device
     const auto ids = prompt(6, 7);
     run(m, ids, ids.size());  // weights uploaded, activation memory grown
     state::KvCache cache = m.cache(m.model->all_layers());

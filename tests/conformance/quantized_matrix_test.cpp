@@ -341,9 +341,8 @@ TEST_P(VulkanModel, MatchesLlamaCpp) {
   try {
     backend::open_backend("vulkan", 0, 1);
   } catch (const std::exception& e) {
-    // Skipped, not failed: this machine or build cannot run the backend under test;
-    // the reason (no driver, no device N, built without Vulkan) goes in the message.
-    GTEST_SKIP() << "no Vulkan device to run the model on: " << e.what();
+    // Skipped, not failed: this machine or build cannot run the backend under test.
+    GTEST_SKIP() << "no Vulkan device to run the model on: " << e.what();  // reason: no driver, no device, or built without Vulkan
   }
   const LlamaLibrary& llama = LlamaLibrary::get();
   ASSERT_TRUE(llama.loaded()) << llama.error();

@@ -292,17 +292,17 @@ class VulkanBackend final : public Backend {
     explicit Call(VulkanBackend& be) : be_(be), scope_(be) {}
 
     BufferRange in(const void* p, size_t bytes) {
-      if (const auto at = be_.resident(p); at && aligned(*at)) return {at->buffer, at->offset, bytes};
+      if (const auto at = in_place(p, bytes)) return *at;
       return copy_of(p, bytes);
     }
     BufferRange out(void* p, size_t bytes) {
-      if (const auto at = be_.resident(p); at && aligned(*at)) return {at->buffer, at->offset, bytes};
+      if (const auto at = in_place(p, bytes)) return *at;
       const BufferRange t = temp(bytes);
       back_.push_back({t, p});
       return t;
     }
     BufferRange in_out(void* p, size_t bytes) {
-      if (const auto at = be_.resident(p); at && aligned(*at)) return {at->buffer, at->offset, bytes};
+      if (const auto at = in_place(p, bytes)) return *at;
       const BufferRange t = copy_of(p, bytes);
       back_.push_back({t, p});
       return t;
@@ -335,7 +335,13 @@ class VulkanBackend final : public Backend {
       BufferRange from;
       void* to;
     };
-    bool aligned(const BufferRange& r) const { return r.offset % be_.alignment_ == 0; }
+    // The activations at p bound where they lie: nullopt for host memory or an offset
+    // the device does not bind.
+    std::optional<BufferRange> in_place(const void* p, size_t bytes) const {
+      const auto at = be_.resident(p);
+      if (!at || at->offset % be_.alignment_ != 0) return std::nullopt;
+      return BufferRange{at->buffer, at->offset, bytes};
+    }
     BufferRange temp(size_t bytes) {
       const BufferRange r = *be_.resident(be_.activations(static_cast<int64_t>((bytes + 3) / 4)));
       return {r.buffer, r.offset, bytes};

@@ -31,7 +31,7 @@ std::unique_ptr<Backend> open_or_reason(std::string& reason) {
 #define REQUIRE_BACKEND(be)                          \
   std::string reason_;                               \
   const std::unique_ptr<Backend> be = open_or_reason(reason_); \
-  if (!be) GTEST_SKIP() << "no Vulkan device: " << reason_
+  if (!be) GTEST_SKIP() << "no Vulkan device: " << reason_  // reason: built without Vulkan or no device
 
 std::vector<float> random_floats(size_t n, uint32_t seed) {
   std::mt19937 rng(seed);
