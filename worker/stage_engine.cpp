@@ -135,10 +135,9 @@ StageEngine::StageEngine(const std::string& model_path, std::optional<model::Lay
       device_ = d.name + ", " + d.driver;
       device_memory_bytes_ = d.memory_bytes;
     }
-    check_device_memory(backend);
   }
   const state::KvConfig kv = model_->kv_config(range_);
-  cache_ = model_->make_cache(range_);
+  cache_ = model_->make_cache(range_, GgmlType::F16, GgmlType::F16, backend::page_stores_of(*be_));
   identity_ = protocol::model_identity(*file_);
 
   if (limits.max_rows <= 0 || limits.ctx < 0 || limits.max_sequences <= 0) {
@@ -178,6 +177,7 @@ StageEngine::StageEngine(const std::string& model_path, std::optional<model::Lay
         limits_.state_budget_bytes, mib(limits_.state_budget_bytes), mib(memory_.available),
         mib(memory_.weights), mib(memory_.margin), limits_.max_positions, one_sequence);
   }
+  if (backend.name != "cpu") check_device_memory(backend, limits.kv_memory.has_value(), one_sequence);
   if (limits_.state_budget_bytes < one_sequence) {
     spdlog::warn(
         "the KV budget holds less than one sequence of {} positions ({} bytes): lower --ctx or raise --kv-memory",
@@ -185,23 +185,39 @@ StageEngine::StageEngine(const std::string& model_path, std::optional<model::Lay
   }
 }
 
-void StageEngine::check_device_memory(const StageBackendOptions& backend) const {
-  // The weights of the range live on the device (uploaded once). The op-by-op backend
-  // keeps the KV cache and recurrent state in host memory, where --kv-memory bounds
-  // them; they join this sum when they move to the device.
+void StageEngine::check_device_memory(const StageBackendOptions& backend, bool budget_given, uint64_t one_sequence) {
+  // The weights of the range live on the device (uploaded once), and so does the KV
+  // cache when the backend keeps its pages (F16): its budget comes out of the device's
+  // memory, and the range must hold at least one sequence of --ctx positions. The
+  // recurrent state of a hybrid range stays in host memory for now.
   const uint64_t offered = backend.memory ? std::min(*backend.memory, device_memory_bytes_) : device_memory_bytes_;
   const uint64_t weights = stage_weight_bytes(*file_, range_, n_layer());
-  if (weights <= offered) {
-    spdlog::info("{} device {}: the layers' weights take {} of its {}", backend.name, backend.device, mib(weights),
-                 mib(offered));
+  const bool kv_on_device = !cache_->page_store().host_memory();
+  const std::string layers = "layers " + std::to_string(range_.first) + "-" + std::to_string(range_.last - 1);
+  const std::string device = backend.name + " device " + std::to_string(backend.device) + " (" + device_ +
+                             ") offers " + std::to_string(offered) + " bytes (" + mib(offered) +
+                             (backend.memory && *backend.memory < device_memory_bytes_ ? ", --device-memory" : "") + ")";
+  if (weights > offered) {
+    throw std::invalid_argument(layers + ": their weights take " + std::to_string(weights) + " bytes (" + mib(weights) +
+                                ") but " + device + ": give this stage fewer layers");
+  }
+  if (!kv_on_device) {
+    spdlog::info("{} device {}: the layers' weights take {} of its {}; the KV cache is in host memory", backend.name,
+                 backend.device, mib(weights), mib(offered));
     return;
   }
-  throw std::invalid_argument(
-      "layers " + std::to_string(range_.first) + "-" + std::to_string(range_.last - 1) + ": their weights take " +
-      std::to_string(weights) + " bytes (" + mib(weights) + ") but " + backend.name + " device " +
-      std::to_string(backend.device) + " (" + device_ + ") offers " + std::to_string(offered) + " bytes (" +
-      mib(offered) + (backend.memory && *backend.memory < device_memory_bytes_ ? ", --device-memory" : "") +
-      "): give this stage fewer layers");
+  const uint64_t kv = budget_given ? limits_.state_budget_bytes : one_sequence;
+  if (kv > offered - weights) {
+    throw std::invalid_argument(
+        layers + ": their weights take " + std::to_string(weights) + " bytes (" + mib(weights) + ") and " +
+        (budget_given ? "--kv-memory " : "the KV cache of one sequence of " + std::to_string(limits_.max_positions) +
+                                             " positions ") +
+        std::to_string(kv) + " bytes (" + mib(kv) + ") but " + device +
+        (budget_given ? ": lower --kv-memory" : ": lower --ctx") + " or give this stage fewer layers");
+  }
+  if (!budget_given) limits_.state_budget_bytes = std::min(limits_.state_budget_bytes, offered - weights);
+  spdlog::info("{} device {}: the layers' weights take {} of its {}; the KV cache's budget of {} is device memory",
+               backend.name, backend.device, mib(weights), mib(offered), mib(limits_.state_budget_bytes));
 }
 
 void StageEngine::check_limits(std::span<const model::BatchToken> batch,

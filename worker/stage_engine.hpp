@@ -128,7 +128,9 @@ class StageEngine {
  private:
   // Throws std::invalid_argument when the range's weights exceed the device's memory
   // (or --device-memory), naming both sizes.
-  void check_device_memory(const StageBackendOptions& backend) const;
+  // Refuses a range whose weights (and KV cache, when it is device memory) the device
+  // cannot hold, naming the sizes; a device KV cache's budget is capped to what is left.
+  void check_device_memory(const StageBackendOptions& backend, bool budget_given, uint64_t one_sequence);
 
   void check_limits(std::span<const model::BatchToken> batch, const std::map<int32_t, int64_t>& next_pos) const;
 

@@ -30,6 +30,10 @@
 
 namespace pico::backend {
 
+class Backend;
+// The page stores of `be` for a KV cache (state::KvCache's maker).
+state::PageStoreMaker page_stores_of(Backend& be);
+
 enum class Op {
   matmul,
   get_rows,
@@ -166,6 +170,12 @@ class Backend {
   // `layer` of `cache` at slots[t] (KvState::write's rounding and rules), in slot order.
   virtual void store_kv(state::KvCache& cache, int32_t layer, std::span<const KvSlot> slots, const float* k,
                         int64_t k_stride, const float* v, int64_t v_stride) = 0;
+  // Where a KV cache of sequences this backend runs keeps its pages (Model::make_cache
+  // asks): host memory here; a device backend's memory where its attention reads it.
+  // The cache must not outlive the backend.
+  virtual std::shared_ptr<state::PageStore> kv_page_store(const state::KvPageShape& shape) {
+    return state::host_page_store(shape);
+  }
   // Times the backend handed the work it recorded to its device and waited for it (0
   // on the CPU, which does each op as it is called): what a step costs in round trips.
   virtual uint64_t submissions() const { return 0; }
@@ -262,5 +272,9 @@ enum class BatchNumerics { invariant, as_llama_cpp };
 
 // The CPU backend over engine/cpu, with its own thread pool of `threads` threads.
 std::unique_ptr<Backend> make_cpu_backend(int threads, BatchNumerics numerics = BatchNumerics::invariant);
+
+inline state::PageStoreMaker page_stores_of(Backend& be) {
+  return [&be](const state::KvPageShape& shape) { return be.kv_page_store(shape); };
+}
 
 }  // namespace pico::backend

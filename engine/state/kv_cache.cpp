@@ -23,7 +23,7 @@ bool supported(GgmlType type) {
   return type == GgmlType::F32 || type == GgmlType::F16 || type == GgmlType::Q8_0 || type == GgmlType::Q4_0;
 }
 
-void store_row(GgmlType type, const float* src, uint8_t* dst, int64_t n) {
+void encode_row(GgmlType type, const float* src, uint8_t* dst, int64_t n) {
   switch (type) {
     case GgmlType::F32: std::memcpy(dst, src, static_cast<size_t>(n) * 4); break;
     case GgmlType::F16:
@@ -116,6 +116,12 @@ uint64_t kv_bytes_for_positions(const KvConfig& c, int64_t positions) {
   return pages * static_cast<uint64_t>(c.page_positions) * kv_bytes_per_position(c);
 }
 
+KvPageShape page_shape(const KvConfig& c) {
+  const auto rows = static_cast<size_t>(c.page_positions);
+  return {c.k_type, c.v_type, rows * row_bytes(c.k_type, c.n_kv_heads * c.head_dim_k),
+          rows * row_bytes(c.v_type, c.n_kv_heads * c.head_dim_v)};
+}
+
 void read_k(const KvLayerView& view, int64_t pos, int64_t head, float* out) {
   load_head(view.k_type, view.k_row(pos), head, view.head_dim_k, out);
 }
@@ -124,8 +130,10 @@ void read_v(const KvLayerView& view, int64_t pos, int64_t head, float* out) {
   load_head(view.v_type, view.v_row(pos), head, view.head_dim_v, out);
 }
 
-KvState::KvState(const KvConfig& config) : config_(config) {
+KvState::KvState(const KvConfig& config, std::shared_ptr<PageStore> store)
+    : config_(config), store_(std::move(store)) {
   validate(config_);
+  if (!store_) store_ = host_page_store(page_shape(config_));
   k_row_bytes_ = row_bytes(config_.k_type, config_.n_kv_heads * config_.head_dim_k);
   v_row_bytes_ = row_bytes(config_.v_type, config_.n_kv_heads * config_.head_dim_v);
   page_shift_ = page_shift_of(config_.page_positions);
@@ -140,32 +148,46 @@ int64_t KvState::held_positions() const {
   return std::max<int64_t>(n, 0);
 }
 
+KvState::~KvState() {
+  for (Layer& l : layers_) keep_pages(l, 0);
+}
+
 void KvState::add_page(Layer& l) const {
-  const auto rows = static_cast<size_t>(config_.page_positions);
   // Not zeroed: only rows below n are ever read or copied.
-  l.k_pages.push_back(std::make_unique_for_overwrite<uint8_t[]>(rows * k_row_bytes_));
-  l.v_pages.push_back(std::make_unique_for_overwrite<uint8_t[]>(rows * v_row_bytes_));
-  l.k_rows.push_back(l.k_pages.back().get());
-  l.v_rows.push_back(l.v_pages.back().get());
+  l.pages.reserve(l.pages.size() + 1);
+  l.k_rows.reserve(l.pages.size() + 1);
+  l.v_rows.reserve(l.pages.size() + 1);
+  const PageStore::Page page = store_->allocate();
+  l.pages.push_back(page);
+  l.k_rows.push_back(page.k);
+  l.v_rows.push_back(page.v);
 }
 
 void KvState::keep_pages(Layer& l, int64_t positions) const {
   const auto keep = static_cast<size_t>(pages_for(positions));
-  if (l.k_pages.size() <= keep) return;
-  l.k_pages.resize(keep);
-  l.v_pages.resize(keep);
-  l.k_rows.resize(keep);
-  l.v_rows.resize(keep);
+  while (l.pages.size() > keep) {
+    store_->free(l.pages.back());
+    l.pages.pop_back();
+    l.k_rows.pop_back();
+    l.v_rows.pop_back();
+  }
 }
 
-uint8_t* KvState::k_row(Layer& l, int64_t pos) const {
-  return l.k_pages[static_cast<size_t>(pos >> page_shift_)].get() +
+uint8_t* KvState::k_row(const Layer& l, int64_t pos) const {
+  return l.pages[static_cast<size_t>(pos >> page_shift_)].k +
          static_cast<size_t>(pos & (config_.page_positions - 1)) * k_row_bytes_;
 }
 
-uint8_t* KvState::v_row(Layer& l, int64_t pos) const {
-  return l.v_pages[static_cast<size_t>(pos >> page_shift_)].get() +
+uint8_t* KvState::v_row(const Layer& l, int64_t pos) const {
+  return l.pages[static_cast<size_t>(pos >> page_shift_)].v +
          static_cast<size_t>(pos & (config_.page_positions - 1)) * v_row_bytes_;
+}
+
+void KvState::store_row(GgmlType type, const float* src, uint8_t* dst, int64_t n, size_t bytes) {
+  if (store_->host_memory()) return encode_row(type, src, dst, n);
+  std::vector<uint8_t> row(bytes);
+  encode_row(type, src, row.data(), n);
+  store_->write(dst, row.data(), bytes);
 }
 
 const KvState::Layer& KvState::at(int32_t layer) const {
@@ -186,11 +208,17 @@ void KvState::truncate(int64_t pos) {
 
 size_t KvState::bytes_used() const {
   size_t pages = 0;
-  for (const Layer& l : layers_) pages += l.k_pages.size();
+  for (const Layer& l : layers_) pages += l.pages.size();
   return pages * static_cast<size_t>(config_.page_positions) * (k_row_bytes_ + v_row_bytes_);
 }
 
 void KvState::write(int32_t layer_index, int64_t pos, const float* k, const float* v) {
+  const PageStore::Page rows = place(layer_index, pos);
+  store_row(config_.k_type, k, rows.k, config_.n_kv_heads * config_.head_dim_k, k_row_bytes_);
+  store_row(config_.v_type, v, rows.v, config_.n_kv_heads * config_.head_dim_v, v_row_bytes_);
+}
+
+PageStore::Page KvState::place(int32_t layer_index, int64_t pos) {
   Layer& l = const_cast<Layer&>(at(layer_index));
   if (!config_.holds(layer_index)) {
     throw std::out_of_range("KV cache: layer " + std::to_string(layer_index) + " keeps no K and V");
@@ -200,12 +228,11 @@ void KvState::write(int32_t layer_index, int64_t pos, const float* k, const floa
                             std::to_string(l.n) + ")");
   }
   if (pos == l.n) {
-    if (static_cast<int64_t>(l.k_pages.size()) < pages_for(pos + 1)) add_page(l);
+    if (static_cast<int64_t>(l.pages.size()) < pages_for(pos + 1)) add_page(l);
     l.n = pos + 1;
   }
-  store_row(config_.k_type, k, k_row(l, pos), config_.n_kv_heads * config_.head_dim_k);
-  store_row(config_.v_type, v, v_row(l, pos), config_.n_kv_heads * config_.head_dim_v);
   n_pos_ = held_positions();
+  return {k_row(l, pos), v_row(l, pos)};
 }
 
 KvLayerView KvState::layer(int32_t layer_index) const {
@@ -223,17 +250,18 @@ KvLayerView KvState::layer(int32_t layer_index) const {
   view.n_kv_heads = config_.n_kv_heads;
   view.head_dim_k = config_.head_dim_k;
   view.head_dim_v = config_.head_dim_v;
+  view.store = store_.get();
   return view;
 }
 
 std::vector<uint8_t> KvState::snapshot() const {
   size_t total = kSnapshotHeaderWords * 8;
   for (const Layer& l : layers_) total += 8 + static_cast<size_t>(l.n) * (k_row_bytes_ + v_row_bytes_);
-  std::vector<uint8_t> out;
-  out.reserve(total);
-  auto put = [&out](const void* p, size_t n) {
-    const auto* b = static_cast<const uint8_t*>(p);
-    out.insert(out.end(), b, b + n);
+  std::vector<uint8_t> out(total);
+  size_t offset = 0;
+  auto put = [&](const void* p, size_t n) {
+    std::memcpy(out.data() + offset, p, n);
+    offset += n;
   };
   const uint64_t header[kSnapshotHeaderWords] = {kSnapshotMagic,
                                                  kSnapshotVersion,
@@ -244,12 +272,20 @@ std::vector<uint8_t> KvState::snapshot() const {
                                                  static_cast<uint64_t>(config_.first_layer),
                                                  layers_.size()};
   put(header, sizeof header);
-  for (int32_t i = config_.first_layer; i < config_.last_layer; ++i) {
-    const KvLayerView view = layer(i);
-    const auto n = static_cast<uint64_t>(view.n_pos);
+  // Page by page: a page's rows are contiguous (one read each from a device's store).
+  auto rows = [&](const Layer& l, bool value) {
+    const size_t row_bytes = value ? v_row_bytes_ : k_row_bytes_;
+    for (int64_t first = 0; first < l.n; first += config_.page_positions) {
+      const auto n = static_cast<size_t>(std::min(config_.page_positions, l.n - first));
+      store_->read(value ? v_row(l, first) : k_row(l, first), out.data() + offset, n * row_bytes);
+      offset += n * row_bytes;
+    }
+  };
+  for (const Layer& l : layers_) {
+    const auto n = static_cast<uint64_t>(l.n);
     put(&n, sizeof n);
-    for (int64_t p = 0; p < view.n_pos; ++p) put(view.k_row(p), k_row_bytes_);
-    for (int64_t p = 0; p < view.n_pos; ++p) put(view.v_row(p), v_row_bytes_);
+    rows(l, false);
+    rows(l, true);
   }
   return out;
 }
@@ -300,33 +336,45 @@ std::vector<int64_t> KvState::snapshot_positions(std::span<const uint8_t> snapsh
 void KvState::restore(std::span<const uint8_t> snapshot) {
   const std::vector<int64_t> positions = snapshot_positions(snapshot);  // before any allocation
   std::vector<Layer> restored(layers_.size());
-  size_t offset = kSnapshotHeaderWords * 8;
-  for (size_t i = 0; i < restored.size(); ++i) {
-    Layer& l = restored[i];
-    l.n = positions[i];
-    offset += 8;
-    for (int64_t p = 0; p < pages_for(l.n); ++p) add_page(l);
-    for (int64_t p = 0; p < l.n; ++p, offset += k_row_bytes_) {
-      std::memcpy(k_row(l, p), snapshot.data() + offset, k_row_bytes_);
+  try {
+    size_t offset = kSnapshotHeaderWords * 8;
+    auto rows = [&](const Layer& l, bool value) {
+      const size_t row_bytes = value ? v_row_bytes_ : k_row_bytes_;
+      for (int64_t first = 0; first < l.n; first += config_.page_positions) {
+        const auto n = static_cast<size_t>(std::min(config_.page_positions, l.n - first));
+        store_->write(value ? v_row(l, first) : k_row(l, first), snapshot.data() + offset, n * row_bytes);
+        offset += n * row_bytes;
+      }
+    };
+    for (size_t i = 0; i < restored.size(); ++i) {
+      Layer& l = restored[i];
+      l.n = positions[i];
+      offset += 8;
+      for (int64_t p = 0; p < pages_for(l.n); ++p) add_page(l);
+      rows(l, false);
+      rows(l, true);
     }
-    for (int64_t p = 0; p < l.n; ++p, offset += v_row_bytes_) {
-      std::memcpy(v_row(l, p), snapshot.data() + offset, v_row_bytes_);
-    }
+  } catch (...) {
+    for (Layer& l : restored) keep_pages(l, 0);
+    throw;
   }
+  for (Layer& l : layers_) keep_pages(l, 0);
   layers_ = std::move(restored);
   n_pos_ = held_positions();
 }
 
-KvCache::KvCache(const KvConfig& config, std::optional<RecurrentConfig> recurrent)
+KvCache::KvCache(const KvConfig& config, std::optional<RecurrentConfig> recurrent, const PageStoreMaker& pages)
     : config_(config), recurrent_(std::move(recurrent)) {
   validate(config_);
   if (recurrent_) validate(*recurrent_);
+  const KvPageShape shape = page_shape(config_);
+  store_ = pages ? pages(shape) : host_page_store(shape);
 }
 
 KvCache::Entry& KvCache::entry(int32_t seq_id) {
   Entry& e = sequences_[seq_id];
   if (!e.kv) {
-    e.kv = std::make_unique<KvState>(config_);
+    e.kv = std::make_unique<KvState>(config_, store_);
     if (recurrent_) e.recurrent = std::make_unique<RecurrentState>(*recurrent_);
   }
   return e;
@@ -424,7 +472,7 @@ KvCache::SnapshotParts KvCache::split_snapshot(std::span<const uint8_t> snapshot
 
 void KvCache::restore(int32_t seq_id, std::span<const uint8_t> snapshot) {
   const SnapshotParts parts = split_snapshot(snapshot);
-  auto kv = std::make_unique<KvState>(config_);
+  auto kv = std::make_unique<KvState>(config_, store_);
   kv->restore(parts.kv);
   std::unique_ptr<RecurrentState> recurrent;
   if (recurrent_) {

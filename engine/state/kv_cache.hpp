@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "quant/type_traits.hpp"
+#include "state/page_store.hpp"
 #include "state/recurrent_state.hpp"
 #include "state/sequence_state.hpp"
 
@@ -52,9 +53,13 @@ void validate(const KvConfig& config);
 uint64_t kv_bytes_per_position(const KvConfig& config);
 // Bytes a sequence of `positions` positions holds: whole pages, every layer.
 uint64_t kv_bytes_for_positions(const KvConfig& config, int64_t positions);
+// The size of the config's pages.
+KvPageShape page_shape(const KvConfig& config);
 
 // Read access to one layer of one sequence (valid until that sequence is next written
 // or truncated): row p lives in page p >> page_shift, at (p & page_mask) rows into it.
+// The pages are the store's: host memory to read in place, or a device's (its backend
+// binds them; see page_store.hpp).
 struct KvLayerView {
   GgmlType k_type = GgmlType::F16;
   GgmlType v_type = GgmlType::F16;
@@ -68,6 +73,7 @@ struct KvLayerView {
   int64_t n_kv_heads = 0;
   int64_t head_dim_k = 0;
   int64_t head_dim_v = 0;
+  const PageStore* store = nullptr;
 
   const uint8_t* k_row(int64_t pos) const {
     return k_pages[pos >> page_shift] + static_cast<size_t>(pos & page_mask) * k_row_bytes;
@@ -85,7 +91,11 @@ void read_v(const KvLayerView& view, int64_t pos, int64_t head, float* out);
 
 class KvState final : public SequenceState {
  public:
-  explicit KvState(const KvConfig& config);
+  // Pages from `store` (host memory when null).
+  explicit KvState(const KvConfig& config, std::shared_ptr<PageStore> store = nullptr);
+  ~KvState() override;
+  KvState(const KvState&) = delete;
+  KvState& operator=(const KvState&) = delete;
 
   int64_t n_pos() const override { return n_pos_; }
   void truncate(int64_t pos) override;
@@ -104,11 +114,15 @@ class KvState final : public SequenceState {
   // n_pos grows the state once every layer of the stage holds it (n_pos counts
   // positions written in the first layer of the stage).
   void write(int32_t layer, int64_t pos, const float* k, const float* v);
+  // Where the K and V rows of `layer` at `pos` go, the state grown to hold them as
+  // write() grows it, for a backend that writes them itself (in the store's memory).
+  PageStore::Page place(int32_t layer, int64_t pos);
   KvLayerView layer(int32_t layer) const;
+  const PageStore& store() const { return *store_; }
 
  private:
   struct Layer {
-    std::vector<std::unique_ptr<uint8_t[]>> k_pages, v_pages;
+    std::vector<PageStore::Page> pages;
     std::vector<const uint8_t*> k_rows, v_rows;  // the pages' addresses, for views
     int64_t n = 0;                               // positions held in this layer
   };
@@ -116,11 +130,13 @@ class KvState final : public SequenceState {
   int64_t held_positions() const;  // the fewest positions of a layer that keeps K and V
   void add_page(Layer& layer) const;
   void keep_pages(Layer& layer, int64_t positions) const;  // frees the pages past `positions`
-  uint8_t* k_row(Layer& layer, int64_t pos) const;
-  uint8_t* v_row(Layer& layer, int64_t pos) const;
+  uint8_t* k_row(const Layer& layer, int64_t pos) const;
+  uint8_t* v_row(const Layer& layer, int64_t pos) const;
+  void store_row(GgmlType type, const float* src, uint8_t* dst, int64_t n, size_t bytes);
   int64_t pages_for(int64_t positions) const { return (positions + config_.page_positions - 1) >> page_shift_; }
 
   KvConfig config_;
+  std::shared_ptr<PageStore> store_;
   size_t k_row_bytes_ = 0, v_row_bytes_ = 0;
   int page_shift_ = 0;
   std::vector<Layer> layers_;
@@ -131,8 +147,11 @@ class KvState final : public SequenceState {
 // attention layers and, for a hybrid model, the recurrent state of its linear layers.
 class KvCache {
  public:
-  explicit KvCache(const KvConfig& config, std::optional<RecurrentConfig> recurrent = std::nullopt);
+  // KV pages from the store `pages` makes (a backend's), or host memory.
+  explicit KvCache(const KvConfig& config, std::optional<RecurrentConfig> recurrent = std::nullopt,
+                   const PageStoreMaker& pages = {});
   const KvConfig& config() const { return config_; }
+  const PageStore& page_store() const { return *store_; }
   const std::optional<RecurrentConfig>& recurrent_config() const { return recurrent_; }
   // The sequence's KV, created empty on first use (with its recurrent state).
   KvState& sequence(int32_t seq_id);
@@ -178,6 +197,7 @@ class KvCache {
   Entry& entry(int32_t seq_id);
   KvConfig config_;
   std::optional<RecurrentConfig> recurrent_;
+  std::shared_ptr<PageStore> store_;
   std::map<int32_t, Entry> sequences_;
 };
 

@@ -5,7 +5,8 @@
 # eval's logits through the device equal the CPU's to float rounding (an F32 model),
 # and a device that is not there is a clear error. Skipped (77) in a build without
 # Vulkan, after checking that the listing and --backend say so. pico-worker refuses a
-# range whose weights exceed the device's memory (--device-memory), naming both sizes.
+# range whose weights, or weights and the KV cache of one sequence, exceed the device's
+# memory (--device-memory), naming the sizes.
 #   check_devices.sh PICO PICO_WORKER
 set -euo pipefail
 pico="$1" worker="$2"
@@ -67,6 +68,10 @@ expect_error 'is a CPU backend mode' "$pico" eval -m "$tmp/m.gguf" --tokens "$to
 weights=$(python3 -c "import os; print(os.path.getsize('$tmp/m.gguf'))")
 expect_error "layers 0-1: their weights take [0-9]* bytes (.*) but vulkan device 0 (.*) offers 65536 bytes (0 MiB, --device-memory): give this stage fewer layers" \
   "$worker" -m "$tmp/m.gguf" --listen "ipc://$tmp/w.sock" --backend vulkan --device-memory 64K
+# The KV cache is device memory too: room for the weights but not for one sequence of
+# the model's context is refused, naming the KV bytes.
+expect_error "layers 0-1: their weights take [0-9]* bytes (.*) and the KV cache of one sequence of [0-9]* positions [0-9]* bytes (.*) but vulkan device 0 (.*) offers [0-9]* bytes (.*, --device-memory): lower --ctx or give this stage fewer layers" \
+  "$worker" -m "$tmp/m.gguf" --listen "ipc://$tmp/w.sock" --backend vulkan --device-memory "$((weights + 65536))" --ctx 4096
 expect_error "device backend's memory; the cpu backend has none" \
   "$worker" -m "$tmp/m.gguf" --listen "ipc://$tmp/w.sock" --device-memory 64K
 set +e
@@ -77,6 +82,6 @@ for _ in $(seq 200); do grep -q "listening on" "$tmp/worker.log" && break; sleep
 kill "$worker_pid" 2>/dev/null
 wait "$worker_pid"
 set -e
-grep -q "vulkan device 0: the layers' weights take .* of its .*" "$tmp/worker.log" &&
+grep -q "vulkan device 0: the layers' weights take .* of its .*; the KV cache's budget of .* is device memory" "$tmp/worker.log" &&
   grep -q "listening on" "$tmp/worker.log" || fail "a range within --device-memory does not load: $(cat "$tmp/worker.log")"
 echo "OK"

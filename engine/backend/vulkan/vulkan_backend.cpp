@@ -25,9 +25,89 @@ using vulkan::BufferRange;
 size_t floats(int64_t count) { return static_cast<size_t>(count) * sizeof(float); }
 size_t ints(int64_t count) { return static_cast<size_t>(count) * sizeof(int32_t); }
 
+// A KV cache's pages in device memory: page i is K pool rows and V pool rows [i *
+// page_positions, (i + 1) * page_positions), so a K row and its V row share an index
+// (the attention shader's page tables count rows). Each pool is one buffer, grown by
+// doubling with a copy on the device, up to what one storage binding spans. The
+// pages' addresses are reserved with PROT_NONE: the cache reaches their bytes only
+// through write() and read().
+class DevicePageStore final : public state::PageStore {
+ public:
+  DevicePageStore(std::shared_ptr<vulkan::Device> device, const state::KvPageShape& shape, const void* owner)
+      : PageStore(shape), device_(std::move(device)), owner_(owner) {
+    const uint64_t range = device_->info().max_storage_range;
+    max_pages_ = static_cast<size_t>(std::min(range / shape.k_bytes, range / shape.v_bytes));
+    if (max_pages_ == 0)
+      throw std::runtime_error("vulkan: a KV page of " + std::to_string(std::max(shape.k_bytes, shape.v_bytes)) +
+                               " bytes is larger than one storage binding spans (" + std::to_string(range) + ")");
+    reserved_bytes_ = max_pages_ * (shape.k_bytes + shape.v_bytes);
+    void* reserved = mmap(nullptr, reserved_bytes_, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (reserved == MAP_FAILED) throw std::runtime_error("vulkan: cannot reserve addresses for KV pages");
+    base_ = static_cast<uint8_t*>(reserved);
+  }
+  ~DevicePageStore() override { munmap(base_, reserved_bytes_); }
+
+  const void* owner() const { return owner_; }
+  const Buffer& k_pool() const { return k_pool_; }
+  const Buffer& v_pool() const { return v_pool_; }
+  const uint8_t* k_base() const { return base_; }
+  const uint8_t* v_base() const { return base_ + max_pages_ * shape().k_bytes; }
+  size_t pages() const { return capacity_; }
+
+  bool host_memory() const override { return false; }
+  Page allocate() override {
+    if (free_.empty()) grow();
+    const size_t i = free_.back();
+    free_.pop_back();
+    return {base_ + i * shape().k_bytes, base_ + max_pages_ * shape().k_bytes + i * shape().v_bytes};
+  }
+  void free(Page page) override { free_.push_back(static_cast<size_t>(page.k - base_) / shape().k_bytes); }
+  void write(uint8_t* to, const void* from, size_t bytes) override {
+    const BufferRange at = where(to);
+    device_->write(*at.buffer, at.offset, from, bytes);
+  }
+  void read(const uint8_t* from, void* to, size_t bytes) const override {
+    const BufferRange at = where(from);
+    device_->download(*at.buffer, at.offset, to, bytes);
+  }
+
+ private:
+  BufferRange where(const uint8_t* p) const {
+    if (p < base_ || p >= base_ + reserved_bytes_) throw std::logic_error("vulkan: an address outside the KV pages");
+    if (p >= v_base()) return {&v_pool_, static_cast<size_t>(p - v_base()), 0};
+    return {&k_pool_, static_cast<size_t>(p - base_), 0};
+  }
+  void grow() {
+    if (capacity_ >= max_pages_)
+      throw std::runtime_error("vulkan: the KV cache is full: " + std::to_string(capacity_) + " pages of " +
+                               std::to_string(shape().k_bytes) + " bytes reach what one storage binding spans (" +
+                               std::to_string(device_->info().max_storage_range) + " bytes)");
+    const size_t next = std::min(max_pages_, std::max<size_t>(capacity_ * 2, 16));
+    Buffer k = device_->allocate(next * shape().k_bytes), v = device_->allocate(next * shape().v_bytes);
+    if (capacity_ > 0) {
+      const vulkan::Device::CopyRegion k_all{0, 0, capacity_ * shape().k_bytes}, v_all{0, 0, capacity_ * shape().v_bytes};
+      device_->copy(k_pool_, k, {&k_all, 1});
+      device_->copy(v_pool_, v, {&v_all, 1});
+      device_->retire(std::move(k_pool_));
+      device_->retire(std::move(v_pool_));
+    }
+    k_pool_ = std::move(k);
+    v_pool_ = std::move(v);
+    for (size_t i = next; i-- > capacity_;) free_.push_back(i);  // the lowest index first
+    capacity_ = next;
+  }
+
+  std::shared_ptr<vulkan::Device> device_;
+  const void* owner_;
+  size_t max_pages_ = 0, capacity_ = 0, reserved_bytes_ = 0;
+  uint8_t* base_ = nullptr;
+  Buffer k_pool_, v_pool_;
+  std::vector<size_t> free_;
+};
+
 class VulkanBackend final : public Backend {
  public:
-  VulkanBackend(std::unique_ptr<vulkan::Device> device, int cpu_threads)
+  VulkanBackend(std::shared_ptr<vulkan::Device> device, int cpu_threads)
       : device_(std::move(device)), ops_(*device_), cpu_(make_cpu_backend(cpu_threads)) {
     // Addresses for activation memory: reserved, never readable or writable by the host.
     void* reserved = mmap(nullptr, kReserved, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
@@ -92,10 +172,31 @@ class VulkanBackend final : public Backend {
     call.finish();
   }
 
+  // F16 K and V live in device memory, where the attention shader reads them; other
+  // cache types stay on the host with the CPU's attention.
+  std::shared_ptr<state::PageStore> kv_page_store(const state::KvPageShape& shape) override {
+    if (shape.k_type != GgmlType::F16 || shape.v_type != GgmlType::F16) return state::host_page_store(shape);
+    return std::make_shared<DevicePageStore>(device_, shape, this);
+  }
+
   void store_kv(state::KvCache& cache, int32_t layer, std::span<const KvSlot> slots, const float* k, int64_t k_stride,
                 const float* v, int64_t v_stride) override {
     if (slots.empty()) return;
     const state::KvConfig& c = cache.config();
+    const int64_t nk = c.n_kv_heads * c.head_dim_k, nv = c.n_kv_heads * c.head_dim_v;
+    if (const DevicePageStore* store = own_store(&cache.page_store()); store && nk % 2 == 0 && nv % 2 == 0) {
+      std::vector<uint32_t> rows(slots.size());
+      for (size_t t = 0; t < slots.size(); ++t) {
+        const state::PageStore::Page at = cache.sequence(slots[t].seq_id).place(layer, slots[t].pos);
+        rows[t] = static_cast<uint32_t>(static_cast<size_t>(at.k - store->k_base()) / floats(nk / 2));
+      }
+      const auto count = static_cast<int64_t>(slots.size());
+      Call call(*this);
+      const BufferRange dr = call.in(rows.data(), rows.size() * sizeof(uint32_t));
+      ops_.store_kv_f16(call.in(k, floats((count - 1) * k_stride + nk)), nk, k_stride, dr, count, store->k_pool());
+      ops_.store_kv_f16(call.in(v, floats((count - 1) * v_stride + nv)), nv, v_stride, dr, count, store->v_pool());
+      return call.finish();
+    }
     const auto last = static_cast<int64_t>(slots.size()) - 1;
     std::vector<float> k_copy, v_copy;
     const float* hk = on_host(k, last * k_stride + c.n_kv_heads * c.head_dim_k, k_copy);
@@ -174,6 +275,9 @@ class VulkanBackend final : public Backend {
                  const AttentionParams& params, float* out) override {
     if (queries.empty()) return;
     const auto n = static_cast<int64_t>(queries.size());
+    if (const DevicePageStore* store = own_store(queries.front().kv.store)) {
+      return device_attention(*store, q, q_row_stride, queries, params, out);
+    }
     std::vector<float> q_copy;
     const float* hq = on_host(q, (n - 1) * q_row_stride + params.n_head * params.head_dim_k, q_copy);
     to(out, n * params.n_head * params.head_dim_v, [&](float* y) { cpu_->attention(hq, q_row_stride, queries, params, y); });
@@ -267,6 +371,52 @@ class VulkanBackend final : public Backend {
 
  private:
   static constexpr size_t kReserved = size_t{64} << 30;
+
+  // The store, when it is one of this backend's.
+  const DevicePageStore* own_store(const state::PageStore* store) const {
+    const auto* device = dynamic_cast<const DevicePageStore*>(store);
+    return device && device->owner() == this ? device : nullptr;
+  }
+
+  // Attention over KV pages in `store`: each query's page table (its sequence's pages as
+  // first rows, shared by queries of the same sequence) goes in with the queries.
+  void device_attention(const DevicePageStore& store, const float* q, int64_t q_row_stride,
+                        std::span<const AttentionQuery> queries, const AttentionParams& params, float* out) {
+    const auto n = static_cast<int64_t>(queries.size());
+    std::vector<vulkan::DeviceQuery> device_queries;
+    std::vector<uint32_t> pages;
+    int64_t max_keys = 1;
+    for (size_t i = 0; i < queries.size(); ++i) {
+      const AttentionQuery& query = queries[i];
+      const state::KvLayerView& kv = query.kv;
+      if (kv.store != &store) throw std::logic_error("vulkan: one attention call over two caches");
+      uint32_t table = static_cast<uint32_t>(pages.size());
+      size_t same = 0;
+      while (same < i && !queries[same].kv.same_rows(kv)) ++same;
+      if (same < i) {
+        table = device_queries[same].page_table;
+      } else {
+        const int64_t n_pages = (kv.n_pos + kv.page_mask) >> kv.page_shift;
+        for (int64_t p = 0; p < n_pages; ++p)
+          pages.push_back(static_cast<uint32_t>(static_cast<size_t>(kv.k_pages[p] - store.k_base()) / kv.k_row_bytes));
+      }
+      const int64_t first = params.window > 0 ? std::max<int64_t>(0, query.pos - params.window + 1) : 0;
+      const int64_t last = std::min<int64_t>(query.pos, kv.n_pos - 1);
+      max_keys = std::max(max_keys, last - first + 1);
+      device_queries.push_back({static_cast<uint32_t>(query.pos), static_cast<uint32_t>(kv.n_pos), table, 0});
+    }
+    if (pages.empty()) pages.push_back(0);
+    const state::KvLayerView& kv = queries.front().kv;
+    const vulkan::DeviceKvLayer layer{&store.k_pool(), &store.v_pool(), kv.n_kv_heads, kv.head_dim_k, kv.head_dim_v,
+                                      kv.page_shift};
+    Call call(*this);
+    const BufferRange dq = call.in(q, floats((n - 1) * q_row_stride + params.n_head * params.head_dim_k));
+    const BufferRange info = call.in(device_queries.data(), device_queries.size() * sizeof(vulkan::DeviceQuery));
+    const BufferRange table = call.in(pages.data(), pages.size() * sizeof(uint32_t));
+    ops_.attention(dq, q_row_stride, layer, info, table, n, max_keys, params,
+                   call.out(out, floats(n * params.n_head * params.head_dim_v)));
+    call.finish();
+  }
 
   // Where activation memory at p lies on the device (nullopt: p is host memory).
   std::optional<BufferRange> resident(const void* p) const {
@@ -444,7 +594,7 @@ class VulkanBackend final : public Backend {
     return it->second;
   }
 
-  std::unique_ptr<vulkan::Device> device_;
+  std::shared_ptr<vulkan::Device> device_;  // shared with the KV page stores, which may outlive the backend
   vulkan::Ops ops_;
   std::unique_ptr<Backend> cpu_;
   uint8_t* reserved_ = nullptr;

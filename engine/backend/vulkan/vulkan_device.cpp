@@ -208,6 +208,7 @@ struct Device::Impl {
   Buffer staging;
   std::vector<Buffer> pending_staging;  // write()'s until submitted, then spare for the next ones
   std::vector<Buffer> spare_staging;
+  std::vector<Buffer> retired;  // retire()'s, until the work recorded before it has run
 
   Pipeline& pipeline(Device& owner, Shader shader);
   void begin();
@@ -285,6 +286,7 @@ Device::~Device() {
   m.staging = Buffer();
   m.pending_staging.clear();
   m.spare_staging.clear();
+  m.retired.clear();
   for (auto& p : m.pipelines) {
     if (p.pipeline) vkDestroyPipeline(m.device, p.pipeline, nullptr);
     if (p.layout) vkDestroyPipelineLayout(m.device, p.layout, nullptr);
@@ -560,7 +562,14 @@ void Device::submit() {
   for (Buffer& b : m.pending_staging) m.spare_staging.push_back(std::move(b));
   m.pending_staging.clear();
   if (m.spare_staging.size() > 8) m.spare_staging.erase(m.spare_staging.begin(), m.spare_staging.end() - 8);
+  m.retired.clear();
   ++submissions_;
+}
+
+void Device::retire(Buffer buffer) {
+  Impl& m = *impl_;
+  if (!m.recording) return;  // nothing recorded can still use it
+  m.retired.push_back(std::move(buffer));
 }
 
 }  // namespace pico::backend::vulkan

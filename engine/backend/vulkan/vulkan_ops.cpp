@@ -283,6 +283,20 @@ void Ops::round_rows(BufferRange x, int64_t n, int64_t rows, GgmlType weight_typ
   device_.dispatch(Shader::round_rows, bindings, &push, sizeof push, gx, gy);
 }
 
+void Ops::store_kv_f16(BufferRange x, int64_t n, int64_t x_stride, BufferRange rows, int64_t count, const Buffer& pool) {
+  if (n % 2 != 0) throw std::invalid_argument("vulkan: store_kv_f16: rows of an odd number of values");
+  if (count <= 0) return;
+  const int64_t pairs = count * (n / 2);
+  const struct {
+    uint32_t n, src_stride, count;
+  } push{checked_u32(n, "row"), checked_u32(x_stride, "row stride"), checked_u32(pairs, "values")};
+  const BufferRange bindings[] = {floats(x, 0, (count - 1) * x_stride + n),
+                                  {rows.buffer, rows.offset, static_cast<size_t>(count) * sizeof(uint32_t)},
+                                  {&pool, 0, 0}};
+  const auto [gx, gy] = grid((static_cast<uint64_t>(pairs) + kWorkgroupSize - 1) / kWorkgroupSize);
+  device_.dispatch(Shader::store_kv_f16, bindings, &push, sizeof push, gx, gy);
+}
+
 void Ops::softmax(BufferRange x, int64_t n, int64_t rows) {
   const struct {
     uint32_t n;

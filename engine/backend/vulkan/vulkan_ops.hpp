@@ -98,6 +98,10 @@ class Ops {
   // over `weight_type` multiplies on the CPU (its dot partner: F32 leaves them as they
   // are; F16, BF16, Q8_0, Q8_1, Q8_K), as cpu::quantize_activations then dequantized.
   void round_rows(BufferRange x, int64_t n, int64_t rows, GgmlType weight_type);
+  // K or V rows into a KV pool of F16 rows (DeviceKvLayer's k or v): row s of x (n
+  // floats, n even, at s * x_stride) rounded to F16 (as fp32_to_fp16) into pool row
+  // rows[s] (count uint32 on the device).
+  void store_kv_f16(BufferRange x, int64_t n, int64_t x_stride, BufferRange rows, int64_t count, const Buffer& pool);
   // backend.hpp's attention over a device KV cache: queries (n_queries DeviceQuery) and
   // page_table on the device; max_keys bounds the keys any query sees (its scores' room).
   void attention(BufferRange q, int64_t q_row_stride, const DeviceKvLayer& kv, BufferRange queries,

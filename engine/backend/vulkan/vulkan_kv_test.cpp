@@ -1,0 +1,193 @@
+// The KV cache in device memory (the Vulkan backend's page store): what store_kv puts
+// there is the F16 the host cache stores, bit for bit (ties, subnormals, overflow,
+// NaN), over many pages (the pools grow); snapshots, restores and truncation behave as
+// on the host; attention over it matches the CPU's over host pages; its pages are not
+// host memory; a cache may outlive its backend. With no usable device every test
+// reports itself skipped, saying why.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "backend/backend.hpp"
+#include "backend/vulkan/vulkan_backend.hpp"
+
+namespace pico::backend {
+namespace {
+
+std::unique_ptr<Backend> open_or_reason(std::string& reason) {
+  try {
+    return make_vulkan_backend(0, 1);
+  } catch (const std::runtime_error& e) {
+    reason = e.what();
+    return nullptr;
+  }
+}
+
+#define REQUIRE_BACKEND(be)                                      \
+  std::string reason_;                                           \
+  std::unique_ptr<Backend> be = open_or_reason(reason_);         \
+  if (!be) GTEST_SKIP() << "no Vulkan device: " << reason_  // reason: built without Vulkan or no device
+
+constexpr int64_t kHeads = 2, kDimK = 16, kDimV = 8, kRowK = kHeads * kDimK, kRowV = kHeads * kDimV;
+constexpr int64_t kStride = kRowK + 3;  // rows of the inputs sit apart, as in a fused QKV
+
+state::KvConfig config() {
+  state::KvConfig c;
+  c.first_layer = 4;
+  c.last_layer = 6;
+  c.n_kv_heads = kHeads;
+  c.head_dim_k = kDimK;
+  c.head_dim_v = kDimV;
+  c.page_positions = 4;
+  return c;
+}
+
+// Values for rows; with specials, a few of every row are ones F16 rounding must get
+// right: ties to even, the subnormal range and its ties, overflow, infinities, NaN.
+std::vector<float> values(size_t n, uint32_t seed, bool specials) {
+  const float tiny = std::ldexp(1.0f, -24);  // the smallest F16 subnormal
+  const float special[] = {0.0f,
+                           -0.0f,
+                           65504.0f,
+                           65519.0f,
+                           65520.0f,
+                           -70000.0f,
+                           std::numeric_limits<float>::infinity(),
+                           -std::numeric_limits<float>::infinity(),
+                           std::numeric_limits<float>::quiet_NaN(),
+                           1.0f + std::ldexp(1.0f, -11),
+                           1.0f + 3 * std::ldexp(1.0f, -11),
+                           tiny / 2,
+                           3 * tiny / 2,
+                           5 * tiny / 2,
+                           -tiny * 0.75f,
+                           std::ldexp(1.0f, -14) * 0.999f,
+                           std::ldexp(1.0f, -14),
+                           1e-40f,
+                           std::ldexp(1.0f, -25) * 1.0001f};
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, 2.0f);
+  std::vector<float> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = specials && i % 5 == 0 ? special[(i / 5 + seed) % std::size(special)] : dist(rng);
+  return v;
+}
+
+// Stores `positions` positions of sequences 3 and 8 (interleaved in each batch of 5
+// slots per sequence) in both layers of both caches: the device's through `be`, the
+// host's through the CPU backend.
+void fill(Backend& be, state::KvCache& device, state::KvCache& host, int32_t positions, bool specials, uint32_t seed,
+          int32_t from = 0) {
+  const std::unique_ptr<Backend> cpu = make_cpu_backend(1);
+  for (int32_t start = from; start < positions; start += 5) {
+    std::vector<KvSlot> slots;
+    for (int32_t p = start; p < std::min(positions, start + 5); ++p) {
+      slots.push_back({3, p});
+      slots.push_back({8, p});
+    }
+    for (int32_t layer = 4; layer < 6; ++layer) {
+      const auto n = static_cast<size_t>(slots.size());
+      const std::vector<float> k = values(n * kStride, seed++, specials), v = values(n * kStride, seed++, specials);
+      be.store_kv(device, layer, slots, k.data(), kStride, v.data(), kStride);
+      cpu->store_kv(host, layer, slots, k.data(), kStride, v.data(), kStride);
+    }
+  }
+}
+
+TEST(VulkanKvCache, StoresTheBitsTheHostStoresOverManyPages) {
+  REQUIRE_BACKEND(be);
+  state::KvCache host(config()), device(config(), std::nullopt, page_stores_of(*be));
+  ASSERT_TRUE(host.page_store().host_memory());
+  ASSERT_FALSE(device.page_store().host_memory());
+  // 2 sequences x 2 layers x 11 pages: past the first pool of 16 pages and the second of 32.
+  fill(*be, device, host, 41, true, 1);
+  for (const int32_t seq : {3, 8}) {
+    EXPECT_EQ(device.positions(seq), 41);
+    EXPECT_EQ(device.bytes_used(seq), host.bytes_used(seq));
+    EXPECT_EQ(*device.snapshot(seq), *host.snapshot(seq)) << "sequence " << seq;
+  }
+}
+
+TEST(VulkanKvCache, SnapshotRestoreAndTruncateAsOnTheHost) {
+  REQUIRE_BACKEND(be);
+  state::KvCache host(config()), device(config(), std::nullopt, page_stores_of(*be));
+  fill(*be, device, host, 13, false, 7);
+  const std::vector<uint8_t> snapshot = *host.snapshot(3);
+  state::KvCache restored(config(), std::nullopt, page_stores_of(*be));
+  restored.restore(3, snapshot);
+  EXPECT_EQ(*restored.snapshot(3), snapshot);
+
+  device.truncate(3, 6);
+  host.truncate(3, 6);
+  device.truncate(8, 8);
+  host.truncate(8, 8);
+  EXPECT_EQ(device.bytes_used(), host.bytes_used());
+  EXPECT_EQ(device.positions(3), 6);
+  fill(*be, device, host, 17, false, 50, 6);  // sequence 8's positions 6 and 7 rewritten
+  for (const int32_t seq : {3, 8}) EXPECT_EQ(*device.snapshot(seq), *host.snapshot(seq)) << "sequence " << seq;
+}
+
+TEST(VulkanKvCache, AttentionOverItMatchesTheCpusOverHostPages) {
+  REQUIRE_BACKEND(be);
+  state::KvCache host(config()), device(config(), std::nullopt, page_stores_of(*be));
+  fill(*be, device, host, 23, false, 11);
+  const std::unique_ptr<Backend> cpu = make_cpu_backend(1);
+  for (const int32_t window : {0, 6}) {
+    AttentionParams params;
+    params.n_head = 4;
+    params.n_head_kv = kHeads;
+    params.head_dim_k = kDimK;
+    params.head_dim_v = kDimV;
+    params.scale = 0.25f;
+    params.window = window;
+    std::vector<AttentionQuery> on_device, on_host;
+    for (const auto& [seq, pos] : {std::pair{3, 22}, std::pair{8, 5}, std::pair{3, 0}, std::pair{8, 17}}) {
+      on_device.push_back({pos, device.sequence(seq).layer(5)});
+      on_host.push_back({pos, host.sequence(seq).layer(5)});
+    }
+    const int64_t q_stride = params.n_head * kDimK + 5;
+    const std::vector<float> q = values(on_device.size() * q_stride, 99, false);
+    const size_t out_n = on_device.size() * params.n_head * kDimV;
+    std::vector<float> got(out_n), want(out_n);
+    be->attention(q.data(), q_stride, on_device, params, got.data());
+    cpu->attention(q.data(), q_stride, on_host, params, want.data());
+    double error = 0, norm = 0;
+    for (size_t i = 0; i < out_n; ++i) {
+      error += (got[i] - want[i]) * (got[i] - want[i]);
+      norm += want[i] * want[i];
+    }
+    EXPECT_LE(error / norm, 5e-4) << "window " << window;
+  }
+}
+
+TEST(VulkanKvCache, OutlivesItsBackend) {
+  REQUIRE_BACKEND(be);
+  state::KvCache host(config());
+  auto device = std::make_unique<state::KvCache>(config(), std::nullopt, page_stores_of(*be));
+  fill(*be, *device, host, 9, false, 3);
+  be.reset();
+  EXPECT_EQ(*device->snapshot(8), *host.snapshot(8));
+  device.reset();
+}
+
+TEST(VulkanKvCacheDeathTest, ItsPagesAreNotHostMemory) {
+  REQUIRE_BACKEND(be);
+  state::KvCache host(config()), device(config(), std::nullopt, page_stores_of(*be));
+  fill(*be, device, host, 2, false, 5);
+  const state::KvLayerView view = device.sequence(3).layer(4);
+  EXPECT_DEATH(
+      {
+        volatile const uint8_t* p = view.k_row(0);
+        (void)p[0];
+      },
+      "");
+}
+
+}  // namespace
+}  // namespace pico::backend
