@@ -32,7 +32,7 @@ namespace pico::backend {
 
 class Backend;
 // The page stores of `be` for a KV cache (state::KvCache's maker).
-state::PageStoreMaker page_stores_of(Backend& be);
+state::StateStores state_stores_of(Backend& be);
 
 enum class Op {
   matmul,
@@ -127,6 +127,8 @@ struct RecurrentSequence {
   int64_t rows = 0;
   float* conv_state = nullptr;  // ssm_conv: taps - 1 rows of channels, oldest first
   float* ssm_state = nullptr;   // delta_rule: per value head, head_dim rows of head_dim
+  // Whose memory the states are (RecurrentState::store(); null: host memory).
+  const state::BlockStore* store = nullptr;
 };
 
 struct DeltaRuleParams {
@@ -175,6 +177,10 @@ class Backend {
   // The cache must not outlive the backend.
   virtual std::shared_ptr<state::PageStore> kv_page_store(const state::KvPageShape& shape) {
     return state::host_page_store(shape);
+  }
+  // Likewise the blocks of a hybrid model's recurrent state and its checkpoints.
+  virtual std::shared_ptr<state::BlockStore> state_block_store(size_t block_floats) {
+    return state::host_block_store(block_floats);
   }
   // Times the backend handed the work it recorded to its device and waited for it (0
   // on the CPU, which does each op as it is called): what a step costs in round trips.
@@ -273,8 +279,9 @@ enum class BatchNumerics { invariant, as_llama_cpp };
 // The CPU backend over engine/cpu, with its own thread pool of `threads` threads.
 std::unique_ptr<Backend> make_cpu_backend(int threads, BatchNumerics numerics = BatchNumerics::invariant);
 
-inline state::PageStoreMaker page_stores_of(Backend& be) {
-  return [&be](const state::KvPageShape& shape) { return be.kv_page_store(shape); };
+inline state::StateStores state_stores_of(Backend& be) {
+  return {[&be](const state::KvPageShape& shape) { return be.kv_page_store(shape); },
+          [&be](size_t block_floats) { return be.state_block_store(block_floats); }};
 }
 
 }  // namespace pico::backend

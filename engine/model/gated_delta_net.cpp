@@ -117,7 +117,7 @@ void Model::gated_delta_net(ForwardContext& ctx, int32_t il, const float* xn, bo
     const int32_t seq_id = ctx.batch[static_cast<size_t>(order[static_cast<size_t>(t)])].seq_id;
     if (sequences.empty() || ctx.batch[static_cast<size_t>(order[static_cast<size_t>(t - 1)])].seq_id != seq_id) {
       state::RecurrentState& rs = ctx.cache.recurrent(seq_id);
-      sequences.push_back({t, 0, rs.conv(il), rs.ssm(il)});
+      sequences.push_back({t, 0, rs.conv(il), rs.ssm(il), &rs.store()});
     }
     ++sequences.back().rows;
   }

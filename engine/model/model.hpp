@@ -113,12 +113,11 @@ class Model {
   state::KvConfig kv_config(LayerRange range, GgmlType k_type = GgmlType::F16, GgmlType v_type = GgmlType::F16) const;
   std::optional<state::RecurrentConfig> recurrent_config(LayerRange range) const;
   // The state a stage keeps for its sequences: kv_config's cache with recurrent_config's
-  // state, its KV pages where `be` keeps them (backend::page_stores_of; the host's by
-  // default).
+  // state, where a backend keeps them (backend::state_stores_of; the host's by default).
   std::unique_ptr<state::KvCache> make_cache(LayerRange range, GgmlType k_type = GgmlType::F16,
                                              GgmlType v_type = GgmlType::F16,
-                                             const state::PageStoreMaker& pages = {}) const {
-    return std::make_unique<state::KvCache>(kv_config(range, k_type, v_type), recurrent_config(range), pages);
+                                             const state::StateStores& stores = {}) const {
+    return std::make_unique<state::KvCache>(kv_config(range, k_type, v_type), recurrent_config(range), stores);
   }
 
   // Runs layers [range.first, range.last) for `batch`. The stage holding layer 0

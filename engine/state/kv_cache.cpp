@@ -363,19 +363,23 @@ void KvState::restore(std::span<const uint8_t> snapshot) {
   n_pos_ = held_positions();
 }
 
-KvCache::KvCache(const KvConfig& config, std::optional<RecurrentConfig> recurrent, const PageStoreMaker& pages)
+KvCache::KvCache(const KvConfig& config, std::optional<RecurrentConfig> recurrent, const StateStores& stores)
     : config_(config), recurrent_(std::move(recurrent)) {
   validate(config_);
-  if (recurrent_) validate(*recurrent_);
   const KvPageShape shape = page_shape(config_);
-  store_ = pages ? pages(shape) : host_page_store(shape);
+  store_ = stores.pages ? stores.pages(shape) : host_page_store(shape);
+  if (recurrent_) {
+    validate(*recurrent_);
+    const size_t floats = recurrent_bytes_per_sequence(*recurrent_) / sizeof(float);
+    blocks_ = stores.blocks ? stores.blocks(floats) : host_block_store(floats);
+  }
 }
 
 KvCache::Entry& KvCache::entry(int32_t seq_id) {
   Entry& e = sequences_[seq_id];
   if (!e.kv) {
     e.kv = std::make_unique<KvState>(config_, store_);
-    if (recurrent_) e.recurrent = std::make_unique<RecurrentState>(*recurrent_);
+    if (recurrent_) e.recurrent = std::make_unique<RecurrentState>(*recurrent_, blocks_);
   }
   return e;
 }
@@ -476,7 +480,7 @@ void KvCache::restore(int32_t seq_id, std::span<const uint8_t> snapshot) {
   kv->restore(parts.kv);
   std::unique_ptr<RecurrentState> recurrent;
   if (recurrent_) {
-    recurrent = std::make_unique<RecurrentState>(*recurrent_);
+    recurrent = std::make_unique<RecurrentState>(*recurrent_, blocks_);
     recurrent->restore(parts.recurrent);
   }
   Entry& e = sequences_[seq_id];

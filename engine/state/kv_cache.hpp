@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "quant/type_traits.hpp"
-#include "state/page_store.hpp"
+#include "state/stores.hpp"
 #include "state/recurrent_state.hpp"
 #include "state/sequence_state.hpp"
 
@@ -147,11 +147,14 @@ class KvState final : public SequenceState {
 // attention layers and, for a hybrid model, the recurrent state of its linear layers.
 class KvCache {
  public:
-  // KV pages from the store `pages` makes (a backend's), or host memory.
+  // KV pages and recurrent state blocks from the stores `stores` makes (a backend's), or
+  // host memory.
   explicit KvCache(const KvConfig& config, std::optional<RecurrentConfig> recurrent = std::nullopt,
-                   const PageStoreMaker& pages = {});
+                   const StateStores& stores = {});
   const KvConfig& config() const { return config_; }
   const PageStore& page_store() const { return *store_; }
+  // The recurrent state's store (null without a recurrent config).
+  const BlockStore* block_store() const { return blocks_.get(); }
   const std::optional<RecurrentConfig>& recurrent_config() const { return recurrent_; }
   // The sequence's KV, created empty on first use (with its recurrent state).
   KvState& sequence(int32_t seq_id);
@@ -198,6 +201,7 @@ class KvCache {
   KvConfig config_;
   std::optional<RecurrentConfig> recurrent_;
   std::shared_ptr<PageStore> store_;
+  std::shared_ptr<BlockStore> blocks_;
   std::map<int32_t, Entry> sequences_;
 };
 

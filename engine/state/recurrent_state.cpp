@@ -47,11 +47,25 @@ size_t checkpoint_to_evict(std::span<const int64_t> positions) {
   return best;
 }
 
-RecurrentState::RecurrentState(const RecurrentConfig& config) : config_(config) {
+RecurrentState::RecurrentState(const RecurrentConfig& config, std::shared_ptr<BlockStore> store)
+    : config_(config), store_(std::move(store)) {
   validate(config_);
   size_t slot = 0;
   for (bool r : config_.recurrent) layer_index_.push_back(r ? slot++ : SIZE_MAX);
-  data_.assign(slot * static_cast<size_t>(config_.conv_floats() + config_.ssm_floats()), 0.0f);
+  const size_t floats = slot * static_cast<size_t>(config_.conv_floats() + config_.ssm_floats());
+  if (!store_) store_ = host_block_store(floats);
+  if (store_->block_floats() != floats) throw std::invalid_argument("recurrent state: a store of blocks of another size");
+  data_ = store_->allocate();
+}
+
+RecurrentState::~RecurrentState() {
+  drop_checkpoints(checkpoints_.begin());
+  store_->free(data_);
+}
+
+void RecurrentState::drop_checkpoints(std::vector<Checkpoint>::iterator first) {
+  for (auto it = first; it != checkpoints_.end(); ++it) store_->free(it->data);
+  checkpoints_.erase(first, checkpoints_.end());
 }
 
 size_t RecurrentState::offset(int32_t layer) const {
@@ -70,8 +84,8 @@ bool RecurrentState::can_truncate(int64_t pos) const {
 void RecurrentState::truncate(int64_t pos) {
   if (pos >= n_pos_) return;
   if (pos <= 0) {
-    std::fill(data_.begin(), data_.end(), 0.0f);
-    checkpoints_.clear();
+    store_->zero(data_);
+    drop_checkpoints(checkpoints_.begin());
     n_pos_ = 0;
     return;
   }
@@ -80,18 +94,14 @@ void RecurrentState::truncate(int64_t pos) {
     throw std::invalid_argument("recurrent state: no checkpoint at position " + std::to_string(pos) +
                                 " to go back to (it cannot be rewound)");
   }
-  data_ = it->data;
-  checkpoints_.erase(it + 1, checkpoints_.end());
+  store_->copy(it->data, data_);
+  drop_checkpoints(it + 1);
   n_pos_ = pos;
 }
 
-size_t RecurrentState::bytes_used() const { return data_.size() * sizeof(float) + checkpoint_bytes(); }
+size_t RecurrentState::bytes_used() const { return block_bytes() + checkpoint_bytes(); }
 
-size_t RecurrentState::checkpoint_bytes() const {
-  size_t total = 0;
-  for (const Checkpoint& c : checkpoints_) total += c.data.size() * sizeof(float);
-  return total;
-}
+size_t RecurrentState::checkpoint_bytes() const { return checkpoints_.size() * block_bytes(); }
 
 std::vector<int64_t> RecurrentState::checkpoint_positions() const {
   std::vector<int64_t> positions;
@@ -101,11 +111,18 @@ std::vector<int64_t> RecurrentState::checkpoint_positions() const {
 
 void RecurrentState::checkpoint(size_t max_checkpoints) {
   if (max_checkpoints == 0 || n_pos_ == 0) return;
-  while (!checkpoints_.empty() && checkpoints_.back().pos >= n_pos_) checkpoints_.pop_back();
-  checkpoints_.push_back({n_pos_, data_});
+  auto newer = checkpoints_.end();
+  while (newer != checkpoints_.begin() && std::prev(newer)->pos >= n_pos_) --newer;
+  drop_checkpoints(newer);
+  checkpoints_.reserve(checkpoints_.size() + 1);
+  float* block = store_->allocate();
+  store_->copy(data_, block);
+  checkpoints_.push_back({n_pos_, block});
   while (checkpoints_.size() > max_checkpoints) {
     const std::vector<int64_t> positions = checkpoint_positions();
-    checkpoints_.erase(checkpoints_.begin() + static_cast<std::ptrdiff_t>(checkpoint_to_evict(positions)));
+    const auto evicted = checkpoints_.begin() + static_cast<std::ptrdiff_t>(checkpoint_to_evict(positions));
+    store_->free(evicted->data);
+    checkpoints_.erase(evicted);
   }
 }
 
@@ -117,9 +134,11 @@ std::vector<uint8_t> RecurrentState::snapshot() const {
                                          static_cast<uint64_t>(config_.conv_floats()),
                                          static_cast<uint64_t>(config_.ssm_floats()),
                                          static_cast<uint64_t>(n_pos_)};
-  std::vector<uint8_t> out(sizeof header + data_.size() * sizeof(float));
+  std::vector<uint8_t> out(sizeof header + block_bytes());
   std::memcpy(out.data(), header, sizeof header);
-  if (!data_.empty()) std::memcpy(out.data() + sizeof header, data_.data(), data_.size() * sizeof(float));
+  std::vector<float> state(store_->block_floats());
+  store_->read(data_, state.data());
+  if (!state.empty()) std::memcpy(out.data() + sizeof header, state.data(), block_bytes());
   return out;
 }
 
@@ -140,9 +159,9 @@ int64_t RecurrentState::snapshot_positions(std::span<const uint8_t> snapshot) co
       header[5] != static_cast<uint64_t>(config_.ssm_floats())) {
     throw std::invalid_argument("recurrent snapshot: another state configuration (layers or sizes)");
   }
-  if (snapshot.size() - sizeof header != data_.size() * sizeof(float)) {
+  if (snapshot.size() - sizeof header != block_bytes()) {
     throw std::invalid_argument("recurrent snapshot: " + std::to_string(snapshot.size() - sizeof header) +
-                                " bytes of state, this stage holds " + std::to_string(data_.size() * sizeof(float)));
+                                " bytes of state, this stage holds " + std::to_string(block_bytes()));
   }
   if (header[6] > static_cast<uint64_t>(std::numeric_limits<int32_t>::max())) {
     throw std::invalid_argument("recurrent snapshot: position count " + std::to_string(header[6]) + " out of range");
@@ -152,8 +171,10 @@ int64_t RecurrentState::snapshot_positions(std::span<const uint8_t> snapshot) co
 
 void RecurrentState::restore(std::span<const uint8_t> snapshot) {
   const int64_t n = snapshot_positions(snapshot);
-  if (!data_.empty()) std::memcpy(data_.data(), snapshot.data() + kHeaderWords * 8, data_.size() * sizeof(float));
-  checkpoints_.clear();
+  std::vector<float> state(store_->block_floats());
+  if (!state.empty()) std::memcpy(state.data(), snapshot.data() + kHeaderWords * 8, block_bytes());
+  store_->write(data_, state.data());
+  drop_checkpoints(checkpoints_.begin());
   n_pos_ = n;
 }
 

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "state/sequence_state.hpp"
+#include "state/stores.hpp"
 
 namespace pico::state {
 
@@ -50,7 +51,12 @@ size_t checkpoint_to_evict(std::span<const int64_t> positions);
 
 class RecurrentState final : public SequenceState {
  public:
-  explicit RecurrentState(const RecurrentConfig& config);
+  // The state and its checkpoints are blocks of `store` (host memory when null), of
+  // recurrent_bytes_per_sequence(config) each.
+  explicit RecurrentState(const RecurrentConfig& config, std::shared_ptr<BlockStore> store = nullptr);
+  ~RecurrentState() override;
+  RecurrentState(const RecurrentState&) = delete;
+  RecurrentState& operator=(const RecurrentState&) = delete;
 
   int64_t n_pos() const override { return n_pos_; }
   // The model sets it once a forward has run every layer of the stage.
@@ -68,8 +74,10 @@ class RecurrentState final : public SequenceState {
   int64_t snapshot_positions(std::span<const uint8_t> snapshot) const;
 
   const RecurrentConfig& config() const { return config_; }
-  float* conv(int32_t layer) { return data_.data() + offset(layer); }
-  float* ssm(int32_t layer) { return data_.data() + offset(layer) + config_.conv_floats(); }
+  // The layer's states, in the store's memory (the host's, or a device's: see stores.hpp).
+  float* conv(int32_t layer) { return data_ + offset(layer); }
+  float* ssm(int32_t layer) { return data_ + offset(layer) + config_.conv_floats(); }
+  const BlockStore& store() const { return *store_; }
 
   // A checkpoint of the state at n_pos (replacing one already there); then drops
   // checkpoints by checkpoint_to_evict until at most max_checkpoints remain.
@@ -81,13 +89,17 @@ class RecurrentState final : public SequenceState {
  private:
   struct Checkpoint {
     int64_t pos = 0;
-    std::vector<float> data;
+    float* data = nullptr;  // a block of the store
   };
   size_t offset(int32_t layer) const;
+  size_t block_bytes() const { return store_->block_floats() * sizeof(float); }
+  // Drops checkpoints [first, end), giving their blocks back.
+  void drop_checkpoints(std::vector<Checkpoint>::iterator first);
 
   RecurrentConfig config_;
+  std::shared_ptr<BlockStore> store_;
   std::vector<size_t> layer_index_;  // per layer of the range: its slot among the recurrent ones
-  std::vector<float> data_;          // per recurrent layer: conv state, then ssm state
+  float* data_ = nullptr;            // per recurrent layer: conv state, then ssm state
   std::vector<Checkpoint> checkpoints_;  // ascending positions
   int64_t n_pos_ = 0;
 };

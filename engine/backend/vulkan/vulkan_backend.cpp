@@ -105,6 +105,83 @@ class DevicePageStore final : public state::PageStore {
   std::vector<size_t> free_;
 };
 
+// A hybrid model's recurrent state in device memory: blocks of one sequence's state
+// (or a checkpoint) in chunks of a few blocks, each chunk one buffer within what a
+// storage binding spans, added as sequences come (nothing moves). Addresses reserved
+// with PROT_NONE, as the KV pages'.
+class DeviceBlockStore final : public state::BlockStore {
+ public:
+  DeviceBlockStore(std::shared_ptr<vulkan::Device> device, size_t block_floats, const void* owner)
+      : BlockStore(block_floats), device_(std::move(device)), owner_(owner), block_bytes_(block_floats * sizeof(float)) {
+    const uint64_t range = device_->info().max_storage_range;
+    if (block_bytes_ == 0 || block_bytes_ > range)
+      throw std::invalid_argument("vulkan: a recurrent state of " + std::to_string(block_bytes_) +
+                                  " bytes does not fit one storage binding (" + std::to_string(range) + ")");
+    per_chunk_ = static_cast<size_t>(std::min<uint64_t>(range / block_bytes_, 16));
+    max_chunks_ = std::max<size_t>(1, (size_t{1} << 40) / (per_chunk_ * block_bytes_));
+    reserved_bytes_ = max_chunks_ * per_chunk_ * block_bytes_;
+    void* reserved = mmap(nullptr, reserved_bytes_, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (reserved == MAP_FAILED) throw std::runtime_error("vulkan: cannot reserve addresses for recurrent state");
+    base_ = static_cast<uint8_t*>(reserved);
+  }
+  ~DeviceBlockStore() override { munmap(base_, reserved_bytes_); }
+
+  const void* owner() const { return owner_; }
+  // Where p (inside a block) lies: its chunk's buffer and the offset in it.
+  BufferRange where(const void* p) const {
+    const auto* b = static_cast<const uint8_t*>(p);
+    if (b < base_ || b >= base_ + chunks_.size() * per_chunk_ * block_bytes_)
+      throw std::logic_error("vulkan: an address outside the recurrent state's blocks");
+    const auto offset = static_cast<size_t>(b - base_), chunk_bytes = per_chunk_ * block_bytes_;
+    return {&chunks_[offset / chunk_bytes], offset % chunk_bytes, 0};
+  }
+
+  bool host_memory() const override { return false; }
+  float* allocate() override {
+    if (free_.empty()) add_chunk();
+    const size_t i = free_.back();
+    free_.pop_back();
+    float* block = reinterpret_cast<float*>(base_ + i * block_bytes_);
+    zero(block);
+    return block;
+  }
+  void free(float* block) override {
+    free_.push_back(static_cast<size_t>(reinterpret_cast<uint8_t*>(block) - base_) / block_bytes_);
+  }
+  void copy(const float* from, float* to) override {
+    const BufferRange a = where(from), b = where(to);
+    const vulkan::Device::CopyRegion region{a.offset, b.offset, block_bytes_};
+    device_->copy(*a.buffer, *b.buffer, {&region, 1});
+  }
+  void zero(float* block) override {
+    const BufferRange at = where(block);
+    device_->zero(*at.buffer, at.offset, block_bytes_);
+  }
+  void write(float* to, const float* from) override {
+    const BufferRange at = where(to);
+    device_->write(*at.buffer, at.offset, from, block_bytes_);
+  }
+  void read(const float* from, float* to) const override {
+    const BufferRange at = where(from);
+    device_->download(*at.buffer, at.offset, to, block_bytes_);
+  }
+
+ private:
+  void add_chunk() {
+    if (chunks_.size() == max_chunks_) throw std::runtime_error("vulkan: recurrent state past the addresses reserved for it");
+    chunks_.push_back(device_->allocate(per_chunk_ * block_bytes_));
+    const size_t first = (chunks_.size() - 1) * per_chunk_;
+    for (size_t i = first + per_chunk_; i-- > first;) free_.push_back(i);  // the lowest index first
+  }
+
+  std::shared_ptr<vulkan::Device> device_;
+  const void* owner_;
+  size_t block_bytes_ = 0, per_chunk_ = 0, max_chunks_ = 0, reserved_bytes_ = 0;
+  uint8_t* base_ = nullptr;
+  std::deque<Buffer> chunks_;  // deque: a recorded range's buffer stays where it is
+  std::vector<size_t> free_;
+};
+
 class VulkanBackend final : public Backend {
  public:
   VulkanBackend(std::shared_ptr<vulkan::Device> device, int cpu_threads)
@@ -177,6 +254,14 @@ class VulkanBackend final : public Backend {
   std::shared_ptr<state::PageStore> kv_page_store(const state::KvPageShape& shape) override {
     if (shape.k_type != GgmlType::F16 || shape.v_type != GgmlType::F16) return state::host_page_store(shape);
     return std::make_shared<DevicePageStore>(device_, shape, this);
+  }
+
+  // Recurrent state lives in device memory where the conv and delta-rule shaders
+  // update it in place; a state too large for one storage binding stays on the host.
+  std::shared_ptr<state::BlockStore> state_block_store(size_t block_floats) override {
+    if (block_floats == 0 || block_floats * sizeof(float) > device_->info().max_storage_range)
+      return state::host_block_store(block_floats);
+    return std::make_shared<DeviceBlockStore>(device_, block_floats, this);
   }
 
   void store_kv(state::KvCache& cache, int32_t layer, std::span<const KvSlot> slots, const float* k, int64_t k_stride,
@@ -318,6 +403,16 @@ class VulkanBackend final : public Backend {
   void ssm_conv(const float* x, int64_t channels, const float* weights, int64_t taps,
                 std::span<const RecurrentSequence> sequences, float* y) override {
     const int64_t rows = total_rows(sequences);
+    if (const DeviceBlockStore* store = own_blocks(sequences); store && rows > 0) {
+      Call call(*this);
+      const BufferRange dx = call.in(x, floats(rows * channels));
+      const vulkan::DeviceWeight& dw = weight({GgmlType::F32, weights, channels, taps});
+      const BufferRange dy = call.out(y, floats(rows * channels));
+      for_each_chunk(call, *store, sequences, [&](BufferRange list, int64_t n, const Buffer& states) {
+        ops_.ssm_conv(dx, channels, {&dw.buffer, 0, 0}, taps, list, n, states, rows, dy);
+      });
+      return call.finish();
+    }
     std::vector<float> x_copy;
     const float* hx = on_host(x, rows * channels, x_copy);
     to(y, rows * channels, [&](float* hy) { cpu_->ssm_conv(hx, channels, weights, taps, sequences, hy); });
@@ -330,6 +425,17 @@ class VulkanBackend final : public Backend {
     if (rows == 0) return;
     const int64_t qk_span = (rows - 1) * row_stride + params.n_k_heads * params.head_dim;
     const int64_t v_span = (rows - 1) * row_stride + params.n_v_heads * params.head_dim;
+    if (const DeviceBlockStore* store = own_blocks(sequences)) {
+      Call call(*this);
+      const BufferRange dq = call.in(q, floats(qk_span)), dk = call.in(k, floats(qk_span)), dv = call.in(v, floats(v_span));
+      const BufferRange dg = call.in(log_decay, floats(rows * params.n_v_heads));
+      const BufferRange db = call.in(beta, floats(rows * params.n_v_heads));
+      const BufferRange dout = call.out(out, floats(rows * params.n_v_heads * params.head_dim));
+      for_each_chunk(call, *store, sequences, [&](BufferRange list, int64_t n, const Buffer& states) {
+        ops_.delta_rule(dq, dk, dv, row_stride, dg, db, list, n, states, params, rows, dout);
+      });
+      return call.finish();
+    }
     std::vector<float> q_copy, k_copy, v_copy, g_copy, b_copy;
     const float* hq = on_host(q, qk_span, q_copy);
     const float* hk = on_host(k, qk_span, k_copy);
@@ -371,6 +477,16 @@ class VulkanBackend final : public Backend {
 
  private:
   static constexpr size_t kReserved = size_t{64} << 30;
+
+  // The store of the sequences' states, when it is one of this backend's.
+  const DeviceBlockStore* own_blocks(std::span<const RecurrentSequence> sequences) const {
+    if (sequences.empty()) return nullptr;
+    const auto* device = dynamic_cast<const DeviceBlockStore*>(sequences.front().store);
+    if (!device || device->owner() != this) return nullptr;
+    for (const RecurrentSequence& s : sequences)
+      if (s.store != device) throw std::logic_error("vulkan: one recurrent call over two caches");
+    return device;
+  }
 
   // The store, when it is one of this backend's.
   const DevicePageStore* own_store(const state::PageStore* store) const {
@@ -500,6 +616,27 @@ class VulkanBackend final : public Backend {
     ActivationScope scope_;
     std::vector<Back> back_;
   };
+
+  // Runs op(list, n, states) once per chunk of `store` that holds some of the
+  // sequences' states, with those sequences as DeviceSequence (state offsets in floats
+  // within the chunk). Sequences are independent: how they are grouped changes nothing.
+  template <class Op>
+  void for_each_chunk(Call& call, const DeviceBlockStore& store, std::span<const RecurrentSequence> sequences, Op&& op) {
+    std::vector<std::pair<const Buffer*, std::vector<vulkan::DeviceSequence>>> groups;
+    for (const RecurrentSequence& s : sequences) {
+      const BufferRange conv = store.where(s.conv_state), ssm = store.where(s.ssm_state);
+      if (conv.buffer != ssm.buffer) throw std::logic_error("vulkan: a sequence's states in two chunks");
+      auto it = std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return g.first == conv.buffer; });
+      if (it == groups.end()) it = groups.insert(groups.end(), {conv.buffer, {}});
+      it->second.push_back({static_cast<uint32_t>(s.first_row), static_cast<uint32_t>(s.rows),
+                            static_cast<uint32_t>(conv.offset / sizeof(float)),
+                            static_cast<uint32_t>(ssm.offset / sizeof(float))});
+    }
+    for (const auto& [states, list] : groups) {
+      const BufferRange dl = call.in(list.data(), list.size() * sizeof(vulkan::DeviceSequence));
+      op(dl, static_cast<int64_t>(list.size()), *states);
+    }
+  }
 
   // x as a matmul over `w_type` multiplies it: rounded on the device to the type's dot
   // partner (Q8_0, Q8_1, Q8_K, F16, BF16; Ops::round_rows) in a copy, as the CPU backend's

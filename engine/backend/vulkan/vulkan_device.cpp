@@ -435,6 +435,16 @@ void Device::copy(const Buffer& from, const Buffer& to, std::span<const CopyRegi
   m.transfer_barrier();
 }
 
+void Device::zero(const Buffer& to, size_t offset, size_t bytes) {
+  if (bytes == 0) return;
+  if (offset % 4 != 0 || bytes % 4 != 0) throw std::invalid_argument("vulkan: zero: an offset or size not in words");
+  if (offset > to.size_ || bytes > to.size_ - offset) throw std::out_of_range("vulkan: zero: past a buffer's end");
+  Impl& m = *impl_;
+  m.begin();
+  vkCmdFillBuffer(m.commands, reinterpret_cast<VkBuffer>(to.buffer_), offset, bytes, 0);
+  m.transfer_barrier();
+}
+
 void Device::Impl::transfer_barrier() {
   VkMemoryBarrier barrier = make<VkMemoryBarrier>(VK_STRUCTURE_TYPE_MEMORY_BARRIER);
   barrier.srcAccessMask = VK_ACCESS_TRANSFER_WRITE_BIT;

@@ -175,6 +175,8 @@ class Device {
     size_t bytes = 0;
   };
   void copy(const Buffer& from, const Buffer& to, std::span<const CopyRegion> regions);
+  // Recorded: `bytes` zero bytes into `to` at offset (both multiples of 4).
+  void zero(const Buffer& to, size_t offset, size_t bytes);
 
   // Records a dispatch of `groups` workgroups with the buffers bound in order and the
   // push constants, after everything recorded before it (a barrier between). Nothing

@@ -1,9 +1,11 @@
-// The KV cache in device memory (the Vulkan backend's page store): what store_kv puts
-// there is the F16 the host cache stores, bit for bit (ties, subnormals, overflow,
-// NaN), over many pages (the pools grow); snapshots, restores and truncation behave as
-// on the host; attention over it matches the CPU's over host pages; its pages are not
-// host memory; a cache may outlive its backend. With no usable device every test
-// reports itself skipped, saying why.
+// Sequence state in device memory (the Vulkan backend's stores). The KV cache: what
+// store_kv puts there is the F16 the host cache stores, bit for bit (ties, subnormals,
+// overflow, NaN), over many pages (the pools grow); snapshots, restores and truncation
+// behave as on the host; attention over it matches the CPU's over host pages; its
+// pages are not host memory; a cache may outlive its backend. The recurrent state: the
+// conv and delta rule update it on the device as the CPU updates host state, and
+// checkpoints, truncation and snapshots keep their exact bits. With no usable device
+// every test reports itself skipped, saying why.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -102,7 +104,7 @@ void fill(Backend& be, state::KvCache& device, state::KvCache& host, int32_t pos
 
 TEST(VulkanKvCache, StoresTheBitsTheHostStoresOverManyPages) {
   REQUIRE_BACKEND(be);
-  state::KvCache host(config()), device(config(), std::nullopt, page_stores_of(*be));
+  state::KvCache host(config()), device(config(), std::nullopt, state_stores_of(*be));
   ASSERT_TRUE(host.page_store().host_memory());
   ASSERT_FALSE(device.page_store().host_memory());
   // 2 sequences x 2 layers x 11 pages: past the first pool of 16 pages and the second of 32.
@@ -116,10 +118,10 @@ TEST(VulkanKvCache, StoresTheBitsTheHostStoresOverManyPages) {
 
 TEST(VulkanKvCache, SnapshotRestoreAndTruncateAsOnTheHost) {
   REQUIRE_BACKEND(be);
-  state::KvCache host(config()), device(config(), std::nullopt, page_stores_of(*be));
+  state::KvCache host(config()), device(config(), std::nullopt, state_stores_of(*be));
   fill(*be, device, host, 13, false, 7);
   const std::vector<uint8_t> snapshot = *host.snapshot(3);
-  state::KvCache restored(config(), std::nullopt, page_stores_of(*be));
+  state::KvCache restored(config(), std::nullopt, state_stores_of(*be));
   restored.restore(3, snapshot);
   EXPECT_EQ(*restored.snapshot(3), snapshot);
 
@@ -135,7 +137,7 @@ TEST(VulkanKvCache, SnapshotRestoreAndTruncateAsOnTheHost) {
 
 TEST(VulkanKvCache, AttentionOverItMatchesTheCpusOverHostPages) {
   REQUIRE_BACKEND(be);
-  state::KvCache host(config()), device(config(), std::nullopt, page_stores_of(*be));
+  state::KvCache host(config()), device(config(), std::nullopt, state_stores_of(*be));
   fill(*be, device, host, 23, false, 11);
   const std::unique_ptr<Backend> cpu = make_cpu_backend(1);
   for (const int32_t window : {0, 6}) {
@@ -169,16 +171,115 @@ TEST(VulkanKvCache, AttentionOverItMatchesTheCpusOverHostPages) {
 TEST(VulkanKvCache, OutlivesItsBackend) {
   REQUIRE_BACKEND(be);
   state::KvCache host(config());
-  auto device = std::make_unique<state::KvCache>(config(), std::nullopt, page_stores_of(*be));
+  auto device = std::make_unique<state::KvCache>(config(), std::nullopt, state_stores_of(*be));
   fill(*be, *device, host, 9, false, 3);
   be.reset();
   EXPECT_EQ(*device->snapshot(8), *host.snapshot(8));
   device.reset();
 }
 
+double nmse(const std::vector<float>& got, const std::vector<float>& want) {
+  double error = 0, norm = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    error += (got[i] - want[i]) * (got[i] - want[i]);
+    norm += want[i] * want[i];
+  }
+  return norm > 0 ? error / norm : error;
+}
+
+std::vector<float> state_floats(const state::RecurrentState& s) {
+  const std::vector<uint8_t> snapshot = s.snapshot();
+  std::vector<float> floats((snapshot.size() - 56) / sizeof(float));  // after its 7-word header
+  std::memcpy(floats.data(), snapshot.data() + 56, floats.size() * sizeof(float));
+  return floats;
+}
+
+TEST(VulkanRecurrentState, UpdatedOnTheDeviceAsTheCpuUpdatesHostState) {
+  REQUIRE_BACKEND(be);
+  state::RecurrentConfig c;
+  c.first_layer = 2;
+  c.last_layer = 5;
+  c.recurrent = {true, false, true};
+  c.conv_taps = 4;
+  c.n_v_heads = 4;
+  c.head_dim = 8;
+  c.conv_channels = 2 * 2 * 8 + 4 * 8;  // 2 key heads
+  const size_t block = state::recurrent_bytes_per_sequence(c) / sizeof(float);
+  const auto store = be->state_block_store(block);
+  ASSERT_FALSE(store->host_memory());
+  const std::unique_ptr<Backend> cpu = make_cpu_backend(1);
+  // Three sequences on the device and on the host.
+  std::vector<std::unique_ptr<state::RecurrentState>> device, host;
+  for (int i = 0; i < 3; ++i) {
+    device.push_back(std::make_unique<state::RecurrentState>(c, store));
+    host.push_back(std::make_unique<state::RecurrentState>(c));
+  }
+  DeltaRuleParams params;
+  params.n_k_heads = 2;
+  params.n_v_heads = 4;
+  params.head_dim = 8;
+  const int64_t channels = c.conv_channels, rows = 9;  // sequence rows 4, 2, 3
+  const int64_t row_lengths[3] = {4, 2, 3};
+  // The conv's taps are a model weight, which a backend uploads once per address.
+  const std::vector<float> layer_taps[2] = {values(static_cast<size_t>(4 * channels), 70, false),
+                                            values(static_cast<size_t>(4 * channels), 71, false)};
+  std::vector<float> at_four;
+  for (int step = 0; step < 2; ++step) {
+    for (const int32_t layer : {2, 4}) {
+      std::vector<RecurrentSequence> on_device, on_host;
+      int64_t first = 0;
+      for (int i = 0; i < 3; ++i) {
+        on_device.push_back({first, row_lengths[i], device[i]->conv(layer), device[i]->ssm(layer), &device[i]->store()});
+        on_host.push_back({first, row_lengths[i], host[i]->conv(layer), host[i]->ssm(layer), &host[i]->store()});
+        first += row_lengths[i];
+      }
+      const auto seed = static_cast<uint32_t>(10 * step + layer);
+      const std::vector<float> x = values(static_cast<size_t>(rows * channels), seed, false);
+      const std::vector<float>& taps = layer_taps[layer == 2 ? 0 : 1];
+      std::vector<float> got(static_cast<size_t>(rows * channels)), want(got.size());
+      be->ssm_conv(x.data(), channels, taps.data(), 4, on_device, got.data());
+      cpu->ssm_conv(x.data(), channels, taps.data(), 4, on_host, want.data());
+      EXPECT_LE(nmse(got, want), 1e-10) << "conv, layer " << layer;
+      // The delta rule over the conv's output as q, k, v (rows of `channels`), with
+      // a decay and beta per value head.
+      std::vector<float> g = values(static_cast<size_t>(rows * 4), seed + 2, false), beta = g;
+      for (float& v : g) v = -std::fabs(v) * 0.1f;
+      for (float& v : beta) v = 1.0f / (1.0f + std::exp(-v));
+      std::vector<float> out_device(static_cast<size_t>(rows * 4 * 8)), out_host(out_device.size());
+      std::vector<float> q = want, k = want, v = want;
+      for (float& f : q) f *= 0.1f;
+      for (float& f : k) f *= 0.1f;
+      be->delta_rule(q.data(), k.data() + 16, v.data() + 32, channels, g.data(), beta.data(), on_device, params,
+                     out_device.data());
+      cpu->delta_rule(q.data(), k.data() + 16, v.data() + 32, channels, g.data(), beta.data(), on_host, params,
+                      out_host.data());
+      EXPECT_LE(nmse(out_device, out_host), 5e-4) << "delta rule, layer " << layer;
+    }
+    for (int i = 0; i < 3; ++i) {
+      EXPECT_LE(nmse(state_floats(*device[i]), state_floats(*host[i])), 5e-4) << "sequence " << i << ", step " << step;
+      device[i]->set_n_pos(4 * (step + 1));
+      if (step == 0) device[i]->checkpoint(2);  // a copy on the device, at position 4
+    }
+    if (step == 0) at_four = state_floats(*device[1]);
+  }
+  // Back to the checkpoint: the state after step 0, bit for bit; then to nothing.
+  const std::vector<float> after_two = state_floats(*device[1]);
+  EXPECT_EQ(device[1]->bytes_used(), 2 * block * sizeof(float));
+  std::vector<uint8_t> snapshot = device[1]->snapshot();
+  device[1]->truncate(4);
+  EXPECT_EQ(device[1]->n_pos(), 4);
+  EXPECT_EQ(state_floats(*device[1]), at_four);
+  EXPECT_NE(at_four, after_two);
+  device[0]->truncate(0);
+  EXPECT_EQ(state_floats(*device[0]), std::vector<float>(block, 0.0f));
+  device[0]->restore(snapshot);  // a snapshot in, exactly
+  EXPECT_EQ(state_floats(*device[0]), after_two);
+  EXPECT_EQ(device[0]->n_pos(), 8);
+}
+
 TEST(VulkanKvCacheDeathTest, ItsPagesAreNotHostMemory) {
   REQUIRE_BACKEND(be);
-  state::KvCache host(config()), device(config(), std::nullopt, page_stores_of(*be));
+  state::KvCache host(config()), device(config(), std::nullopt, state_stores_of(*be));
   fill(*be, device, host, 2, false, 5);
   const state::KvLayerView view = device.sequence(3).layer(4);
   EXPECT_DEATH(
