@@ -137,7 +137,8 @@ StageEngine::StageEngine(const std::string& model_path, std::optional<model::Lay
     }
   }
   const state::KvConfig kv = model_->kv_config(range_);
-  cache_ = model_->make_cache(range_, GgmlType::F16, GgmlType::F16, backend::page_stores_of(*be_));
+  model_->load_weights(*be_, range_);
+  cache_ = model_->make_cache(range_, GgmlType::F16, GgmlType::F16, backend::state_stores_of(*be_));
   identity_ = protocol::model_identity(*file_);
 
   if (limits.max_rows <= 0 || limits.ctx < 0 || limits.max_sequences <= 0) {

@@ -172,6 +172,15 @@ class Backend {
   // `layer` of `cache` at slots[t] (KvState::write's rounding and rules), in slot order.
   virtual void store_kv(state::KvCache& cache, int32_t layer, std::span<const KvSlot> slots, const float* k,
                         int64_t k_stride, const float* v, int64_t v_stride) = 0;
+  // The weights of the stage's layers, handed over once at load (Model::load_weights):
+  // a device backend uploads them there, so that no step uploads a weight; the CPU
+  // reads the mapping in place. Weights not handed over still work (uploaded at first use).
+  virtual void load_weights(std::span<const Weight> matrices, std::span<const ExpertWeights> experts) {
+    (void)matrices;
+    (void)experts;
+  }
+  // Bytes of weights the backend holds in its own memory (0 on the CPU).
+  virtual uint64_t weight_bytes() const { return 0; }
   // Where a KV cache of sequences this backend runs keeps its pages (Model::make_cache
   // asks): host memory here; a device backend's memory where its attention reads it.
   // The cache must not outlive the backend.

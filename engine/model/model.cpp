@@ -88,6 +88,29 @@ Vec Model::vec(const std::string& name, int64_t n, bool required) {
   return Vec{copy.data(), n};
 }
 
+void Model::load_weights(backend::Backend& be, LayerRange range) const {
+  std::vector<Weight> matrices;
+  std::vector<backend::ExpertWeights> experts;
+  auto add = [&](const Weight& w) {
+    if (w.data) matrices.push_back(w);
+  };
+  if (range.first == 0) {
+    add(w_.tok_embd);
+    add(w_.pos_embd);
+  }
+  if (range.last == hp_.n_layer) add(w_.output);
+  for (int32_t il = range.first; il < range.last; ++il) {
+    const LayerWeights& l = w_.layers[static_cast<size_t>(il)];
+    for (const Weight* w : {&l.wq, &l.wk, &l.wv, &l.wqkv, &l.wo, &l.ffn_gate, &l.ffn_up, &l.ffn_down, &l.ffn_gate_inp,
+                            &l.ffn_gate_inp_shexp, &l.ffn_gate_shexp, &l.ffn_up_shexp, &l.ffn_down_shexp, &l.ssm_qkv,
+                            &l.ssm_z, &l.ssm_beta, &l.ssm_alpha, &l.ssm_ba, &l.ssm_out})
+      add(*w);
+    if (l.ssm_conv) add({GgmlType::F32, l.ssm_conv.data, hp_.ssm_conv_channels(), hp_.ssm_conv_kernel});
+    if (l.ffn_exps.gate.data) experts.push_back(l.ffn_exps);
+  }
+  be.load_weights(matrices, experts);
+}
+
 state::KvConfig Model::kv_config(LayerRange range, GgmlType k_type, GgmlType v_type) const {
   state::KvConfig c;
   c.first_layer = range.first;

@@ -120,6 +120,11 @@ class Model {
     return std::make_unique<state::KvCache>(kv_config(range, k_type, v_type), recurrent_config(range), stores);
   }
 
+  // Hands the backend the weights a stage running `range` multiplies and looks up (its
+  // matrices, expert stacks, the conv's taps), once, at load: a device backend uploads
+  // them then instead of at the first step.
+  void load_weights(backend::Backend& be, LayerRange range) const;
+
   // Runs layers [range.first, range.last) for `batch`. The stage holding layer 0
   // embeds the batch's tokens; other stages take `hidden` (batch.size() rows of
   // n_embd). Returns logits (one row of n_vocab per token whose `logits` is set, in

@@ -382,6 +382,20 @@ TEST(DeviceStep, WaitsOnlyWhereTheHostNeedsAResult) {
   }
 }
 
+// Model::load_weights hands a stage's every weight to the backend at load, so a step
+// uploads none (a weight the list missed would be uploaded by the first step).
+TEST(DeviceStep, WeightsGoToTheDeviceAtLoadNotInAStep) {
+  for (const std::string arch : {"llama", "gpt2", "qwen3moe", "qwen35moe", "qwen3next"}) {
+    Loaded m(arch, arch == "qwen35moe" ? GgmlType::F16 : GgmlType::Q8_0, "vulkan");
+    if (!m.be) GTEST_SKIP() << "no vulkan backend: " << m.no_backend;  // reason: built without Vulkan or no device
+    m.model->load_weights(*m.be, m.model->all_layers());
+    const uint64_t loaded = m.be->weight_bytes();
+    EXPECT_GT(loaded, m.file->tensor_data(m.file->tensors().front()).size()) << arch;
+    run(m, prompt(6, 3), 6);
+    EXPECT_EQ(m.be->weight_bytes(), loaded) << arch;
+  }
+}
+
 TEST(Hparams, ReadsMetadata) {
   Loaded m("gemma3", GgmlType::F32);
   const Hparams& hp = m.model->hparams();

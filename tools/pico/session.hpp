@@ -76,7 +76,8 @@ struct Session {
       if (o.llama_numerics) throw std::invalid_argument("--llama-numerics is a CPU backend mode");
       be = backend::open_backend(o.backend, o.device, threads);
     }
-    cache = model->make_cache(model->all_layers(), kv_type(o.ctk), kv_type(o.ctv), backend::page_stores_of(*be));
+    model->load_weights(*be, model->all_layers());
+    cache = model->make_cache(model->all_layers(), kv_type(o.ctk), kv_type(o.ctv), backend::state_stores_of(*be));
     batch = o.batch;
   }
 

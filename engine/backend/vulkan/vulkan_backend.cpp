@@ -249,6 +249,14 @@ class VulkanBackend final : public Backend {
     call.finish();
   }
 
+  void load_weights(std::span<const Weight> matrices, std::span<const ExpertWeights> experts) override {
+    for (const Weight& w : matrices)
+      if (vulkan::Ops::supports(Op::matmul, w.type)) weight(w);
+    for (const ExpertWeights& w : experts)
+      if (supports_experts(w)) expert_stacks(w);
+  }
+  uint64_t weight_bytes() const override { return weight_bytes_; }
+
   // F16 K and V live in device memory, where the attention shader reads them; other
   // cache types stay on the host with the CPU's attention.
   std::shared_ptr<state::PageStore> kv_page_store(const state::KvPageShape& shape) override {
@@ -457,7 +465,7 @@ class VulkanBackend final : public Backend {
 
   void moe_ffn(const ExpertWeights& w, const float* x, int64_t tokens, const int32_t* experts, const float* weights,
                int64_t k, float* out) override {
-    if (!vulkan::Ops::supports(Op::moe_ffn, w.gate.type) || w.up.type != w.gate.type || w.down.type != w.gate.type) {
+    if (!supports_experts(w)) {
       std::vector<float> x_copy, w_copy, e_copy;
       const float* hx = on_host(x, tokens * w.gate.cols, x_copy);
       const float* hw = on_host(weights, tokens * k, w_copy);
@@ -718,16 +726,25 @@ class VulkanBackend final : public Backend {
     call.finish();
   }
 
+  static bool supports_experts(const ExpertWeights& w) {
+    return vulkan::Ops::supports(Op::moe_ffn, w.gate.type) && w.up.type == w.gate.type && w.down.type == w.gate.type;
+  }
   // Uploaded once per matrix (keyed by where it is mapped and its shape).
   const vulkan::DeviceWeight& weight(const Weight& w) {
     const auto key = std::make_tuple(w.data, w.type, w.cols, w.rows);
     auto it = weights_.find(key);
-    if (it == weights_.end()) it = weights_.emplace(key, ops_.upload(w)).first;
+    if (it == weights_.end()) {
+      it = weights_.emplace(key, ops_.upload(w)).first;
+      weight_bytes_ += it->second.buffer.size();
+    }
     return it->second;
   }
   const vulkan::DeviceExperts& expert_stacks(const ExpertWeights& w) {
     auto it = experts_.find(w.gate.data);
-    if (it == experts_.end()) it = experts_.emplace(w.gate.data, ops_.upload(w)).first;
+    if (it == experts_.end()) {
+      it = experts_.emplace(w.gate.data, ops_.upload(w)).first;
+      weight_bytes_ += it->second.gate.buffer.size() + it->second.up.buffer.size() + it->second.down.buffer.size();
+    }
     return it->second;
   }
 
@@ -741,6 +758,7 @@ class VulkanBackend final : public Backend {
   Buffer moe_scratch_;
   std::map<std::tuple<const void*, GgmlType, int64_t, int64_t>, vulkan::DeviceWeight> weights_;
   std::map<const void*, vulkan::DeviceExperts> experts_;
+  uint64_t weight_bytes_ = 0;
 };
 
 }  // namespace
