@@ -387,6 +387,7 @@ void Server::handle_forward(const std::string& peer, Envelope::Reader env, net::
     batch[i] = {seqs[static_cast<unsigned>(i)], pos[static_cast<unsigned>(i)],
                 tokens.size() == rows ? tokens[static_cast<unsigned>(i)] : 0, want[static_cast<unsigned>(i)],
                 checkpoints.size() == rows ? checkpoints[static_cast<unsigned>(i)] : uint8_t{0}};
+    batch[i].argmax_only = outputs.size() == rows && outputs[static_cast<unsigned>(i)] == LogitsOutput::ARGMAX;
   }
   std::vector<float> scratch;
   const float* hidden = nullptr;
@@ -403,8 +404,9 @@ void Server::handle_forward(const std::string& peer, Envelope::Reader env, net::
   }
   const uint64_t compute_start = protocol::steady_nanos();
   std::vector<float> out;
+  model::ArgmaxRows argmax;  // the last stage: rows asked as arg max only, reduced by the backend
   try {
-    out = engine_.forward(batch, hidden);
+    out = engine_.forward(batch, hidden, engine_.is_last() ? &argmax : nullptr);
   } catch (const LimitError& e) {
     report(peer, ErrorCode::LIMIT,
            "layers " + std::to_string(engine_.layers().first) + "-" + std::to_string(engine_.layers().last - 1) +
@@ -450,14 +452,23 @@ void Server::handle_forward(const std::string& peer, Envelope::Reader env, net::
     }
     l.setRows(static_cast<uint32_t>(n));
     l.setNVocab(static_cast<uint32_t>(engine_.n_vocab()));
-    if (out.size() != n * static_cast<size_t>(engine_.n_vocab())) {
+    const size_t reduced = static_cast<size_t>(std::count_if(argmax.ids.begin(), argmax.ids.end(), [](int32_t id) { return id >= 0; }));
+    if (argmax.ids.size() != n || out.size() != (n - reduced) * static_cast<size_t>(engine_.n_vocab())) {
       report(peer, ErrorCode::INTERNAL, "logits of an unexpected size", step);
       return;
     }
     auto timing = stamp(l.initTimings(earlier.size() + 1));
-    // The logits rows are F32 already: handed to ZeroMQ as they are (zero-copy), but
-    // for rows asked as arg max only, which go in the header instead.
-    payload.push_back(net::owned_frame(reduce_to_argmax(batch, outputs, std::move(out), l)));
+    // The logits rows are F32 already: handed to ZeroMQ as they are (zero-copy); rows
+    // asked as arg max only go in the header instead.
+    if (reduced > 0) {
+      auto ids = l.initArgmaxIds(static_cast<unsigned>(n));
+      auto values = l.initArgmaxLogits(static_cast<unsigned>(n));
+      for (unsigned i = 0; i < n; ++i) {
+        ids.set(i, argmax.ids[i]);
+        values.set(i, argmax.logits[i]);
+      }
+    }
+    payload.push_back(net::owned_frame(std::move(out)));
     l.setSentByLast(f.getChained());
     // The next step of a greedy chain goes out first: it is what the pipeline waits for.
     l.setChained(start_chained_step(f, batch, l.asReader()));
@@ -500,36 +511,6 @@ void Server::handle_forward(const std::string& peer, Envelope::Reader env, net::
   if (!net::send(*next_, nullptr, b.encode(), std::move(payload))) {
     report(peer, ErrorCode::UNAVAILABLE, "the next stage (" + next_address_ + ") does not take batches", step);
   }
-}
-
-std::vector<float> Server::reduce_to_argmax(std::span<const model::BatchToken> batch,
-                                            capnp::List<LogitsOutput>::Reader outputs, std::vector<float> logits,
-                                            protocol::schema::Logits::Builder header) const {
-  bool any = false;
-  for (unsigned i = 0; i < outputs.size(); ++i) any = any || (batch[i].logits && outputs[i] == LogitsOutput::ARGMAX);
-  if (!any) return logits;  // every row full: the payload as computed, no argmax lists
-  const auto n_vocab = static_cast<size_t>(engine_.n_vocab());
-  const unsigned rows = header.getRows();
-  auto ids = header.initArgmaxIds(rows);
-  auto values = header.initArgmaxLogits(rows);
-  size_t row = 0, kept = 0;  // kept: full rows moved to the front, in order
-  for (unsigned i = 0; i < outputs.size(); ++i) {
-    if (!batch[i].logits) continue;
-    const float* r = logits.data() + row * n_vocab;
-    if (outputs[i] == LogitsOutput::ARGMAX) {
-      // As the coordinator's greedy sampler picks (std::max_element): the first of equal maxima.
-      const size_t best = sample::first_argmax(r, n_vocab);
-      ids.set(static_cast<unsigned>(row), static_cast<int32_t>(best));
-      values.set(static_cast<unsigned>(row), r[best]);
-    } else {
-      ids.set(static_cast<unsigned>(row), -1);
-      if (kept != row) std::copy(r, r + n_vocab, logits.data() + kept * n_vocab);
-      ++kept;
-    }
-    ++row;
-  }
-  logits.resize(kept * n_vocab);
-  return logits;
 }
 
 bool Server::start_chained_step(protocol::schema::Forward::Reader f, std::span<const model::BatchToken> batch,

@@ -54,12 +54,6 @@ class Server {
   void handle_forward(const std::string& peer, protocol::Envelope::Reader env, net::Received& msg);
   void handle_restore(const std::string& peer, protocol::Envelope::Reader env, net::Received& msg);
   void answer_snapshot(const std::string& peer, int32_t seq_id);
-  // The last stage's logits rows (one per batch token with `logits` set): rows asked as
-  // arg max only get their arg max written into the header's argmax lists and leave the
-  // payload, which keeps the full rows in order (the rows untouched when none is).
-  std::vector<float> reduce_to_argmax(std::span<const model::BatchToken> batch,
-                                      capnp::List<protocol::LogitsOutput>::Reader outputs, std::vector<float> logits,
-                                      protocol::schema::Logits::Builder header) const;
   // The last stage of a greedy chain (protocol Forward.chainSteps): sends the next step
   // to the first stage when the grant and the rows allow it; true when it did.
   bool start_chained_step(protocol::schema::Forward::Reader f, std::span<const model::BatchToken> batch,

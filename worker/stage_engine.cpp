@@ -248,7 +248,8 @@ void StageEngine::check_limits(std::span<const model::BatchToken> batch,
   }
 }
 
-std::vector<float> StageEngine::forward(std::span<const model::BatchToken> batch, const float* hidden) {
+std::vector<float> StageEngine::forward(std::span<const model::BatchToken> batch, const float* hidden,
+                                       model::ArgmaxRows* argmax) {
   if (batch.empty()) throw std::invalid_argument("empty batch");
   if (static_cast<int64_t>(batch.size()) > limits_.max_rows) {
     throw LimitError("forward of " + std::to_string(batch.size()) + " rows exceeds --max-rows " +
@@ -290,7 +291,7 @@ std::vector<float> StageEngine::forward(std::span<const model::BatchToken> batch
   // prompt prefix) drops the positions after it: the cut travels with the tokens, so no
   // separate truncate message can reach a later stage after them.
   for (const auto& [seq_id, pos] : rewind) cache_->truncate(seq_id, pos);
-  std::vector<float> out = model_->forward(*be_, batch, hidden, range_, *cache_);
+  std::vector<float> out = model_->forward(*be_, batch, hidden, range_, *cache_, argmax);
   ++batches_;
   tokens_ += batch.size();
   return out;

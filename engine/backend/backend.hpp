@@ -168,6 +168,10 @@ class Backend {
   virtual void gather_rows(const float* x, int64_t n, const int32_t* ids, int64_t count, float* y) = 0;
   // x row r *= factors[r], in place, rows of n.
   virtual void scale_rows(float* x, int64_t n, int64_t rows, const float* factors) = 0;
+  // For i < count: out[i] = the arg max of row rows[i] of x (rows of n; the first of
+  // equal maxima, NaNs never picked unless one leads: sample::first_argmax) as int32 in
+  // a float slot, out[count + i] its value. rows on the host.
+  virtual void argmax_rows(const float* x, int64_t n, const int32_t* rows, int64_t count, float* out) = 0;
   // Stores token t's K row (k + t * k_stride) and V row (v + t * v_stride) in layer
   // `layer` of `cache` at slots[t] (KvState::write's rounding and rules), in slot order.
   virtual void store_kv(state::KvCache& cache, int32_t layer, std::span<const KvSlot> slots, const float* k,

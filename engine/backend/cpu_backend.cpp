@@ -39,6 +39,7 @@
 #include "cpu/thread_pool.hpp"
 #include "quant/float_convert.hpp"
 #include "quant/quantize.hpp"
+#include "sample/argmax.hpp"
 
 namespace pico::backend {
 namespace {
@@ -260,6 +261,14 @@ class CpuBackend final : public Backend {
   }
   void gather_rows(const float* x, int64_t n, const int32_t* ids, int64_t count, float* y) override {
     for (int64_t i = 0; i < count; ++i) std::memcpy(y + i * n, x + ids[i] * n, static_cast<size_t>(n) * sizeof(float));
+  }
+  void argmax_rows(const float* x, int64_t n, const int32_t* rows, int64_t count, float* out) override {
+    for (int64_t i = 0; i < count; ++i) {
+      const float* row = x + rows[i] * n;
+      const auto best = static_cast<int32_t>(sample::first_argmax(row, static_cast<size_t>(n)));
+      std::memcpy(out + i, &best, sizeof best);
+      out[count + i] = row[best];
+    }
   }
   void scale_rows(float* x, int64_t n, int64_t rows, const float* factors) override {
     for (int64_t r = 0; r < rows; ++r) scale(x + r * n, n, factors[r]);

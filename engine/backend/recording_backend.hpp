@@ -33,6 +33,9 @@ class RecordingBackend final : public Backend {
   void copy_rows(const float* x, int64_t x_stride, int64_t rows, int64_t n, float* y, int64_t y_stride) override {
     inner_.copy_rows(x, x_stride, rows, n, y, y_stride);
   }
+  void argmax_rows(const float* x, int64_t n, const int32_t* rows, int64_t count, float* out) override {
+    inner_.argmax_rows(x, n, rows, count, out);
+  }
   void gather_rows(const float* x, int64_t n, const int32_t* ids, int64_t count, float* y) override {
     inner_.gather_rows(x, n, ids, count, y);
   }

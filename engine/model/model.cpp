@@ -1,10 +1,12 @@
 #include "model/model.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <stdexcept>
 
 #include "quant/quantize.hpp"
+#include "sample/argmax.hpp"
 
 namespace pico::model {
 
@@ -327,7 +329,8 @@ void Model::pre_norm_layer(ForwardContext& ctx, int32_t il, float* x, const Atte
 }
 
 std::vector<float> Model::forward(backend::Backend& be, std::span<const BatchToken> batch, const float* hidden,
-                                  LayerRange range, state::KvCache& cache) const {
+                                  LayerRange range, state::KvCache& cache, ArgmaxRows* argmax) const {
+  if (argmax) *argmax = {};
   if (range.first < 0 || range.last > hp_.n_layer || range.first >= range.last) {
     throw std::invalid_argument("forward: bad layer range");
   }
@@ -340,7 +343,7 @@ std::vector<float> Model::forward(backend::Backend& be, std::span<const BatchTok
                     cache.recurrent_config()->last_layer != range.last)) {
     throw std::invalid_argument("forward: the cache holds no recurrent state for these layers");
   }
-  if (!recurrent) return forward_part(be, batch, hidden, range, cache);
+  if (!recurrent) return forward_part(be, batch, hidden, range, cache, argmax);
   // A checkpoint is the state right after its token: run the batch in stretches that end
   // at such tokens (a token's result does not depend on the stretch it runs in).
   std::vector<float> out;
@@ -350,8 +353,13 @@ std::vector<float> Model::forward(backend::Backend& be, std::span<const BatchTok
     while (end + 1 < batch.size() && batch[end].checkpoint_keep == 0) ++end;
     ++end;
     const auto part = batch.subspan(begin, end - begin);
+    ArgmaxRows part_argmax;
     std::vector<float> result = forward_part(be, part, hidden ? hidden + begin * static_cast<size_t>(hp_.n_embd) : nullptr,
-                                             range, cache);
+                                             range, cache, argmax ? &part_argmax : nullptr);
+    if (argmax) {
+      argmax->ids.insert(argmax->ids.end(), part_argmax.ids.begin(), part_argmax.ids.end());
+      argmax->logits.insert(argmax->logits.end(), part_argmax.logits.begin(), part_argmax.logits.end());
+    }
     // The sequences' recurrent states now hold their tokens.
     for (const BatchToken& t : part) cache.recurrent(t.seq_id).set_n_pos(t.pos + 1);
     const BatchToken& last = part.back();
@@ -367,7 +375,7 @@ std::vector<float> Model::forward(backend::Backend& be, std::span<const BatchTok
 }
 
 std::vector<float> Model::forward_part(backend::Backend& be, std::span<const BatchToken> batch, const float* hidden,
-                                       LayerRange range, state::KvCache& cache) const {
+                                       LayerRange range, state::KvCache& cache, ArgmaxRows* argmax) const {
   ForwardContext ctx{be, batch, cache, {}};
   const int64_t n = ctx.n_tokens(), e = hp_.n_embd;
   if (n == 0) return {};
@@ -409,13 +417,61 @@ std::vector<float> Model::forward_part(backend::Backend& be, std::span<const Bat
   output_norm(out_ctx, selected);
   float* device_logits = ctx.floats(n_out * hp_.n_vocab);
   be.matmul(w_.output, selected, n_out, device_logits);
-  std::vector<float> logits(static_cast<size_t>(n_out * hp_.n_vocab));
-  be.download(device_logits, n_out * hp_.n_vocab, logits.data());
-  if (hp_.final_logit_softcap > 0.0f) {
-    const float cap = hp_.final_logit_softcap;
-    for (float& l : logits) l = std::tanh(l * (1.0f / cap)) * cap;
+  return logits_out(be, batch, rows, device_logits, argmax);
+}
+
+std::vector<float> Model::logits_out(backend::Backend& be, std::span<const BatchToken> batch,
+                                     std::span<const int32_t> rows, const float* device_logits,
+                                     ArgmaxRows* argmax) const {
+  const int64_t vocab = hp_.n_vocab, n_out = static_cast<int64_t>(rows.size());
+  const float cap = hp_.final_logit_softcap;
+  // Which rows come back whole and which as their arg max only.
+  std::vector<int32_t> full, reduced;
+  for (int32_t i = 0; i < static_cast<int32_t>(n_out); ++i) {
+    (argmax && batch[static_cast<size_t>(rows[static_cast<size_t>(i)])].argmax_only ? reduced : full).push_back(i);
   }
-  return logits;
+  if (argmax) {
+    argmax->ids.assign(static_cast<size_t>(n_out), -1);
+    argmax->logits.assign(static_cast<size_t>(n_out), 0.0f);
+  }
+  if (reduced.empty() || cap > 0.0f) {
+    // Every row comes down (the softcap is the host's: the arg max of the capped row).
+    std::vector<float> logits(static_cast<size_t>(n_out * vocab));
+    be.download(device_logits, n_out * vocab, logits.data());
+    if (cap > 0.0f) {
+      for (float& l : logits) l = std::tanh(l * (1.0f / cap)) * cap;
+    }
+    if (reduced.empty()) return logits;
+    size_t kept = 0;
+    for (int32_t i = 0; i < static_cast<int32_t>(n_out); ++i) {
+      const float* row = logits.data() + static_cast<size_t>(i) * static_cast<size_t>(vocab);
+      if (batch[static_cast<size_t>(rows[static_cast<size_t>(i)])].argmax_only) {
+        const size_t best = sample::first_argmax(row, static_cast<size_t>(vocab));
+        argmax->ids[static_cast<size_t>(i)] = static_cast<int32_t>(best);
+        argmax->logits[static_cast<size_t>(i)] = row[best];
+      } else {
+        std::copy(row, row + vocab, logits.data() + kept++ * static_cast<size_t>(vocab));
+      }
+    }
+    logits.resize(kept * static_cast<size_t>(vocab));
+    return logits;
+  }
+  // The arg max rows reduced on the backend, beside the whole rows: one download.
+  const auto n_full = static_cast<int64_t>(full.size()), n_reduced = static_cast<int64_t>(reduced.size());
+  float* out = be.activations(n_full * vocab + 2 * n_reduced);
+  if (n_full > 0) be.gather_rows(device_logits, vocab, full.data(), n_full, out);
+  be.argmax_rows(device_logits, vocab, reduced.data(), n_reduced, out + n_full * vocab);
+  std::vector<float> host(static_cast<size_t>(n_full * vocab + 2 * n_reduced));
+  be.download(out, static_cast<int64_t>(host.size()), host.data());
+  const float* pairs = host.data() + n_full * vocab;
+  for (int64_t j = 0; j < n_reduced; ++j) {
+    int32_t id;
+    std::memcpy(&id, pairs + j, sizeof id);
+    argmax->ids[static_cast<size_t>(reduced[static_cast<size_t>(j)])] = id;
+    argmax->logits[static_cast<size_t>(reduced[static_cast<size_t>(j)])] = pairs[n_reduced + j];
+  }
+  host.resize(static_cast<size_t>(n_full * vocab));
+  return host;
 }
 
 }  // namespace pico::model

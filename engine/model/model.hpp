@@ -79,6 +79,17 @@ struct BatchToken {
   // > 0: after this token every stage checkpoints the sequence's recurrent state
   // (hybrid models), keeping at most this many checkpoints of it.
   uint8_t checkpoint_keep = 0;
+  // With `logits`: only its arg max is wanted (greedy rows), which the last stage
+  // returns instead of the row when the caller takes ArgmaxRows.
+  bool argmax_only = false;
+};
+
+// The last stage's arg max rows: per token with `logits`, in batch order, the arg max
+// of its logits (the first of equal maxima, as sample::first_argmax) and that logit for
+// a token with argmax_only, id -1 for one returned in full.
+struct ArgmaxRows {
+  std::vector<int32_t> ids;
+  std::vector<float> logits;
 };
 
 struct LayerRange {
@@ -132,8 +143,11 @@ class Model {
   // after range.last - 1 (every token). Within the batch,
   // a sequence's positions must follow one another and continue its cached state
   // (KV positions are contiguous); the tokens' K and V are stored in `cache`.
+  // With `argmax` (the last stage): the argmax_only tokens' rows are reduced to their
+  // arg max on the backend, so only it comes back from the device, and left out of the
+  // returned logits (which hold the other rows, in order).
   std::vector<float> forward(backend::Backend& be, std::span<const BatchToken> batch, const float* hidden,
-                             LayerRange range, state::KvCache& cache) const;
+                             LayerRange range, state::KvCache& cache, ArgmaxRows* argmax = nullptr) const;
 
  protected:
   Model(const gguf::Model& file, Hparams hp);
@@ -242,7 +256,11 @@ class Model {
   void load_all();
   // One stretch of forward(): the tokens up to a checkpoint (see BatchToken).
   std::vector<float> forward_part(backend::Backend& be, std::span<const BatchToken> batch, const float* hidden,
-                                  LayerRange range, state::KvCache& cache) const;
+                                  LayerRange range, state::KvCache& cache, ArgmaxRows* argmax) const;
+  // The logits of the flagged tokens (n_out rows at device_logits) as forward returns
+  // them, argmax_only rows reduced when argmax is given.
+  std::vector<float> logits_out(backend::Backend& be, std::span<const BatchToken> batch, std::span<const int32_t> rows,
+                                const float* device_logits, ArgmaxRows* argmax) const;
   std::vector<std::vector<float>> owned_;  // converted vectors
 };
 

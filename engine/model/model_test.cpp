@@ -20,6 +20,7 @@
 #include "gguf/writer.hpp"
 #include "quant/float_convert.hpp"
 #include "quant/quantize.hpp"
+#include "sample/argmax.hpp"
 
 namespace pico::model {
 namespace {
@@ -298,6 +299,42 @@ TEST_P(ModelTest, LogitsOnlyForFlaggedTokens) {
     if (flag) want.insert(want.end(), whole.begin() + static_cast<ptrdiff_t>(i * kVocab), whole.begin() + static_cast<ptrdiff_t>((i + 1) * kVocab));
   }
   EXPECT_EQ(m.model->forward(*m.be, batch, nullptr, m.model->all_layers(), cache), want);
+}
+
+// Rows asked as arg max only come back as the arg max of the row they would have been
+// (the first of equal maxima) and its logit, the others whole and in order; a caller
+// that takes no ArgmaxRows gets every flagged row whole.
+TEST_P(ModelTest, ArgmaxOnlyRowsComeBackAsTheirArgMax) {
+  LOAD_OR_SKIP(m);
+  const auto ids = prompt(9, 5);
+  const auto whole = run(m, ids, ids.size());
+  std::vector<BatchToken> batch;
+  std::vector<float> want_rows, want_logits, every_row;
+  std::vector<int32_t> want_ids;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    BatchToken t{0, static_cast<int32_t>(i), ids[i], i % 3 != 0};
+    t.argmax_only = i % 3 == 2 || i == 7;
+    batch.push_back(t);
+    if (!t.logits) continue;
+    const float* row = whole.data() + i * kVocab;
+    every_row.insert(every_row.end(), row, row + kVocab);
+    if (t.argmax_only) {
+      const size_t best = sample::first_argmax(row, kVocab);
+      want_ids.push_back(static_cast<int32_t>(best));
+      want_logits.push_back(row[best]);
+    } else {
+      want_ids.push_back(-1);
+      want_logits.push_back(0.0f);
+      want_rows.insert(want_rows.end(), row, row + kVocab);
+    }
+  }
+  state::KvCache cache = m.cache(m.model->all_layers());
+  ArgmaxRows argmax;
+  EXPECT_EQ(m.model->forward(*m.be, batch, nullptr, m.model->all_layers(), cache, &argmax), want_rows);
+  EXPECT_EQ(argmax.ids, want_ids);
+  EXPECT_EQ(argmax.logits, want_logits);
+  state::KvCache again = m.cache(m.model->all_layers());
+  EXPECT_EQ(m.model->forward(*m.be, batch, nullptr, m.model->all_layers(), again), every_row);
 }
 
 TEST_P(ModelTest, LayerSplitEqualsWholeModel) {

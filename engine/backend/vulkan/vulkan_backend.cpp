@@ -242,6 +242,20 @@ class VulkanBackend final : public Backend {
     copy(x, floats(x_rows * n), y, regions);
   }
 
+  void argmax_rows(const float* x, int64_t n, const int32_t* rows, int64_t count, float* out) override {
+    if (count <= 0) return;
+    int32_t x_rows = 0;
+    for (int64_t i = 0; i < count; ++i) {
+      if (rows[i] < 0) throw std::out_of_range("vulkan: argmax_rows: a negative row");
+      x_rows = std::max(x_rows, rows[i] + 1);
+    }
+    Call call(*this);
+    const BufferRange dx = call.in(x, floats(x_rows * n));
+    const BufferRange dr = call.in(rows, ints(count));
+    ops_.argmax_rows(dx, n, x_rows, dr, count, call.out(out, floats(2 * count)));
+    call.finish();
+  }
+
   void scale_rows(float* x, int64_t n, int64_t rows, const float* factors) override {
     Call call(*this);
     const BufferRange df = call.in(factors, floats(rows));

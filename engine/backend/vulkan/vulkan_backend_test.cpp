@@ -6,6 +6,8 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <iterator>
+#include <limits>
 #include <memory>
 #include <random>
 #include <stdexcept>
@@ -151,6 +153,43 @@ TEST(VulkanActivations, RowOpsEqualTheCpusBitForBit) {
   cpu->gather_rows(x.data(), 33, ids, 4, want_rows.data());
   be->gather_rows(x.data(), 33, ids, 4, got_rows.data());
   EXPECT_EQ(got_rows, want_rows);
+}
+
+// The arg max of rows as sample::first_argmax picks it: ties to the first, -0 equal to
+// +0, NaNs passed over unless one leads the row, all -inf; on activation memory, one
+// download.
+TEST(VulkanActivations, ArgmaxRowsEqualsTheCpusBitForBit) {
+  REQUIRE_BACKEND(be);
+  const std::unique_ptr<Backend> cpu = make_cpu_backend(1);
+  constexpr int64_t kN = 300, kArgRows = 6;
+  std::vector<float> x = random_floats(kN * kArgRows, 12);
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  x[0 * kN + 17] = 9.0f;  // row 0: a tie, the first wins
+  x[0 * kN + 230] = 9.0f;
+  x[1 * kN + 0] = nan;  // row 1: a leading NaN is index 0
+  x[2 * kN + 5] = nan;  // row 2: a NaN elsewhere is passed over
+  x[2 * kN + 250] = 20.0f;
+  for (int64_t i = 0; i < kN; ++i) x[3 * kN + i] = -inf;  // row 3: all -inf: index 0
+  for (int64_t i = 0; i < kN; ++i) x[4 * kN + i] = i % 2 ? -0.0f : 0.0f;  // row 4: -0 == +0: index 0
+  x[5 * kN + kN - 1] = 50.0f;  // row 5: the last value
+  const int32_t rows[] = {5, 0, 1, 2, 3, 4, 0};
+  constexpr int64_t kCount = std::size(rows);
+  std::vector<float> want(2 * kCount), got(2 * kCount);
+  cpu->argmax_rows(x.data(), kN, rows, kCount, want.data());
+  {
+    const ActivationScope scope(*be);
+    float* dx = be->activations(kN * kArgRows);
+    be->upload(x.data(), kN * kArgRows, dx);
+    float* out = be->activations(2 * kCount);
+    const uint64_t before = be->submissions();
+    be->argmax_rows(dx, kN, rows, kCount, out);
+    be->download(out, 2 * kCount, got.data());
+    EXPECT_EQ(be->submissions() - before, 1u);
+  }
+  EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0);
+  int32_t first;
+  std::memcpy(&first, want.data() + 1, sizeof first);
+  EXPECT_EQ(first, 17);  // the CPU's answer is first_argmax's (checked in sample_test)
 }
 
 TEST(VulkanActivations, MemoryIsGivenBackToAMarkAndReused) {

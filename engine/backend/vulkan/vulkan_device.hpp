@@ -109,6 +109,7 @@ enum class Shader : uint32_t {
   moe_combine,
   round_rows,
   store_kv_f16,
+  argmax_rows,
   count,
 };
 

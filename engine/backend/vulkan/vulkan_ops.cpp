@@ -297,6 +297,19 @@ void Ops::store_kv_f16(BufferRange x, int64_t n, int64_t x_stride, BufferRange r
   device_.dispatch(Shader::store_kv_f16, bindings, &push, sizeof push, gx, gy);
 }
 
+void Ops::argmax_rows(BufferRange x, int64_t n, int64_t x_rows, BufferRange rows, int64_t count, BufferRange out) {
+  if (count <= 0) return;
+  if (n <= 0) throw std::invalid_argument("vulkan: argmax_rows: empty rows");
+  const struct {
+    uint32_t n, count;
+  } push{checked_u32(n, "row"), checked_u32(count, "rows")};
+  const BufferRange bindings[] = {floats(x, 0, x_rows * n),
+                                  {rows.buffer, rows.offset, static_cast<size_t>(count) * sizeof(uint32_t)},
+                                  floats(out, 0, 2 * count)};
+  const auto [gx, gy] = grid(static_cast<uint64_t>(count));
+  device_.dispatch(Shader::argmax_rows, bindings, &push, sizeof push, gx, gy);
+}
+
 void Ops::softmax(BufferRange x, int64_t n, int64_t rows) {
   const struct {
     uint32_t n;

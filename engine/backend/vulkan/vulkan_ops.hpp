@@ -102,6 +102,9 @@ class Ops {
   // floats, n even, at s * x_stride) rounded to F16 (as fp32_to_fp16) into pool row
   // rows[s] (count uint32 on the device).
   void store_kv_f16(BufferRange x, int64_t n, int64_t x_stride, BufferRange rows, int64_t count, const Buffer& pool);
+  // backend.hpp's argmax_rows: rows (count uint32 on the device) of x, rows of n floats;
+  // out: count indices, then count values' bits.
+  void argmax_rows(BufferRange x, int64_t n, int64_t x_rows, BufferRange rows, int64_t count, BufferRange out);
   // backend.hpp's attention over a device KV cache: queries (n_queries DeviceQuery) and
   // page_table on the device; max_keys bounds the keys any query sees (its scores' room).
   void attention(BufferRange q, int64_t q_row_stride, const DeviceKvLayer& kv, BufferRange queries,
