@@ -51,8 +51,14 @@ std::span<const float> StepOutput::row_logits(size_t row) const {
 // ---- LocalStage -------------------------------------------------------------
 
 void LocalStage::submit(uint64_t step, std::span<const model::BatchToken> batch,
-                        std::span<const protocol::LogitsOutput>, const ChainGrant&) {
-  run(step, batch, nullptr, {});
+                        std::span<const protocol::LogitsOutput> outputs, const ChainGrant&) {
+  // Rows asked as arg max only are reduced by the last stage's backend (only the arg
+  // max leaves a device), as a worker's are.
+  std::vector<model::BatchToken> rows(batch.begin(), batch.end());
+  if (outputs.size() == rows.size()) {
+    for (size_t i = 0; i < rows.size(); ++i) rows[i].argmax_only = outputs[i] == protocol::LogitsOutput::ARGMAX;
+  }
+  run(step, rows, nullptr, {});
 }
 
 void LocalStage::run(uint64_t step, std::span<const model::BatchToken> batch, const float* hidden,
@@ -61,8 +67,9 @@ void LocalStage::run(uint64_t step, std::span<const model::BatchToken> batch, co
   stamp.stage = static_cast<uint32_t>(index_);
   stamp.received = stamp.idle_since = stamp.compute_start = protocol::steady_nanos();
   std::vector<float> out;
+  model::ArgmaxRows argmax;
   try {
-    out = engine_.forward(batch, hidden);
+    out = engine_.forward(batch, hidden, next_ ? nullptr : &argmax);
   } catch (const std::exception& e) {
     throw StageError("local stage (layers " + std::to_string(info_.layers.first) + "-" +
                          std::to_string(info_.layers.last - 1) + "): " + e.what(),
@@ -84,6 +91,10 @@ void LocalStage::run(uint64_t step, std::span<const model::BatchToken> batch, co
     o.positions.push_back(t.pos);
   }
   o.logits = std::move(out);
+  if (std::any_of(argmax.ids.begin(), argmax.ids.end(), [](int32_t id) { return id >= 0; })) {
+    o.argmax = std::move(argmax.ids);
+    o.argmax_logits = std::move(argmax.logits);
+  }
   done_.push_back(std::move(o));
 }
 

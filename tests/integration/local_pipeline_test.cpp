@@ -3,10 +3,12 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 
 #include "gguf/reader.hpp"
+#include "sample/argmax.hpp"
 #include "pipeline.hpp"
 #include "scheduler.hpp"
 
@@ -133,6 +135,36 @@ TEST_F(LocalPipeline, SnapshotRestoreContinuesBitIdentical) {
   EXPECT_THROW(stage.restore(2, damaged), StageError);
   stage.restore(2, *state);
   EXPECT_TRUE(run(2, 4, {42}) == reference);
+}
+
+// Rows asked as arg max only come back from an in-process last stage as the arg max
+// of the row (reduced by its backend) and its logit; the other rows whole, in order.
+TEST_F(LocalPipeline, ArgmaxRowsComeBackAsTheirArgMax) {
+  LocalStage whole(model_, std::nullopt, 1), reduced(model_, std::nullopt, 1);
+  whole.plan(nullptr, nullptr, 0, 1);
+  reduced.plan(nullptr, nullptr, 0, 1);
+  const std::vector<model::BatchToken> batch{{1, 0, 5, true}, {2, 0, 17, true}, {3, 0, 230, true}};
+  const std::vector<protocol::LogitsOutput> outputs{protocol::LogitsOutput::ARGMAX, protocol::LogitsOutput::FULL,
+                                                    protocol::LogitsOutput::ARGMAX};
+  whole.submit(1, batch, {}, {});
+  reduced.submit(1, batch, outputs, {});
+  const auto all = whole.poll(0), some = reduced.poll(0);
+  ASSERT_TRUE(all && some);
+  ASSERT_EQ(some->argmax.size(), 3u);
+  for (size_t row = 0; row < 3; ++row) {
+    const std::span<const float> logits = all->row_logits(row);
+    if (outputs[row] == protocol::LogitsOutput::ARGMAX) {
+      const size_t best = sample::first_argmax(logits.data(), logits.size());
+      EXPECT_EQ(some->argmax[row], static_cast<int32_t>(best));
+      EXPECT_EQ(some->argmax_logits[row], logits[best]);
+      EXPECT_TRUE(some->row_logits(row).empty());
+    } else {
+      EXPECT_EQ(some->argmax[row], -1);
+      const std::span<const float> kept = some->row_logits(row);
+      EXPECT_TRUE(std::equal(kept.begin(), kept.end(), logits.begin(), logits.end()));
+    }
+  }
+  EXPECT_EQ(some->logits.size(), all->logits.size() / 3);
 }
 
 TEST_F(LocalPipeline, RefusesAnotherModel) {
