@@ -37,7 +37,7 @@ std::unique_ptr<Backend> open_or_reason(std::string& reason) {
   std::unique_ptr<Backend> be = open_or_reason(reason_);         \
   if (!be) GTEST_SKIP() << "no Vulkan device: " << reason_  // reason: built without Vulkan or no device
 
-constexpr int64_t kHeads = 2, kDimK = 16, kDimV = 8, kRowK = kHeads * kDimK, kRowV = kHeads * kDimV;
+constexpr int64_t kHeads = 2, kDimK = 16, kDimV = 8, kRowK = kHeads * kDimK;
 constexpr int64_t kStride = kRowK + 3;  // rows of the inputs sit apart, as in a fused QKV
 
 state::KvConfig config() {
