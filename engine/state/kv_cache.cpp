@@ -183,6 +183,15 @@ uint8_t* KvState::v_row(const Layer& l, int64_t pos) const {
          static_cast<size_t>(pos & (config_.page_positions - 1)) * v_row_bytes_;
 }
 
+template <class Fn>
+void KvState::for_each_run(const Layer& l, bool value, Fn&& fn) const {
+  const size_t row_bytes = value ? v_row_bytes_ : k_row_bytes_;
+  for (int64_t first = 0; first < l.n; first += config_.page_positions) {
+    const auto n = static_cast<size_t>(std::min(config_.page_positions, l.n - first));
+    fn(value ? v_row(l, first) : k_row(l, first), n * row_bytes);
+  }
+}
+
 void KvState::store_row(GgmlType type, const float* src, uint8_t* dst, int64_t n, size_t bytes) {
   if (store_->host_memory()) return encode_row(type, src, dst, n);
   std::vector<uint8_t> row(bytes);
@@ -272,20 +281,15 @@ std::vector<uint8_t> KvState::snapshot() const {
                                                  static_cast<uint64_t>(config_.first_layer),
                                                  layers_.size()};
   put(header, sizeof header);
-  // Page by page: a page's rows are contiguous (one read each from a device's store).
-  auto rows = [&](const Layer& l, bool value) {
-    const size_t row_bytes = value ? v_row_bytes_ : k_row_bytes_;
-    for (int64_t first = 0; first < l.n; first += config_.page_positions) {
-      const auto n = static_cast<size_t>(std::min(config_.page_positions, l.n - first));
-      store_->read(value ? v_row(l, first) : k_row(l, first), out.data() + offset, n * row_bytes);
-      offset += n * row_bytes;
-    }
-  };
   for (const Layer& l : layers_) {
     const auto n = static_cast<uint64_t>(l.n);
     put(&n, sizeof n);
-    rows(l, false);
-    rows(l, true);
+    for (const bool value : {false, true}) {
+      for_each_run(l, value, [&](uint8_t* rows, size_t bytes) {
+        store_->read(rows, out.data() + offset, bytes);
+        offset += bytes;
+      });
+    }
   }
   return out;
 }
@@ -338,21 +342,17 @@ void KvState::restore(std::span<const uint8_t> snapshot) {
   std::vector<Layer> restored(layers_.size());
   try {
     size_t offset = kSnapshotHeaderWords * 8;
-    auto rows = [&](const Layer& l, bool value) {
-      const size_t row_bytes = value ? v_row_bytes_ : k_row_bytes_;
-      for (int64_t first = 0; first < l.n; first += config_.page_positions) {
-        const auto n = static_cast<size_t>(std::min(config_.page_positions, l.n - first));
-        store_->write(value ? v_row(l, first) : k_row(l, first), snapshot.data() + offset, n * row_bytes);
-        offset += n * row_bytes;
-      }
-    };
     for (size_t i = 0; i < restored.size(); ++i) {
       Layer& l = restored[i];
       l.n = positions[i];
       offset += 8;
       for (int64_t p = 0; p < pages_for(l.n); ++p) add_page(l);
-      rows(l, false);
-      rows(l, true);
+      for (const bool value : {false, true}) {
+        for_each_run(l, value, [&](uint8_t* rows, size_t bytes) {
+          store_->write(rows, snapshot.data() + offset, bytes);
+          offset += bytes;
+        });
+      }
     }
   } catch (...) {
     for (Layer& l : restored) keep_pages(l, 0);

@@ -133,6 +133,10 @@ class KvState final : public SequenceState {
   uint8_t* k_row(const Layer& layer, int64_t pos) const;
   uint8_t* v_row(const Layer& layer, int64_t pos) const;
   void store_row(GgmlType type, const float* src, uint8_t* dst, int64_t n, size_t bytes);
+  // fn(rows, bytes) for the layer's K (or V) rows a page at a time, in position order: a
+  // page's rows are contiguous, one transfer each from or to a device's store.
+  template <class Fn>
+  void for_each_run(const Layer& layer, bool value, Fn&& fn) const;
   int64_t pages_for(int64_t positions) const { return (positions + config_.page_positions - 1) >> page_shift_; }
 
   KvConfig config_;

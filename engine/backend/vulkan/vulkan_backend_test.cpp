@@ -16,24 +16,12 @@
 
 #include "backend/backend.hpp"
 #include "backend/vulkan/vulkan_backend.hpp"
+#include "backend/vulkan/vulkan_test_support.hpp"
 #include "quant/quantize.hpp"
 
 namespace pico::backend {
 namespace {
 
-std::unique_ptr<Backend> open_or_reason(std::string& reason) {
-  try {
-    return make_vulkan_backend(0, 1);
-  } catch (const std::runtime_error& e) {
-    reason = e.what();
-    return nullptr;
-  }
-}
-
-#define REQUIRE_BACKEND(be)                          \
-  std::string reason_;                               \
-  const std::unique_ptr<Backend> be = open_or_reason(reason_); \
-  if (!be) GTEST_SKIP() << "no Vulkan device: " << reason_  // reason: built without Vulkan or no device
 
 std::vector<float> random_floats(size_t n, uint32_t seed) {
   std::mt19937 rng(seed);

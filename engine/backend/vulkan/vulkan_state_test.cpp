@@ -19,23 +19,11 @@
 
 #include "backend/backend.hpp"
 #include "backend/vulkan/vulkan_backend.hpp"
+#include "backend/vulkan/vulkan_test_support.hpp"
 
 namespace pico::backend {
 namespace {
 
-std::unique_ptr<Backend> open_or_reason(std::string& reason) {
-  try {
-    return make_vulkan_backend(0, 1);
-  } catch (const std::runtime_error& e) {
-    reason = e.what();
-    return nullptr;
-  }
-}
-
-#define REQUIRE_BACKEND(be)                                      \
-  std::string reason_;                                           \
-  std::unique_ptr<Backend> be = open_or_reason(reason_);         \
-  if (!be) GTEST_SKIP() << "no Vulkan device: " << reason_  // reason: built without Vulkan or no device
 
 constexpr int64_t kHeads = 2, kDimK = 16, kDimV = 8, kRowK = kHeads * kDimK;
 constexpr int64_t kStride = kRowK + 3;  // rows of the inputs sit apart, as in a fused QKV
