@@ -40,6 +40,12 @@ json timings_json(const Usage& u) {
           {"predicted_per_second", per_second(u.predicted_ms, u.completion_tokens)}};
 }
 
+json samplers_json(const sample::SamplingParams& sp) {
+  json names = json::array();
+  for (const sample::Stage stage : sp.stages) names.push_back(std::string(sample::stage_name(stage)));
+  return names;
+}
+
 json settings_json(const ServerState& state, const OnlineRequest* r) {
   const sample::SamplingParams sp = r ? r->sampling : sample::SamplingParams{};
   return {{"n_ctx", state.engine.options().ctx},
@@ -62,6 +68,11 @@ json settings_json(const ServerState& state, const OnlineRequest* r) {
           {"mirostat", sp.mirostat},
           {"mirostat_tau", sp.mirostat_tau},
           {"mirostat_eta", sp.mirostat_eta},
+          {"dry_multiplier", sp.dry_multiplier},
+          {"dry_base", sp.dry_base},
+          {"dry_allowed_length", sp.dry_allowed_length},
+          {"dry_penalty_last_n", sp.dry_penalty_last_n},
+          {"samplers", samplers_json(sp)},
           {"min_keep", sp.min_keep},
           {"seed", sp.seed},
           {"stop", r ? json(r->stop) : json::array()},

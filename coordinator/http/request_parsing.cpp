@@ -69,6 +69,7 @@ struct Parse {
   std::optional<int64_t> top_logprobs;
   tokenizer::ChatOptions chat;
   bool no_thinking = false;  // reasoning_effort "none"
+  std::vector<std::string> dry_breakers = {"\n", ":", "\"", "*"};  // llama.cpp's default
 };
 
 // A generation endpoint reads a field when its bit is set.
@@ -195,9 +196,7 @@ void parse_samplers(Parse& p, const std::string& name, const json& v) {
     else if (n == "temperature") stages.push_back(Stage::Temperature);
     else if (n == "top_n_sigma") stages.push_back(Stage::TopNSigma);
     else if (n == "xtc") stages.push_back(Stage::Xtc);
-    // DRY is not here yet: neutral at its default multiplier 0 (which dry_multiplier
-    // keeps): nothing to run.
-    else if (n == "dry") continue;
+    else if (n == "dry") stages.push_back(Stage::Dry);
     else invalid(name, "names an unknown sampler '" + n + "'");
   }
   p.req.sampling.stages = std::move(stages);
@@ -406,19 +405,33 @@ const Field kGenerationFields[] = {
      }},
     {"top_n_sigma", kAll,
      [](Parse& p, const std::string& n, const json& v) { p.req.sampling.top_n_sigma = static_cast<float>(number(n, v, -1e9, 1e9)); }},
+    {"dry_multiplier", kAll,
+     [](Parse& p, const std::string& n, const json& v) { p.req.sampling.dry_multiplier = static_cast<float>(number(n, v, -1e9, 1e9)); }},
+    {"dry_base", kAll,
+     [](Parse& p, const std::string& n, const json& v) {
+       // llama-server: a base below 1 means the default.
+       const auto base = static_cast<float>(number(n, v, -1e9, 1e9));
+       p.req.sampling.dry_base = base < 1.0f ? sample::SamplingParams{}.dry_base : base;
+     }},
+    {"dry_allowed_length", kAll,
+     [](Parse& p, const std::string& n, const json& v) { p.req.sampling.dry_allowed_length = static_cast<int32_t>(integer(n, v, 0, kInt32Max)); }},
+    {"dry_penalty_last_n", kAll,
+     [](Parse& p, const std::string& n, const json& v) {
+       const int64_t last_n = integer(n, v, -1, kInt32Max);  // -1: the context size
+       p.req.sampling.dry_penalty_last_n = static_cast<int32_t>(last_n < 0 ? p.ctx.ctx : last_n);
+     }},
+    {"dry_sequence_breakers", kAll,
+     [](Parse& p, const std::string& n, const json& v) {
+       constexpr size_t kMaxBreakers = 32;
+       if (!v.is_array() || v.empty()) invalid(n, "must be a non-empty list of strings");
+       if (v.size() > kMaxBreakers) invalid(n, "holds " + std::to_string(v.size()) + " strings, at most 32 are allowed");
+       p.dry_breakers.clear();
+       for (const auto& s : v) p.dry_breakers.push_back(string(n, s));
+     }},
     // llama.cpp samplers and options without an implementation here: their off values.
-    {"dry_multiplier", kAll, [](Parse&, const std::string& n, const json& v) { neutral_only(n, v, is_zero); }},
     {"adaptive_target", kAll,
      [](Parse&, const std::string& n, const json& v) { neutral_only(n, v, [](const json& x) { return x.is_number() && x.get<double>() < 0; }); }},
     // Parameters of those samplers: no effect while the sampler is off, so any number.
-    {"dry_base", kAll, [](Parse&, const std::string& n, const json& v) { number(n, v, -1e9, 1e9); }},
-    {"dry_allowed_length", kAll, [](Parse&, const std::string& n, const json& v) { integer(n, v, 0, kInt32Max); }},
-    {"dry_penalty_last_n", kAll, [](Parse&, const std::string& n, const json& v) { integer(n, v, -1, kInt32Max); }},
-    {"dry_sequence_breakers", kAll,
-     [](Parse&, const std::string& n, const json& v) {
-       if (!v.is_array()) invalid(n, "must be a list of strings");
-       for (const auto& s : v) string(n, s);
-     }},
     {"adaptive_decay", kAll, [](Parse&, const std::string& n, const json& v) { number(n, v, 0, 0.99); }},
     {"grammar", kAll, [](Parse&, const std::string& n, const json& v) { neutral_only(n, v, is_empty_text); }},
     {"json_schema", kAll, [](Parse&, const std::string& n, const json&) { unsupported(n); }},
@@ -549,6 +562,34 @@ json parse_json_body(std::string_view text) {
   return body;
 }
 
+namespace {
+sample::DryBreakers dry_breakers_of(const tokenizer::Tokenizer& tok, const std::vector<std::string>& breakers) {
+  return sample::make_dry_breakers(
+      breakers, static_cast<int32_t>(tok.vocab_size()),
+      [&](int32_t id) {
+        const int32_t ids[1] = {id};
+        return tok.decode(ids, true);
+      },
+      [&](std::string_view text) { return tok.encode(text, false, false); });
+}
+}  // namespace
+
+std::shared_ptr<const sample::DryBreakers> DryBreakerCache::get(const std::vector<std::string>& breakers) {
+  constexpr size_t kLists = 16;
+  std::lock_guard lock(mutex_);
+  for (size_t i = 0; i < lists_.size(); ++i) {
+    if (lists_[i].first != breakers) continue;
+    auto entry = std::move(lists_[i]);
+    lists_.erase(lists_.begin() + static_cast<std::ptrdiff_t>(i));
+    lists_.push_back(std::move(entry));
+    return lists_.back().second;
+  }
+  auto built = std::make_shared<const sample::DryBreakers>(dry_breakers_of(tok_, breakers));
+  if (lists_.size() == kLists) lists_.erase(lists_.begin());
+  lists_.emplace_back(breakers, built);
+  return built;
+}
+
 ParsedGeneration parse_generation_request(const ParseContext& ctx, Endpoint endpoint, const json& body) {
   if (!body.is_object()) throw ApiError(400, "the request body must be a JSON object");
   Parse p{ctx, endpoint, body, {}, {}, 1, std::nullopt, {}, false};
@@ -562,6 +603,14 @@ ParsedGeneration parse_generation_request(const ParseContext& ctx, Endpoint endp
     auto it = body.find(f.name);
     if (it == body.end() || it->is_null()) continue;  // null: the default, as llama.cpp
     f.handle(p, f.name, *it);
+  }
+  const sample::SamplingParams& sp = p.req.sampling;
+  if (sp.dry_multiplier != 0.0f && sp.dry_base >= 1.0f && sp.dry_penalty_last_n != 0) {
+    if (ctx.dry_breakers) {
+      p.req.sampling.dry_breakers = ctx.dry_breakers->get(p.dry_breakers);
+    } else {
+      p.req.sampling.dry_breakers = std::make_shared<const sample::DryBreakers>(dry_breakers_of(ctx.tok, p.dry_breakers));
+    }
   }
   if (endpoint == Endpoint::ChatCompletions) {
     if (p.top_logprobs && !p.out.logprobs) invalid("top_logprobs", "needs 'logprobs': true");

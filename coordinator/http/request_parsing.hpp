@@ -5,12 +5,14 @@
 //
 // Each endpoint has one table of the fields it reads (request_parsing.cpp), after
 // llama-server's schema (tools/server/server-schema.cpp: names, aliases, limits) and
-// OpenAI's documented ranges. A field pico does not implement (tools, grammar,
-// mirostat, ...) is accepted only at its neutral value, else refused with "'X' is not
+// OpenAI's documented ranges. A field pico does not implement (tools, grammar, ...) is
+// accepted only at its neutral value, else refused with "'X' is not
 // supported"; a name in no table is ignored, as llama-server ignores it.
 #pragma once
 
 #include <cstdint>
+#include <memory>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 #include <string>
@@ -19,6 +21,7 @@
 
 #include "engine.hpp"
 #include "http/reasoning.hpp"
+#include "sample/dry.hpp"
 #include "tokenizer/chat_template.hpp"
 #include "tokenizer/tokenizer.hpp"
 
@@ -41,6 +44,20 @@ class ApiError : public std::runtime_error {
   std::string type, code, param;
 };
 
+// DRY's sequence breakers as tokens (sample::make_dry_breakers: a pass over the
+// vocabulary), kept per list of strings: the default list is built once, not per
+// request. Thread-safe; holds the 16 lists used last.
+class DryBreakerCache {
+ public:
+  explicit DryBreakerCache(const tokenizer::Tokenizer& tok) : tok_(tok) {}
+  std::shared_ptr<const sample::DryBreakers> get(const std::vector<std::string>& breakers);
+
+ private:
+  const tokenizer::Tokenizer& tok_;
+  std::mutex mutex_;
+  std::vector<std::pair<std::vector<std::string>, std::shared_ptr<const sample::DryBreakers>>> lists_;  // newest last
+};
+
 // What the parsers need to know of the server.
 struct ParseContext {
   const tokenizer::Tokenizer& tok;
@@ -51,6 +68,7 @@ struct ParseContext {
   size_t max_stop_strings = 16;                   // 'stop': count
   size_t max_stop_length = 256;                   // 'stop': bytes of each
   ReasoningFormat reasoning_format = ReasoningFormat::Deepseek;  // 'reasoning_format' unless given
+  DryBreakerCache* dry_breakers = nullptr;                        // null: built per request
 };
 
 enum class Endpoint { LlamaCompletion, Completions, ChatCompletions };

@@ -125,7 +125,12 @@ TEST(RequestParsing, EachInvalidFieldIsRefusedByName) {
       {2, "best_of", 3, "best_of"},
       {7, "mirostat", 3, "mirostat"},
       {7, "mirostat_tau", "x", "mirostat_tau"},
-      {7, "dry_multiplier", 0.8, "dry_multiplier"},
+      {7, "dry_multiplier", "0.8", "dry_multiplier"},
+      {7, "dry_allowed_length", -1, "dry_allowed_length"},
+      {7, "dry_penalty_last_n", -2, "dry_penalty_last_n"},
+      {7, "dry_sequence_breakers", json::array(), "dry_sequence_breakers"},
+      {7, "dry_sequence_breakers", json::array({"a", 1}), "dry_sequence_breakers"},
+      {7, "dry_sequence_breakers", "\n", "dry_sequence_breakers"},
       {7, "xtc_probability", 1.5, "xtc_probability"},
       {7, "xtc_threshold", -0.1, "xtc_threshold"},
       {7, "dynatemp_range", -0.5, "dynatemp_range"},
@@ -230,7 +235,6 @@ TEST(RequestParsing, NeutralValuesOfUnsupportedFieldsAreAccepted) {
                {"lora", json::array()},
                {"n_keep", 0},
                {"id_slot", -1},
-               {"dry_multiplier", 0},
                {"top_n_sigma", -1},
                {"modalities", json::array({"text"})},
                {"store", false},
@@ -240,8 +244,40 @@ TEST(RequestParsing, NeutralValuesOfUnsupportedFieldsAreAccepted) {
   const ParsedGeneration g = parse_generation_request(f.ctx, Endpoint::ChatCompletions, body);
   using sample::Stage;
   EXPECT_EQ(g.choices[0].sampling.stages,
-            (std::vector<Stage>{Stage::TopK, Stage::Xtc, Stage::TopNSigma, Stage::Temperature}));
+            (std::vector<Stage>{Stage::TopK, Stage::Dry, Stage::Xtc, Stage::TopNSigma, Stage::Temperature}));
   EXPECT_EQ(g.choices[0].sampling.temperature, sample::SamplingParams{}.temperature);
+}
+
+// DRY's fields set it; its breakers become tokens (once per list with a cache), its
+// base below 1 is the default and its window of -1 the context, as llama-server.
+TEST(RequestParsing, ReadsDry) {
+  Fixture f;
+  json body = base(Endpoint::LlamaCompletion);
+  body.update({{"dry_multiplier", 0.8},
+               {"dry_base", 0.5},
+               {"dry_allowed_length", 3},
+               {"dry_penalty_last_n", -1},
+               {"dry_sequence_breakers", json::array({"b", "zz"})}});
+  const ParsedGeneration g = parse_generation_request(f.ctx, Endpoint::LlamaCompletion, body);
+  const sample::SamplingParams& sp = g.choices.at(0).sampling;
+  EXPECT_EQ(sp.dry_multiplier, 0.8f);
+  EXPECT_EQ(sp.dry_base, 1.75f);
+  EXPECT_EQ(sp.dry_allowed_length, 3);
+  EXPECT_EQ(sp.dry_penalty_last_n, 64);  // the context
+  ASSERT_NE(sp.dry_breakers, nullptr);
+  const auto b = f.tok->encode("b", false, false);
+  ASSERT_EQ(b.size(), 1u);
+  EXPECT_TRUE(sp.dry_breakers->breaks_alone(b[0]));
+  EXPECT_FALSE(sp.dry_breakers->breaks_alone(f.tok->encode("a", false, false).at(0)));
+
+  DryBreakerCache cache(*f.tok);
+  ParseContext cached = f.ctx;
+  cached.dry_breakers = &cache;
+  body.erase("dry_sequence_breakers");  // llama.cpp's default list
+  const auto first = parse_generation_request(cached, Endpoint::LlamaCompletion, body).choices.at(0).sampling.dry_breakers;
+  const auto again = parse_generation_request(cached, Endpoint::LlamaCompletion, body).choices.at(0).sampling.dry_breakers;
+  EXPECT_EQ(first, again);  // built once
+  ASSERT_NE(first, nullptr);  // (this small vocabulary has no token of the default breakers)
 }
 
 TEST(RequestParsing, ReadsTheFieldsItAccepts) {
@@ -294,6 +330,8 @@ TEST(RequestParsing, ReadsTheFieldsItAccepts) {
   EXPECT_EQ(r.sampling.mirostat, 2);
   EXPECT_EQ(r.sampling.mirostat_tau, 4.0f);
   EXPECT_EQ(r.sampling.mirostat_eta, 0.2f);
+  EXPECT_EQ(r.sampling.dry_multiplier, 0.0f);
+  EXPECT_EQ(r.sampling.dry_breakers, nullptr);  // DRY off: no breakers built
   EXPECT_EQ(r.stop, std::vector<std::string>{"x"});
   EXPECT_EQ(g.n_probs, 3);
   EXPECT_EQ(r.logprobs, 3);

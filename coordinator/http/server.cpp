@@ -501,6 +501,8 @@ void serve_http(Engine& engine, const tokenizer::Tokenizer& tok, const tokenizer
   using namespace http_api;
   ParseContext parse{tok, nullptr, engine.options().ctx, options.model_name, options.model_path, 16,
                      options.max_stop_strings, options.max_stop_length, options.reasoning_format};
+  DryBreakerCache dry_breakers(tok);
+  parse.dry_breakers = &dry_breakers;
   ServerState state{engine, tok, chat, options, parse};
   state.parse.chat = &state.chat;
   const int threads = std::max(1, options.threads);

@@ -31,6 +31,7 @@ std::string_view stage_name(Stage stage) {
     case Stage::Temperature: return "temperature";
     case Stage::TopNSigma: return "top_n_sigma";
     case Stage::Xtc: return "xtc";
+    case Stage::Dry: return "dry";
   }
   return "?";
 }
@@ -46,7 +47,8 @@ bool SamplingParams::argmax_suffices() const {
   const bool penalties =
       penalty_last_n != 0 && (repeat_penalty != 1.0f || frequency_penalty != 0.0f || presence_penalty != 0.0f);
   const bool xtc = xtc_probability > 0.0f && xtc_threshold <= 0.5f;
-  return temperature <= 0.0f && logit_bias.empty() && !penalties && typical_p >= 1.0f && !xtc &&
+  const bool dry = dry_multiplier != 0.0f && dry_base >= 1.0f && dry_penalty_last_n != 0;
+  return temperature <= 0.0f && logit_bias.empty() && !penalties && !dry && typical_p >= 1.0f && !xtc &&
          dynatemp_range <= 0.0f && mirostat == 0;
 }
 
@@ -314,6 +316,7 @@ Sampler::Sampler(SamplingParams params)
       random_(seed_),
       xtc_random_(xtc_seed(seed_)),
       penalties_(params_.penalty_last_n),
+      dry_(params_.dry_penalty_last_n),
       mu_(2.0f * params_.mirostat_tau),
       plain_greedy_(params_.argmax_suffices()) {
   if (!std::isfinite(params_.repeat_penalty) || params_.repeat_penalty <= 0.0f) {
@@ -329,6 +332,9 @@ Sampler::Sampler(SamplingParams params)
   if (!(params_.xtc_probability >= 0.0f && params_.xtc_probability <= 1.0f)) {
     throw std::invalid_argument("xtc_probability must be in [0, 1]");
   }
+  if (!std::isfinite(params_.dry_multiplier) || !std::isfinite(params_.dry_base) || params_.dry_allowed_length < 0) {
+    throw std::invalid_argument("dry_multiplier and dry_base must be finite, dry_allowed_length not negative");
+  }
   if (!std::isfinite(params_.dynatemp_range) || !std::isfinite(params_.dynatemp_exponent) ||
       !std::isfinite(params_.top_n_sigma)) {
     throw std::invalid_argument("dynatemp_range, dynatemp_exponent and top_n_sigma must be finite");
@@ -342,6 +348,9 @@ Candidates Sampler::filter(std::span<const float> logits, Random* xtc_random) co
     switch (stage) {
       case Stage::Penalties:
         penalties_.apply(c, params_.repeat_penalty, params_.frequency_penalty, params_.presence_penalty);
+        break;
+      case Stage::Dry:
+        dry_.apply(c, params_.dry_multiplier, params_.dry_base, params_.dry_allowed_length, params_.dry_breakers.get());
         break;
       case Stage::TopK: apply_top_k(c, params_.top_k); break;
       case Stage::TypicalP: apply_typical_p(c, params_.typical_p, params_.min_keep); break;
@@ -413,10 +422,14 @@ int32_t Sampler::sample_mirostat(std::span<const float> logits) {
   return c.items[chosen].id;
 }
 
-void Sampler::accept(int32_t token) { penalties_.accept(token); }
+void Sampler::accept(int32_t token) {
+  penalties_.accept(token);
+  dry_.accept(token);
+}
 
 void Sampler::reset() {
   penalties_.reset();
+  dry_.reset();
   random_ = Random(seed_);
   xtc_random_ = Random(xtc_seed(seed_));
   mu_ = 2.0f * params_.mirostat_tau;

@@ -1,11 +1,11 @@
 // Token sampling from logits: logit bias, repetition/frequency/presence penalties over
-// the last N tokens, top-n-sigma, top-k, typical-p, top-p, min-p, XTC, temperature
+// the last N tokens, DRY, top-n-sigma, top-k, typical-p, top-p, min-p, XTC, temperature
 // (fixed or dynamic by the entropy), then a draw from the distribution (or the arg max
 // when the temperature is 0); or mirostat (v1, v2) after the logit bias and the
 // temperature instead of all of that. The default order is llama.cpp's
 // (common/common.h: penalties, dry, top_n_sigma, top_k, typ_p, top_p, min_p, xtc,
 // temperature, dist; the logit bias comes first), and each stage computes what
-// llama.cpp's does (src/llama-sampler.cpp). DRY is not here yet.
+// llama.cpp's does (src/llama-sampler.cpp).
 //
 // Seeded sampling is deterministic everywhere: the generator is std::mt19937 (fully
 // specified by the standard) and its output is turned into a uniform double here,
@@ -19,7 +19,10 @@
 #include <span>
 #include <string_view>
 #include <unordered_map>
+#include <memory>
 #include <vector>
+
+#include "sample/dry.hpp"
 
 namespace pico::sample {
 
@@ -28,7 +31,7 @@ struct LogitBias {
   float bias = 0.0f;  // added to the logit; -INFINITY bans the token
 };
 
-enum class Stage { Penalties, TopK, TypicalP, TopP, MinP, Temperature, TopNSigma, Xtc };
+enum class Stage { Penalties, TopK, TypicalP, TopP, MinP, Temperature, TopNSigma, Xtc, Dry };
 
 std::string_view stage_name(Stage stage);
 
@@ -55,14 +58,19 @@ struct SamplingParams {
   int32_t mirostat = 0;            // 1, 2: mirostat v1 / v2 after the logit bias and temperature
   float mirostat_tau = 5.0f;       // its target surprise (bits)
   float mirostat_eta = 0.1f;       // its learning rate
-  std::vector<Stage> stages = {Stage::Penalties, Stage::TopNSigma, Stage::TopK, Stage::TypicalP,
-                               Stage::TopP,      Stage::MinP,      Stage::Xtc,  Stage::Temperature};
+  float dry_multiplier = 0.0f;      // DRY: 0 off; the penalty multiplier * base^(length - allowed)
+  float dry_base = 1.75f;           // ... < 1: off
+  int32_t dry_allowed_length = 2;   // ... repeats up to this long are free
+  int32_t dry_penalty_last_n = 64;  // ... the accepted tokens it scans; 0: off
+  std::shared_ptr<const DryBreakers> dry_breakers;  // ... its sequence breakers (none: null)
+  std::vector<Stage> stages = {Stage::Penalties, Stage::Dry, Stage::TopNSigma, Stage::TopK, Stage::TypicalP,
+                               Stage::TopP,      Stage::MinP, Stage::Xtc,       Stage::Temperature};
 
   // Greedy decoding: temperature 0, no penalties.
   static SamplingParams greedy();
   // Whether the pick is always the arg max of the raw logits (the first of equal ones),
   // so that the distribution need not be built: temperature 0 and no stage that can
-  // move the best candidate (logit bias, penalties, typical-p, XTC, dynamic
+  // move the best candidate (logit bias, penalties, DRY, typical-p, XTC, dynamic
   // temperature, mirostat).
   bool argmax_suffices() const;
 };
@@ -160,6 +168,7 @@ class Sampler {
   Random random_;
   Random xtc_random_;  // XTC's own stream, so it moves no other draw and goes with none
   PenaltyWindow penalties_;
+  DryHistory dry_;
   float mu_ = 0.0f;
   bool plain_greedy_ = false;  // sample() takes the arg max directly
 };

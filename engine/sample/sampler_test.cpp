@@ -401,9 +401,13 @@ TEST(Sampler, DrawsFollowTheDistribution) {
 
 TEST(Sampler, DefaultChainIsLlamaCpps) {
   const SamplingParams p;
-  // common/common.h's order, less DRY (not here yet).
-  EXPECT_EQ(p.stages, (std::vector<Stage>{Stage::Penalties, Stage::TopNSigma, Stage::TopK, Stage::TypicalP, Stage::TopP,
-                                          Stage::MinP, Stage::Xtc, Stage::Temperature}));
+  // common/common.h's order.
+  EXPECT_EQ(p.stages, (std::vector<Stage>{Stage::Penalties, Stage::Dry, Stage::TopNSigma, Stage::TopK, Stage::TypicalP,
+                                          Stage::TopP, Stage::MinP, Stage::Xtc, Stage::Temperature}));
+  EXPECT_EQ(p.dry_multiplier, 0.0f);
+  EXPECT_EQ(p.dry_base, 1.75f);
+  EXPECT_EQ(p.dry_allowed_length, 2);
+  EXPECT_EQ(p.dry_penalty_last_n, 64);
   EXPECT_LE(p.top_n_sigma, 0.0f);
   EXPECT_EQ(p.xtc_probability, 0.0f);
   EXPECT_EQ(p.dynatemp_range, 0.0f);

@@ -791,12 +791,13 @@ def n_choices_tests(api, ref, greedy):
 
 
 def sampler_tests(api, ref, greedy):
-    """llama.cpp's other samplers through the API: each runs, seeded runs repeat, and
+    """llama.cpp's other samplers through the API (DRY too): each runs, seeded runs repeat, and
     XTC at temperature 0 moves the pick off the arg max (so the coordinator did not
     take the last stage's arg max for it)."""
     for extra in ({"mirostat": 1, "mirostat_tau": 4}, {"mirostat": 2, "mirostat_eta": 0.2},
                   {"xtc_probability": 0.5, "xtc_threshold": 0.05}, {"dynatemp_range": 0.5, "dynatemp_exponent": 2},
-                  {"top_n_sigma": 1.0}, {"samplers": ["top_n_sigma", "xtc", "temperature"], "xtc_probability": 1}):
+                  {"top_n_sigma": 1.0}, {"samplers": ["top_n_sigma", "xtc", "temperature"], "xtc_probability": 1},
+                  {"dry_multiplier": 0.8, "dry_allowed_length": 1}, {"dry_multiplier": 2, "dry_sequence_breakers": ["a"]}):
         body = dict(greedy, temperature=1.0, seed=11, ignore_eos=True, **extra)
         s1, b1 = api.json("POST", "/v1/completions", body)
         s2, b2 = api.json("POST", "/v1/completions", body)
