@@ -25,6 +25,26 @@ using vulkan::BufferRange;
 size_t floats(int64_t count) { return static_cast<size_t>(count) * sizeof(float); }
 size_t ints(int64_t count) { return static_cast<size_t>(count) * sizeof(int32_t); }
 
+// Addresses reserved with PROT_NONE: never readable or writable by the host, each
+// naming device memory through its owner's bookkeeping (activations, KV pages, state).
+class Reservation {
+ public:
+  Reservation(size_t bytes, const char* what) : bytes_(bytes) {
+    void* at = mmap(nullptr, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (at == MAP_FAILED) throw std::runtime_error(std::string("vulkan: cannot reserve addresses for ") + what);
+    base_ = static_cast<uint8_t*>(at);
+  }
+  ~Reservation() { munmap(base_, bytes_); }
+  Reservation(const Reservation&) = delete;
+  Reservation& operator=(const Reservation&) = delete;
+  uint8_t* base() const { return base_; }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  size_t bytes_;
+  uint8_t* base_ = nullptr;
+};
+
 // A KV cache's pages in device memory: page i is K pool rows and V pool rows [i *
 // page_positions, (i + 1) * page_positions), so a K row and its V row share an index
 // (the attention shader's page tables count rows). Each pool is one buffer, grown by
@@ -40,12 +60,9 @@ class DevicePageStore final : public state::PageStore {
     if (max_pages_ == 0)
       throw std::runtime_error("vulkan: a KV page of " + std::to_string(std::max(shape.k_bytes, shape.v_bytes)) +
                                " bytes is larger than one storage binding spans (" + std::to_string(range) + ")");
-    reserved_bytes_ = max_pages_ * (shape.k_bytes + shape.v_bytes);
-    void* reserved = mmap(nullptr, reserved_bytes_, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (reserved == MAP_FAILED) throw std::runtime_error("vulkan: cannot reserve addresses for KV pages");
-    base_ = static_cast<uint8_t*>(reserved);
+    reserved_ = std::make_unique<Reservation>(max_pages_ * (shape.k_bytes + shape.v_bytes), "KV pages");
+    base_ = reserved_->base();
   }
-  ~DevicePageStore() override { munmap(base_, reserved_bytes_); }
 
   const void* owner() const { return owner_; }
   const Buffer& k_pool() const { return k_pool_; }
@@ -73,7 +90,7 @@ class DevicePageStore final : public state::PageStore {
 
  private:
   BufferRange where(const uint8_t* p) const {
-    if (p < base_ || p >= base_ + reserved_bytes_) throw std::logic_error("vulkan: an address outside the KV pages");
+    if (p < base_ || p >= base_ + reserved_->bytes()) throw std::logic_error("vulkan: an address outside the KV pages");
     if (p >= v_base()) return {&v_pool_, static_cast<size_t>(p - v_base()), 0};
     return {&k_pool_, static_cast<size_t>(p - base_), 0};
   }
@@ -99,8 +116,9 @@ class DevicePageStore final : public state::PageStore {
 
   std::shared_ptr<vulkan::Device> device_;
   const void* owner_;
-  size_t max_pages_ = 0, capacity_ = 0, reserved_bytes_ = 0;
-  uint8_t* base_ = nullptr;
+  size_t max_pages_ = 0, capacity_ = 0;
+  std::unique_ptr<Reservation> reserved_;
+  uint8_t* base_ = nullptr;  // reserved_'s
   Buffer k_pool_, v_pool_;
   std::vector<size_t> free_;
 };
@@ -119,12 +137,9 @@ class DeviceBlockStore final : public state::BlockStore {
                                   " bytes does not fit one storage binding (" + std::to_string(range) + ")");
     per_chunk_ = static_cast<size_t>(std::min<uint64_t>(range / block_bytes_, 16));
     max_chunks_ = std::max<size_t>(1, (size_t{1} << 40) / (per_chunk_ * block_bytes_));
-    reserved_bytes_ = max_chunks_ * per_chunk_ * block_bytes_;
-    void* reserved = mmap(nullptr, reserved_bytes_, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (reserved == MAP_FAILED) throw std::runtime_error("vulkan: cannot reserve addresses for recurrent state");
-    base_ = static_cast<uint8_t*>(reserved);
+    reserved_ = std::make_unique<Reservation>(max_chunks_ * per_chunk_ * block_bytes_, "recurrent state");
+    base_ = reserved_->base();
   }
-  ~DeviceBlockStore() override { munmap(base_, reserved_bytes_); }
 
   const void* owner() const { return owner_; }
   // Where p (inside a block) lies: its chunk's buffer and the offset in it.
@@ -176,8 +191,9 @@ class DeviceBlockStore final : public state::BlockStore {
 
   std::shared_ptr<vulkan::Device> device_;
   const void* owner_;
-  size_t block_bytes_ = 0, per_chunk_ = 0, max_chunks_ = 0, reserved_bytes_ = 0;
-  uint8_t* base_ = nullptr;
+  size_t block_bytes_ = 0, per_chunk_ = 0, max_chunks_ = 0;
+  std::unique_ptr<Reservation> reserved_;
+  uint8_t* base_ = nullptr;  // reserved_'s
   std::deque<Buffer> chunks_;  // deque: a recorded range's buffer stays where it is
   std::vector<size_t> free_;
 };
@@ -186,13 +202,10 @@ class VulkanBackend final : public Backend {
  public:
   VulkanBackend(std::shared_ptr<vulkan::Device> device, int cpu_threads)
       : device_(std::move(device)), ops_(*device_), cpu_(make_cpu_backend(cpu_threads)) {
-    // Addresses for activation memory: reserved, never readable or writable by the host.
-    void* reserved = mmap(nullptr, kReserved, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (reserved == MAP_FAILED) throw std::runtime_error("vulkan: cannot reserve addresses for activation memory");
-    reserved_ = static_cast<uint8_t*>(reserved);
+    // Addresses for activation memory: never readable or writable by the host.
+    reserved_ = reservation_.base();
     alignment_ = std::max<size_t>(device_->info().storage_offset_alignment, 4);
   }
-  ~VulkanBackend() override { munmap(reserved_, kReserved); }
 
   const char* name() const override { return "vulkan"; }
   uint64_t submissions() const override { return device_->submissions(); }
@@ -765,7 +778,8 @@ class VulkanBackend final : public Backend {
   std::shared_ptr<vulkan::Device> device_;  // shared with the KV page stores, which may outlive the backend
   vulkan::Ops ops_;
   std::unique_ptr<Backend> cpu_;
-  uint8_t* reserved_ = nullptr;
+  Reservation reservation_{kReserved, "activation memory"};
+  uint8_t* reserved_ = nullptr;  // reservation_'s
   size_t alignment_ = 4;
   Arena arena_;
   std::deque<Buffer> chunks_;  // deque: a recorded range's buffer stays where it is
