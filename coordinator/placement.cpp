@@ -1,0 +1,339 @@
+#include "placement.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+namespace pico::coordinator {
+
+namespace {
+
+constexpr double kInfinity = std::numeric_limits<double>::infinity();
+
+std::string mib(uint64_t bytes) { return fmt::format("{:.0f} MiB", static_cast<double>(bytes) / (1 << 20)); }
+
+// What the search needs, computed once: per worker, prefix sums of its layer times at
+// the step's batch; per layer range, its memory; per pair of workers, the link cost.
+class Costs {
+ public:
+  explicit Costs(const PlacementProblem& p) : p_(p), layers_(static_cast<int>(p.layers.size())) {
+    batch_ = p.objective == Objective::throughput ? std::max(1, p.concurrency) : 1;
+    const double n = batch_;
+    for (const WorkerMeasures& w : p.workers) {
+      std::vector<double> prefix(layers_ + 1, 0.0);
+      for (int l = 0; l < layers_; ++l) {
+        prefix[l + 1] = prefix[l] + std::max(w.decode_seconds[l], n * w.batch_seconds_per_token[l]);
+      }
+      time_prefix_.push_back(std::move(prefix));
+      head_.push_back(std::max(w.head_decode_seconds, n * w.head_batch_seconds_per_token));
+    }
+    // The memory of a range in O(1): stage_memory_bytes of a range is the prefix sums'
+    // difference plus the first and last stages' share.
+    for (int l = 0; l <= layers_; ++l) {
+      memory_prefix_.push_back(stage_memory_bytes(p, {0, l}) - p.first_stage_bytes -
+                               (l == layers_ ? p.last_stage_bytes : 0));
+    }
+  }
+
+  int layers() const { return layers_; }
+  int batch() const { return batch_; }
+  size_t workers() const { return p_.workers.size(); }
+
+  double compute(size_t w, int first, int last) const {
+    return time_prefix_[w][last] - time_prefix_[w][first] + (last == layers_ ? head_[w] : 0.0);
+  }
+  bool fits(size_t w, int first, int last) const {
+    const uint64_t bytes = memory_prefix_[static_cast<size_t>(last)] - memory_prefix_[static_cast<size_t>(first)] +
+                           (first == 0 ? p_.first_stage_bytes : 0) + (last == layers_ ? p_.last_stage_bytes : 0);
+    return bytes <= p_.workers[w].memory_bytes;
+  }
+  double from_coordinator(size_t w) const {
+    return transfer(p_.coordinator_links[w], p_.input_bytes_per_token);
+  }
+  double to_coordinator(size_t w) const { return transfer(p_.coordinator_links[w], p_.logits_bytes_per_token); }
+  double between(size_t from, size_t to) const { return transfer(link(from, to), p_.hidden_bytes_per_token); }
+
+ private:
+  LinkMeasure link(size_t from, size_t to) const {
+    if (from < p_.worker_links.size() && to < p_.worker_links[from].size() && p_.worker_links[from][to]) {
+      return *p_.worker_links[from][to];
+    }
+    const LinkMeasure& a = p_.coordinator_links[from];
+    const LinkMeasure& b = p_.coordinator_links[to];
+    return {std::max(a.latency_seconds, b.latency_seconds), std::min(a.bytes_per_second, b.bytes_per_second)};
+  }
+  double transfer(const LinkMeasure& link, uint64_t bytes_per_token) const {
+    return link.latency_seconds + static_cast<double>(bytes_per_token) * batch_ / link.bytes_per_second;
+  }
+
+  const PlacementProblem& p_;
+  int layers_ = 0;
+  int batch_ = 1;
+  std::vector<std::vector<double>> time_prefix_;
+  std::vector<double> head_;
+  std::vector<uint64_t> memory_prefix_;  // [l]: the layers [0, l) alone
+};
+
+// One chain of stages as the search found it: (worker, first layer) per stage.
+struct Chain {
+  double seconds = kInfinity;
+  std::vector<std::pair<size_t, int>> stages;  // worker, first layer; each ends where the next starts
+};
+
+// Every subset and order: best[mask] is the fastest chain using exactly the workers
+// of mask. dp over (mask, last worker, layers covered), the cost of the chain so far
+// (the coordinator's link in, each stage's compute and the link into it).
+std::vector<Chain> search_every_order(const Costs& c) {
+  const size_t W = c.workers();
+  const int L = c.layers();
+  const size_t masks = size_t{1} << W;
+  const auto at = [&](size_t mask, size_t last, int l) { return (mask * W + last) * (L + 1) + static_cast<size_t>(l); };
+  std::vector<double> dp(masks * W * (L + 1), kInfinity);
+  std::vector<int32_t> parent_last(dp.size(), -1), parent_layer(dp.size(), -1);
+  for (size_t w = 0; w < W; ++w) {
+    for (int l = 1; l <= L; ++l) {
+      if (c.fits(w, 0, l)) dp[at(size_t{1} << w, w, l)] = c.from_coordinator(w) + c.compute(w, 0, l);
+    }
+  }
+  for (size_t mask = 1; mask < masks; ++mask) {
+    for (size_t last = 0; last < W; ++last) {
+      if (!(mask & (size_t{1} << last))) continue;
+      for (int l = 1; l < L; ++l) {
+        const double here = dp[at(mask, last, l)];
+        if (here == kInfinity) continue;
+        for (size_t w = 0; w < W; ++w) {
+          if (mask & (size_t{1} << w)) continue;
+          const double link = here + c.between(last, w);
+          const size_t next_mask = mask | (size_t{1} << w);
+          for (int e = l + 1; e <= L; ++e) {
+            if (!c.fits(w, l, e)) break;  // a longer range holds more
+            const double cost = link + c.compute(w, l, e);
+            const size_t i = at(next_mask, w, e);
+            if (cost < dp[i]) {
+              dp[i] = cost;
+              parent_last[i] = static_cast<int32_t>(last);
+              parent_layer[i] = l;
+            }
+          }
+        }
+      }
+    }
+  }
+  std::vector<Chain> best(masks);
+  for (size_t mask = 1; mask < masks; ++mask) {
+    for (size_t last = 0; last < W; ++last) {
+      const double cost = dp[at(mask, last, L)] + c.to_coordinator(last);
+      if (!(cost < best[mask].seconds)) continue;
+      Chain chain{cost, {}};
+      size_t m = mask, w = last;
+      int l = L;
+      while (true) {
+        const size_t i = at(m, w, l);
+        const int first = parent_layer[i] < 0 ? 0 : parent_layer[i];
+        chain.stages.insert(chain.stages.begin(), {w, first});
+        if (parent_last[i] < 0) break;
+        m &= ~(size_t{1} << w);
+        w = static_cast<size_t>(parent_last[i]);
+        l = first;
+      }
+      best[mask] = std::move(chain);
+    }
+  }
+  return best;
+}
+
+// The workers in the order given, each taking part or not. required: a worker that
+// must take part (SIZE_MAX: none), for the reason a worker was left out.
+Chain search_in_order(const Costs& c, size_t required) {
+  const size_t W = c.workers();
+  const int L = c.layers();
+  // dp over (last worker, layers covered, whether `required` is in the chain).
+  const auto at = [&](size_t last, int l, int has) { return (last * (L + 1) + static_cast<size_t>(l)) * 2 + has; };
+  std::vector<double> dp(W * (L + 1) * 2, kInfinity);
+  std::vector<int64_t> parent(dp.size(), -1);
+  for (size_t w = 0; w < W; ++w) {
+    for (int l = 1; l <= L && c.fits(w, 0, l); ++l) dp[at(w, l, w == required)] = c.from_coordinator(w) + c.compute(w, 0, l);
+  }
+  for (size_t last = 0; last < W; ++last) {
+    for (int l = 1; l < L; ++l) {
+      for (int has = 0; has < 2; ++has) {
+        const double here = dp[at(last, l, has)];
+        if (here == kInfinity) continue;
+        for (size_t w = last + 1; w < W; ++w) {
+          const double link = here + c.between(last, w);
+          for (int e = l + 1; e <= L && c.fits(w, l, e); ++e) {
+            const size_t i = at(w, e, has || w == required);
+            const double cost = link + c.compute(w, l, e);
+            if (cost < dp[i]) {
+              dp[i] = cost;
+              parent[i] = static_cast<int64_t>(at(last, l, has));
+            }
+          }
+        }
+      }
+    }
+  }
+  Chain best;
+  const int need = required == SIZE_MAX ? 0 : 1;
+  for (size_t last = 0; last < W; ++last) {
+    for (int has = need; has < 2; ++has) {
+      const double cost = dp[at(last, L, has)] + c.to_coordinator(last);
+      if (!(cost < best.seconds)) continue;
+      best = {cost, {}};
+      for (int64_t i = static_cast<int64_t>(at(last, L, has)); i >= 0; i = parent[static_cast<size_t>(i)]) {
+        const size_t w = static_cast<size_t>(i) / 2 / static_cast<size_t>(L + 1);
+        const int64_t p = parent[static_cast<size_t>(i)];
+        const int first = p < 0 ? 0 : static_cast<int>(static_cast<size_t>(p) / 2 % static_cast<size_t>(L + 1));
+        best.stages.insert(best.stages.begin(), {w, first});
+      }
+    }
+  }
+  return best;
+}
+
+void check_problem(const PlacementProblem& p) {
+  if (p.layers.empty()) throw std::invalid_argument("placement: the model has no layers");
+  if (p.workers.empty()) throw std::invalid_argument("placement: no worker");
+  if (p.coordinator_links.size() != p.workers.size()) {
+    throw std::invalid_argument("placement: one coordinator link per worker");
+  }
+  if (p.ctx <= 0 || p.parallel <= 0 || p.page_positions <= 0 || p.concurrency <= 0) {
+    throw std::invalid_argument("placement: ctx, parallel, page positions and concurrency must be positive");
+  }
+  const auto check_link = [](const LinkMeasure& l, const std::string& what) {
+    if (!(l.bytes_per_second > 0) || !(l.latency_seconds >= 0) || !std::isfinite(l.latency_seconds)) {
+      throw std::invalid_argument("placement: the link " + what + " has no positive bandwidth or a bad latency");
+    }
+  };
+  for (size_t i = 0; i < p.workers.size(); ++i) {
+    const WorkerMeasures& w = p.workers[i];
+    if (w.decode_seconds.size() != p.layers.size() || w.batch_seconds_per_token.size() != p.layers.size()) {
+      throw std::invalid_argument("placement: worker " + w.name + " has no time for every layer");
+    }
+    const auto bad = [](double s) { return !(s >= 0) || !std::isfinite(s); };
+    if (std::any_of(w.decode_seconds.begin(), w.decode_seconds.end(), bad) ||
+        std::any_of(w.batch_seconds_per_token.begin(), w.batch_seconds_per_token.end(), bad) ||
+        bad(w.head_decode_seconds) || bad(w.head_batch_seconds_per_token)) {
+      throw std::invalid_argument("placement: worker " + w.name + " has a negative or non-finite time");
+    }
+    check_link(p.coordinator_links[i], "coordinator - " + w.name);
+  }
+  for (size_t i = 0; i < p.worker_links.size(); ++i) {
+    for (size_t j = 0; j < p.worker_links[i].size(); ++j) {
+      if (p.worker_links[i][j]) check_link(*p.worker_links[i][j], p.workers.at(i).name + " -> " + p.workers.at(j).name);
+    }
+  }
+}
+
+// Why worker w holds no layer at all, or empty when it holds some range.
+std::string cannot_hold(const PlacementProblem& p, const Costs& c, size_t w) {
+  const int L = c.layers();
+  for (int l = 0; l < L; ++l) {
+    if (c.fits(w, l, l + 1)) return {};
+  }
+  uint64_t smallest = UINT64_MAX;
+  for (int l = 0; l < L; ++l) smallest = std::min(smallest, stage_memory_bytes(p, {l, l + 1}));
+  return fmt::format("it offers {} ({} bytes) but the smallest layer takes {} ({} bytes) with the state of {} x {} "
+                     "positions",
+                     mib(p.workers[w].memory_bytes), p.workers[w].memory_bytes, mib(smallest), smallest, p.parallel,
+                     p.ctx);
+}
+
+Placement make_placement(const PlacementProblem& p, const Costs& c, const Chain& chain) {
+  Placement out;
+  out.batch = c.batch();
+  out.step_seconds = chain.seconds;
+  out.tokens_per_second = c.batch() / chain.seconds;
+  for (size_t s = 0; s < chain.stages.size(); ++s) {
+    const auto [w, first] = chain.stages[s];
+    const bool last_stage = s + 1 == chain.stages.size();
+    const int last = last_stage ? c.layers() : chain.stages[s + 1].second;
+    PlacedStage stage;
+    stage.worker = w;
+    stage.layers = {first, last};
+    stage.compute_seconds = c.compute(w, first, last);
+    stage.send_seconds = last_stage ? c.to_coordinator(w) : c.between(w, chain.stages[s + 1].first);
+    stage.memory_bytes = stage_memory_bytes(p, stage.layers);
+    out.stages.push_back(stage);
+  }
+  return out;
+}
+
+}  // namespace
+
+Objective parse_objective(const std::string& text) {
+  if (text == "latency") return Objective::latency;
+  if (text == "throughput") return Objective::throughput;
+  throw std::invalid_argument("objective '" + text + "' is not latency or throughput");
+}
+
+const char* to_string(Objective objective) { return objective == Objective::latency ? "latency" : "throughput"; }
+
+uint64_t stage_memory_bytes(const PlacementProblem& p, model::LayerRange layers) {
+  const int64_t pages = (p.ctx + p.page_positions - 1) / p.page_positions;
+  const uint64_t positions = static_cast<uint64_t>(pages * p.page_positions);
+  uint64_t weights = 0, per_sequence = 0;
+  for (int l = layers.first; l < layers.last; ++l) {
+    const LayerNeeds& n = p.layers[static_cast<size_t>(l)];
+    weights += n.weight_bytes;
+    per_sequence += n.kv_bytes_per_position * positions + n.state_bytes_per_sequence;
+  }
+  if (layers.first == 0) weights += p.first_stage_bytes;
+  if (layers.last == static_cast<int>(p.layers.size())) weights += p.last_stage_bytes;
+  return weights + per_sequence * static_cast<uint64_t>(p.parallel);
+}
+
+Placement place(const PlacementProblem& p) {
+  check_problem(p);
+  const Costs c(p);
+  const size_t W = p.workers.size();
+  const bool every_order = W <= p.exhaustive_order_limit && W < 20;
+  Chain best;
+  std::vector<double> best_with(W, kInfinity);  // the fastest chain that uses each worker
+  if (every_order) {
+    const std::vector<Chain> by_mask = search_every_order(c);
+    for (size_t mask = 1; mask < by_mask.size(); ++mask) {
+      if (by_mask[mask].seconds < best.seconds) best = by_mask[mask];
+      for (size_t w = 0; w < W; ++w) {
+        if (mask & (size_t{1} << w)) best_with[w] = std::min(best_with[w], by_mask[mask].seconds);
+      }
+    }
+  } else {
+    best = search_in_order(c, SIZE_MAX);
+  }
+  if (best.seconds == kInfinity) {
+    std::string why = fmt::format("no placement of the model's {} layers fits the workers' memory (state of {} "
+                                  "sequences x {} positions; the whole model takes {}):",
+                                  c.layers(), p.parallel, p.ctx, mib(stage_memory_bytes(p, {0, c.layers()})));
+    for (size_t w = 0; w < W; ++w) {
+      const std::string reason = cannot_hold(p, c, w);
+      why += fmt::format(" {} offers {}{}{};", p.workers[w].name, mib(p.workers[w].memory_bytes),
+                         reason.empty() ? "" : ", ", reason.empty() ? "" : "not even one layer");
+    }
+    throw PlacementError(why + " lower ctx or parallel, or add workers");
+  }
+  Placement out = make_placement(p, c, best);
+  out.every_order = every_order;
+  out.excluded.assign(W, {});
+  std::vector<bool> used(W, false);
+  for (const PlacedStage& s : out.stages) used[s.worker] = true;
+  for (size_t w = 0; w < W; ++w) {
+    if (used[w]) continue;
+    if (const std::string reason = cannot_hold(p, c, w); !reason.empty()) {
+      out.excluded[w] = "holds no layer: " + reason;
+      continue;
+    }
+    const double with = every_order ? best_with[w] : search_in_order(c, w).seconds;
+    if (with == kInfinity) {
+      out.excluded[w] = "no placement that uses it fits the other workers' memory";
+    } else {
+      out.excluded[w] = fmt::format("the best placement that uses it predicts {:.2f} tok/s, the chosen one {:.2f}",
+                                    c.batch() / with, out.tokens_per_second);
+    }
+  }
+  return out;
+}
+
+}  // namespace pico::coordinator

@@ -1,0 +1,112 @@
+// Placement: which workers take part, in which order, and which contiguous layer
+// range each runs, chosen from what each worker measured (its profile: seconds per
+// layer at batch 1 and per token at a prefill-sized batch, and the memory it offers)
+// and what each link measured (latency, bandwidth), subject to memory: a stage holds
+// its layers' weights plus the KV and recurrent state of `parallel` sequences of `ctx`
+// positions.
+//
+// The cost model is pico's scheduler: a step carries the next token of every
+// decoding sequence through every stage and back, and a sequence's next step waits
+// for its logits, so the time per step is a sum over the stages (compute, then the
+// hidden states sent on) plus the coordinator's two links. The objective sets the
+// step's batch: `latency` one token (one stream), `throughput` `concurrency` tokens
+// (that many streams at once). A layer's time at batch n is a roofline,
+// max(decode time, n x per-token time at the prefill batch): reading the weights
+// bounds a small batch, arithmetic a large one. Both objectives are then additive over
+// stages, and the search is exact: dynamic programming over (workers used, last
+// worker, layers covered) tries every subset and order of up to
+// `exhaustive_order_limit` workers; beyond that the workers keep the order given and
+// the search chooses which take part and their ranges.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "model/model.hpp"
+
+namespace pico::coordinator {
+
+enum class Objective { latency, throughput };
+
+// Throws std::invalid_argument unless "latency" or "throughput".
+Objective parse_objective(const std::string& text);
+const char* to_string(Objective objective);
+
+// What a layer needs wherever it runs.
+struct LayerNeeds {
+  uint64_t weight_bytes = 0;
+  uint64_t kv_bytes_per_position = 0;     // one sequence
+  uint64_t state_bytes_per_sequence = 0;  // recurrent state and its checkpoints
+};
+
+// One worker's profile, over every layer of the model.
+struct WorkerMeasures {
+  std::string name;                              // its address, for messages
+  std::vector<double> decode_seconds;            // per layer: a batch of one token
+  std::vector<double> batch_seconds_per_token;   // per layer: per token of a prefill-sized batch
+  double head_decode_seconds = 0;                // output norm and head (the last stage)
+  double head_batch_seconds_per_token = 0;
+  uint64_t memory_bytes = 0;                     // what it offers for weights + KV + state
+};
+
+struct LinkMeasure {
+  double latency_seconds = 0;  // one way
+  double bytes_per_second = 0;  // > 0
+};
+
+struct PlacementProblem {
+  std::vector<LayerNeeds> layers;
+  uint64_t first_stage_bytes = 0;  // read by the stage holding layer 0 (token embeddings)
+  uint64_t last_stage_bytes = 0;   // read by the stage holding the last layer (output norm, head)
+  int64_t ctx = 4096;              // positions per sequence
+  int64_t page_positions = 1;      // KV grows in pages of this many positions
+  int parallel = 1;                // sequences holding state at once
+  uint64_t input_bytes_per_token = 4;    // coordinator -> first stage (a token id)
+  uint64_t hidden_bytes_per_token = 0;   // stage -> stage (n_embd values)
+  uint64_t logits_bytes_per_token = 0;   // last stage -> coordinator
+  std::vector<WorkerMeasures> workers;
+  std::vector<LinkMeasure> coordinator_links;  // per worker: coordinator <-> worker
+  // [i][j]: worker i sends to worker j. Missing (or empty): estimated from the two
+  // workers' coordinator links (the larger latency, the smaller bandwidth).
+  std::vector<std::vector<std::optional<LinkMeasure>>> worker_links;
+  Objective objective = Objective::latency;
+  int concurrency = 1;  // throughput: tokens per step
+  size_t exhaustive_order_limit = 8;
+};
+
+struct PlacedStage {
+  size_t worker = 0;  // index into PlacementProblem::workers
+  model::LayerRange layers;
+  double compute_seconds = 0;  // its layers (and the head on the last stage) for one step
+  double send_seconds = 0;     // its output to the next stage (the last: to the coordinator)
+  uint64_t memory_bytes = 0;   // weights + state it holds
+};
+
+struct Placement {
+  std::vector<PlacedStage> stages;
+  int batch = 1;               // tokens per step
+  double step_seconds = 0;     // one step through every stage and back
+  double tokens_per_second = 0;  // batch / step_seconds
+  bool every_order = true;     // every order of the workers was tried
+  // Per worker: empty when it takes part, else why it was left out.
+  std::vector<std::string> excluded;
+};
+
+// No placement holds the model (the text says which worker could hold what).
+class PlacementError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// Throws std::invalid_argument for a malformed problem (sizes that disagree, no
+// worker, a non-positive bandwidth), PlacementError when nothing fits.
+Placement place(const PlacementProblem& problem);
+
+// The bytes a stage of `layers` holds on a worker (weights, its share of the
+// embeddings / head, state of `parallel` sequences of ctx positions).
+uint64_t stage_memory_bytes(const PlacementProblem& problem, model::LayerRange layers);
+
+}  // namespace pico::coordinator

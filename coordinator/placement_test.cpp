@@ -1,0 +1,301 @@
+#include "placement.hpp"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <functional>
+#include <numeric>
+#include <random>
+
+namespace pico::coordinator {
+namespace {
+
+// A model of `layers` equal layers: 100 bytes of weights each, no KV, no state.
+PlacementProblem equal_layers(int layers) {
+  PlacementProblem p;
+  p.layers.assign(static_cast<size_t>(layers), LayerNeeds{100, 0, 0});
+  p.ctx = 1;
+  p.parallel = 1;
+  p.input_bytes_per_token = 0;
+  p.hidden_bytes_per_token = 0;
+  p.logits_bytes_per_token = 0;
+  return p;
+}
+
+void add_worker(PlacementProblem& p, const std::string& name, double decode, double batch_per_token,
+                uint64_t memory, double latency = 0.001) {
+  WorkerMeasures w;
+  w.name = name;
+  w.decode_seconds.assign(p.layers.size(), decode);
+  w.batch_seconds_per_token.assign(p.layers.size(), batch_per_token);
+  w.memory_bytes = memory;
+  p.workers.push_back(w);
+  p.coordinator_links.push_back({latency, 1e9});
+}
+
+struct Expected {
+  size_t worker;
+  int first, last;
+};
+void expect_stages(const Placement& placement, const std::vector<Expected>& expected) {
+  ASSERT_EQ(placement.stages.size(), expected.size());
+  for (size_t i = 0; i < expected.size(); ++i) {
+    EXPECT_EQ(placement.stages[i].worker, expected[i].worker) << "stage " << i;
+    EXPECT_EQ(placement.stages[i].layers.first, expected[i].first) << "stage " << i;
+    EXPECT_EQ(placement.stages[i].layers.last, expected[i].last) << "stage " << i;
+  }
+}
+
+TEST(Placement, OneWorkerThatHoldsEverythingBeatsAnExtraHop) {
+  PlacementProblem p = equal_layers(4);
+  add_worker(p, "a", 0.01, 0.001, 1000);
+  add_worker(p, "b", 0.011, 0.001, 1000);
+  const Placement placement = place(p);
+  ASSERT_EQ(placement.stages.size(), 1u);
+  EXPECT_EQ(placement.stages[0].worker, 0u);
+  EXPECT_EQ(placement.stages[0].layers.last, 4);
+  // in 1 ms + 4 x 10 ms + out 1 ms
+  EXPECT_NEAR(placement.step_seconds, 0.042, 1e-12);
+  EXPECT_NEAR(placement.tokens_per_second, 1 / 0.042, 1e-9);
+  // With b: alone 46 ms; one layer on it beside three on a, 1 + 30 + 1 + 11 + 1 = 44 ms.
+  EXPECT_NE(placement.excluded[1].find("predicts 22.73 tok/s, the chosen one 23.81"), std::string::npos)
+      << placement.excluded[1];
+  EXPECT_TRUE(placement.excluded[0].empty());
+}
+
+TEST(Placement, MemorySplitsTheLayersAndCountsTheHeadAndTheState) {
+  PlacementProblem p = equal_layers(4);
+  p.last_stage_bytes = 50;  // the head
+  p.layers.assign(4, LayerNeeds{100, 2, 10});
+  p.ctx = 5;
+  p.page_positions = 4;  // 5 positions take 2 pages: 8 positions
+  p.parallel = 3;
+  // a layer with its state: 100 + 3 x (2 x 8 + 10) = 178 bytes
+  EXPECT_EQ(stage_memory_bytes(p, {0, 1}), 178u);
+  EXPECT_EQ(stage_memory_bytes(p, {2, 4}), 2 * 178u + 50);
+  add_worker(p, "fast", 0.01, 0.001, 2 * 178);        // two layers, not the head
+  add_worker(p, "slow", 0.02, 0.002, 2 * 178 + 50);   // two layers and the head
+  const Placement placement = place(p);
+  expect_stages(placement, {{0, 0, 2}, {1, 2, 4}});
+  EXPECT_EQ(placement.stages[1].memory_bytes, 2 * 178u + 50);
+  p.workers[1].memory_bytes -= 1;
+  EXPECT_THROW(place(p), PlacementError);
+}
+
+TEST(Placement, TheFasterWorkerTakesTheLayersItsMemoryHolds) {
+  PlacementProblem p = equal_layers(6);
+  add_worker(p, "slow", 0.03, 0.003, 600);
+  add_worker(p, "fast", 0.01, 0.001, 400);
+  // fast holds 4 layers; with slow after it (1 ms more) 4 x 10 + 2 x 30 = 100 ms; slow
+  // first is the same sum, and either order has the same hops: the fastest chain puts
+  // 4 layers on `fast`.
+  const Placement placement = place(p);
+  ASSERT_EQ(placement.stages.size(), 2u);
+  for (const PlacedStage& s : placement.stages) {
+    EXPECT_EQ(s.layers.last - s.layers.first, s.worker == 1 ? 4 : 2);
+  }
+  EXPECT_NEAR(placement.step_seconds, 0.001 + 0.04 + 0.06 + 0.001 + 0.001, 1e-12);
+}
+
+TEST(Placement, TheObjectiveSetsTheBatchAndSoWhoIsFaster) {
+  // A CPU-like worker: fast at one token, slow per token of a batch; a GPU-like one:
+  // slower at one token, fast in a batch. Each holds the whole model.
+  PlacementProblem p = equal_layers(4);
+  add_worker(p, "cpu", 0.005, 0.004, 1000);
+  add_worker(p, "gpu", 0.010, 0.0001, 1000);
+  p.objective = Objective::latency;
+  Placement latency = place(p);
+  expect_stages(latency, {{0, 0, 4}});
+  EXPECT_EQ(latency.batch, 1);
+  p.objective = Objective::throughput;
+  p.concurrency = 32;  // cpu: max(5 ms, 32 x 4 ms) = 128 ms a layer; gpu: max(10 ms, 3.2 ms)
+  Placement throughput = place(p);
+  expect_stages(throughput, {{1, 0, 4}});
+  EXPECT_EQ(throughput.batch, 32);
+  EXPECT_NEAR(throughput.tokens_per_second, 32 / (0.001 + 4 * 0.010 + 0.001), 1e-9);
+}
+
+TEST(Placement, LinksChooseTheOrder) {
+  PlacementProblem p = equal_layers(3);
+  for (const char* name : {"a", "b", "c"}) add_worker(p, name, 0.01, 0.001, 100);  // one layer each
+  p.hidden_bytes_per_token = 1000;
+  p.worker_links.assign(3, std::vector<std::optional<LinkMeasure>>(3, LinkMeasure{0.050, 1e9}));
+  p.worker_links[2][0] = LinkMeasure{0.001, 1e9};  // c -> a is the only fast hop, then a -> b
+  p.worker_links[0][1] = LinkMeasure{0.001, 1e9};
+  const Placement placement = place(p);
+  expect_stages(placement, {{2, 0, 1}, {0, 1, 2}, {1, 2, 3}});
+  EXPECT_NEAR(placement.stages[0].send_seconds, 0.001 + 1000 / 1e9, 1e-12);
+}
+
+TEST(Placement, AWorkerThatHoldsNoLayerIsToldWhy) {
+  PlacementProblem p = equal_layers(2);
+  add_worker(p, "big", 0.01, 0.001, 1000);
+  add_worker(p, "tiny", 0.001, 0.0001, 99);
+  const Placement placement = place(p);
+  expect_stages(placement, {{0, 0, 2}});
+  EXPECT_NE(placement.excluded[1].find("holds no layer"), std::string::npos) << placement.excluded[1];
+  EXPECT_NE(placement.excluded[1].find("100 bytes"), std::string::npos) << placement.excluded[1];
+}
+
+TEST(Placement, NothingFitsNamesEveryWorker) {
+  PlacementProblem p = equal_layers(4);
+  add_worker(p, "w0", 0.01, 0.001, 150);
+  add_worker(p, "w1", 0.01, 0.001, 50);
+  try {
+    place(p);
+    FAIL() << "expected PlacementError";
+  } catch (const PlacementError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("w0"), std::string::npos) << what;
+    EXPECT_NE(what.find("w1 offers 0 MiB, not even one layer"), std::string::npos) << what;
+  }
+}
+
+TEST(Placement, MalformedProblemsAreRefused) {
+  PlacementProblem p = equal_layers(2);
+  EXPECT_THROW(place(p), std::invalid_argument);  // no worker
+  add_worker(p, "a", 0.01, 0.001, 1000);
+  p.workers[0].decode_seconds.pop_back();
+  EXPECT_THROW(place(p), std::invalid_argument);
+  p.workers[0].decode_seconds.push_back(-1);
+  EXPECT_THROW(place(p), std::invalid_argument);
+  p.workers[0].decode_seconds.back() = 0.01;
+  p.coordinator_links[0].bytes_per_second = 0;
+  EXPECT_THROW(place(p), std::invalid_argument);
+  EXPECT_THROW(parse_objective("fastest"), std::invalid_argument);
+  EXPECT_EQ(parse_objective("throughput"), Objective::throughput);
+}
+
+// The reference: every ordered subset of workers and every split of the layers into
+// that many non-empty ranges, costed directly from the definition.
+double brute_force(const PlacementProblem& p, bool keep_order) {
+  const size_t W = p.workers.size();
+  const int L = static_cast<int>(p.layers.size());
+  const int batch = p.objective == Objective::throughput ? p.concurrency : 1;
+  const auto layer_time = [&](size_t w, int l) {
+    return std::max(p.workers[w].decode_seconds[l], batch * p.workers[w].batch_seconds_per_token[l]);
+  };
+  const auto link = [&](size_t a, size_t b) -> LinkMeasure {
+    if (p.worker_links.size() > a && p.worker_links[a].size() > b && p.worker_links[a][b]) return *p.worker_links[a][b];
+    return {std::max(p.coordinator_links[a].latency_seconds, p.coordinator_links[b].latency_seconds),
+            std::min(p.coordinator_links[a].bytes_per_second, p.coordinator_links[b].bytes_per_second)};
+  };
+  const auto send = [&](const LinkMeasure& l, uint64_t bytes) {
+    return l.latency_seconds + static_cast<double>(bytes) * batch / l.bytes_per_second;
+  };
+  double best = std::numeric_limits<double>::infinity();
+  std::vector<size_t> order;
+  std::vector<bool> taken(W, false);
+  // cuts[i]: where stage i ends
+  std::function<void(int, double)> split;
+  std::function<void()> choose;
+  std::vector<int> cuts;
+  split = [&](int from, double cost) {
+    const size_t s = cuts.size();
+    const size_t w = order[s];
+    for (int to = from + 1; to <= L; ++to) {
+      const bool last = s + 1 == order.size();
+      if (last != (to == L)) continue;
+      if (stage_memory_bytes(p, {from, to}) > p.workers[w].memory_bytes) continue;
+      double c = cost;
+      for (int l = from; l < to; ++l) c += layer_time(w, l);
+      if (last) {
+        c += std::max(p.workers[w].head_decode_seconds, batch * p.workers[w].head_batch_seconds_per_token);
+        c += send(p.coordinator_links[w], p.logits_bytes_per_token);
+        best = std::min(best, c);
+      } else {
+        c += send(link(w, order[s + 1]), p.hidden_bytes_per_token);
+        cuts.push_back(to);
+        split(to, c);
+        cuts.pop_back();
+      }
+    }
+  };
+  choose = [&] {
+    if (!order.empty()) split(0, send(p.coordinator_links[order[0]], p.input_bytes_per_token));
+    for (size_t w = 0; w < W; ++w) {
+      if (taken[w] || (keep_order && !order.empty() && w < order.back())) continue;
+      taken[w] = true;
+      order.push_back(w);
+      choose();
+      order.pop_back();
+      taken[w] = false;
+    }
+  };
+  choose();
+  return best;
+}
+
+TEST(Placement, MatchesEveryOrderedSplitOnRandomClusters) {
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<double> time(0.001, 0.02), latency(0.0, 0.01), bandwidth(1e6, 1e9);
+  std::uniform_int_distribution<int> layer_count(1, 7), worker_count(1, 4);
+  std::uniform_int_distribution<uint64_t> weights(10, 100), memory(50, 500);
+  int checked = 0;
+  for (int trial = 0; trial < 300; ++trial) {
+    PlacementProblem p;
+    const int L = layer_count(rng);
+    for (int l = 0; l < L; ++l) p.layers.push_back({weights(rng), weights(rng) % 3, weights(rng) % 5});
+    p.first_stage_bytes = weights(rng);
+    p.last_stage_bytes = weights(rng);
+    p.ctx = 1 + static_cast<int64_t>(weights(rng) % 4);
+    p.page_positions = 2;
+    p.parallel = 1 + static_cast<int>(weights(rng) % 2);
+    p.hidden_bytes_per_token = weights(rng) * 1000;
+    p.logits_bytes_per_token = weights(rng) * 100;
+    p.objective = trial % 2 ? Objective::throughput : Objective::latency;
+    p.concurrency = 1 + trial % 16;
+    const int W = worker_count(rng);
+    for (int w = 0; w < W; ++w) {
+      WorkerMeasures m;
+      m.name = "w" + std::to_string(w);
+      for (int l = 0; l < L; ++l) {
+        m.decode_seconds.push_back(time(rng));
+        m.batch_seconds_per_token.push_back(time(rng) / 10);
+      }
+      m.head_decode_seconds = time(rng);
+      m.head_batch_seconds_per_token = time(rng) / 10;
+      m.memory_bytes = memory(rng) * static_cast<uint64_t>(L);
+      p.workers.push_back(m);
+      p.coordinator_links.push_back({latency(rng), bandwidth(rng)});
+    }
+    if (trial % 3 == 0) {
+      p.worker_links.assign(static_cast<size_t>(W), std::vector<std::optional<LinkMeasure>>(static_cast<size_t>(W)));
+      for (auto& row : p.worker_links) {
+        for (auto& link : row) {
+          if (rng() % 2) link = LinkMeasure{latency(rng), bandwidth(rng)};
+        }
+      }
+    }
+    for (const bool keep_order : {false, true}) {
+      p.exhaustive_order_limit = keep_order ? 0 : 8;
+      const double expected = brute_force(p, keep_order);
+      if (expected == std::numeric_limits<double>::infinity()) {
+        EXPECT_THROW(place(p), PlacementError) << "trial " << trial;
+        continue;
+      }
+      const Placement placement = place(p);
+      EXPECT_EQ(placement.every_order, !keep_order);
+      EXPECT_NEAR(placement.step_seconds, expected, 1e-12) << "trial " << trial << (keep_order ? " in order" : "");
+      // The stages it reports add up to the step and tile the layers.
+      double sum = 0;
+      int next = 0;
+      for (const PlacedStage& s : placement.stages) {
+        EXPECT_EQ(s.layers.first, next);
+        next = s.layers.last;
+        sum += s.compute_seconds + s.send_seconds;
+        EXPECT_LE(s.memory_bytes, p.workers[s.worker].memory_bytes);
+      }
+      EXPECT_EQ(next, L);
+      const double in = p.coordinator_links[placement.stages[0].worker].latency_seconds +
+                        static_cast<double>(p.input_bytes_per_token) * placement.batch /
+                            p.coordinator_links[placement.stages[0].worker].bytes_per_second;
+      EXPECT_NEAR(sum + in, placement.step_seconds, 1e-12);
+      ++checked;
+    }
+  }
+  EXPECT_GT(checked, 300);  // most random clusters have a placement
+}
+
+}  // namespace
+}  // namespace pico::coordinator
