@@ -62,6 +62,15 @@ ClusterConfig load_cluster_config(const std::string& path) {
       if (!address) throw std::runtime_error(path + ": a [[worker]] has no address");
       e.address = *address;
       if (auto layers = (*w)["layers"].value<std::string>()) e.layers = worker::parse_layers(*layers);
+      if (auto memory = (*w)["memory"].value<std::string>()) {
+        try {
+          e.memory = worker::parse_byte_size(*memory);
+        } catch (const std::exception& ex) {
+          throw std::runtime_error(path + ": worker " + e.address + ": memory: " + ex.what());
+        }
+      } else if ((*w).contains("memory")) {
+        throw std::runtime_error(path + ": worker " + e.address + ": memory must be a string such as \"6G\"");
+      }
       if (auto key = (*w)["public_key"].value<std::string>()) {
         try {
           e.public_key = net::is_z85_key(*key) ? *key : net::read_public_key_file(relative_to(path, *key));

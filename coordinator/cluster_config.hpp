@@ -15,6 +15,7 @@
 //   address = "tcp://10.0.0.2:7701"
 //   layers = "0-15"            # optional: checked against what the worker serves
 //   public_key = "w0.public"   # with [security]: the worker's public key (a file or the Z85 key)
+//   memory = "6G"              # optional: the most of its memory placement may plan for (pico plan)
 //
 // Relative key paths are read relative to the file's folder.
 #pragma once
@@ -31,6 +32,7 @@ struct WorkerEntry {
   std::string address;
   std::optional<model::LayerRange> layers;
   std::string public_key;  // Z85; empty: an open link
+  std::optional<uint64_t> memory;  // placement plans for at most this much of its memory
 };
 
 struct ClusterConfig {

@@ -75,8 +75,8 @@ std::string security_error(const std::vector<WorkerEntry>& workers, bool secret)
 }
 
 TEST(ClusterSecurity, AllCurveOrAllOpen) {
-  const WorkerEntry keyed_a{"tcp://a:1", std::nullopt, kKey}, keyed_b{"tcp://b:1", std::nullopt, kOtherKey};
-  const WorkerEntry open_b{"tcp://b:1", std::nullopt, ""};
+  const WorkerEntry keyed_a{"tcp://a:1", std::nullopt, kKey, std::nullopt}, keyed_b{"tcp://b:1", std::nullopt, kOtherKey, std::nullopt};
+  const WorkerEntry open_b{"tcp://b:1", std::nullopt, "", std::nullopt};
   EXPECT_EQ(security_error({keyed_a, keyed_b}, true), "(accepted)");
   EXPECT_EQ(security_error({open_b}, false), "(accepted)");
   EXPECT_EQ(security_error({}, false), "(accepted)");  // in-process
@@ -85,6 +85,18 @@ TEST(ClusterSecurity, AllCurveOrAllOpen) {
   EXPECT_NE(mixed.find("tcp://b:1 has none"), std::string::npos) << mixed;
   EXPECT_NE(security_error({keyed_a, keyed_b}, false).find("--secret-key"), std::string::npos);
   EXPECT_NE(security_error({open_b}, true).find("--worker-key"), std::string::npos);
+}
+
+TEST_F(ClusterConfigFile, AWorkersMemoryCapIsASize) {
+  const ClusterConfig c = load_cluster_config(write(
+      "[[worker]]\naddress = \"tcp://a:1\"\nmemory = \"1.5G\"\n[[worker]]\naddress = \"tcp://b:1\"\n"));
+  ASSERT_EQ(c.workers.size(), 2u);
+  EXPECT_EQ(c.workers[0].memory, uint64_t{3} << 29);
+  EXPECT_FALSE(c.workers[1].memory);
+  EXPECT_NE(error_of("[[worker]]\naddress = \"tcp://a:1\"\nmemory = 100\n").find("memory must be a string"),
+            std::string::npos);
+  EXPECT_NE(error_of("[[worker]]\naddress = \"tcp://a:1\"\nmemory = \"lots\"\n").find("worker tcp://a:1: memory"),
+            std::string::npos);
 }
 
 }  // namespace

@@ -173,7 +173,7 @@ int main(int argc, char** argv) {
     }
     for (size_t i = 0; i < worker_addresses.size(); ++i) {
       workers.push_back({worker_addresses[i], std::nullopt,
-                         worker_keys.empty() ? std::string() : net::public_key_from(worker_keys[i])});
+                         worker_keys.empty() ? std::string() : net::public_key_from(worker_keys[i]), std::nullopt});
     }
     std::optional<net::KeyPair> own_keys;
     if (!secret_key_path.empty()) own_keys = net::read_secret_key_file(secret_key_path);

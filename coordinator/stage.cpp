@@ -214,6 +214,11 @@ void RemoteStage::hello(int timeout_ms) {
   info_.limits.state_bytes_per_sequence = limits.getStateBytesPerSequence();
   info_.limits.page_positions = limits.getPagePositions();
   info_.limits.max_message_bytes = limits.getMaxMessageBytes();
+  try {
+    info_.profile = worker::read_profile(caps.getProfile(), static_cast<int32_t>(info_.identity.n_layer));
+  } catch (const std::invalid_argument& e) {
+    fail(std::string("sent a malformed profile: ") + e.what());
+  }
   // One coordinator owns a worker at a time: another live session's worker is not
   // used unless asked (a hung worker back from a pause is still this session's).
   const uint64_t owner = caps.getSession();
@@ -254,7 +259,40 @@ void RemoteStage::estimate_clock_offset() {
       break;
     }
   }
+  info_.round_trip_seconds = static_cast<double>(best_rtt) * 1e-9;
   spdlog::debug("worker {}: clock offset {} ns (round trip {} ns)", address_, clock_offset_, best_rtt);
+}
+
+double RemoteStage::probe_round_trip(uint64_t probe_bytes, int tries) {
+  uint64_t best = UINT64_MAX;
+  for (int i = 0; i < tries; ++i) {
+    protocol::Builder ping;
+    const uint64_t t0 = protocol::steady_nanos();
+    auto h = ping.envelope().getBody().initHeartbeat();
+    h.setSentNanos(t0);
+    h.setProbeBytes(probe_bytes);
+    std::vector<zmq::message_t> payload;
+    if (probe_bytes > 0) payload.emplace_back(static_cast<size_t>(probe_bytes));
+    send(ping, std::move(payload));
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(options_.connect_timeout_ms);
+    while (true) {
+      check_alive();
+      auto msg = net::receive(socket_, false, 50);
+      const uint64_t t2 = protocol::steady_nanos();
+      if (!msg) {
+        if (std::chrono::steady_clock::now() >= deadline) fail("no answer to a bandwidth probe");
+        continue;
+      }
+      protocol::Decoded d(msg->header_bytes());
+      if (d.which() == Envelope::Body::ERROR) fail("refused a bandwidth probe: " + error_text(d.envelope()));
+      if (d.which() != Envelope::Body::HEARTBEAT) continue;
+      const auto answer = d.envelope().getBody().getHeartbeat();
+      if (answer.getEchoNanos() != t0 || answer.getProbeBytes() != probe_bytes) continue;
+      best = std::min(best, t2 - t0);
+      break;
+    }
+  }
+  return static_cast<double>(best) * 1e-9;
 }
 
 void RemoteStage::fail(const std::string& what, uint64_t step) const {

@@ -16,6 +16,7 @@
 #include "model/model.hpp"
 #include "net.hpp"
 #include "protocol.hpp"
+#include "profile.hpp"
 #include "stage_engine.hpp"
 
 namespace pico::coordinator {
@@ -42,6 +43,8 @@ struct StageInfo {
   uint32_t cores = 0, threads = 0;
   uint64_t memory_bytes = 0;
   worker::StageLimits limits;      // what the stage holds at most (protocol Limits)
+  std::optional<worker::WorkerProfile> profile;  // a worker's measures (Capabilities.profile)
+  double round_trip_seconds = 0;   // the fastest heartbeat round trip at connect (a remote stage)
 };
 
 // Logits rows: a vector of the process's own, or a received frame read in place (no
@@ -236,6 +239,9 @@ class RemoteStage final : public Stage {
   void rejoin() override;
   void set_rejoin_check(RejoinCheck check) override { rejoin_check_ = std::move(check); }
   const std::string& address() const { return address_; }
+  // Times a heartbeat carrying probe_bytes of payload, the fastest of `tries`
+  // (seconds, round trip); throws StageError.
+  double probe_round_trip(uint64_t probe_bytes, int tries);
   // The worker's CURVE public key (empty: an open link).
   std::string public_key() const { return options_.curve ? options_.curve->server_key : std::string(); }
 

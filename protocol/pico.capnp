@@ -15,7 +15,8 @@ $Cxx.namespace("pico::protocol::schema");
 # 5: sessions (Envelope.session, Plan.takeOver, Capabilities.session / ownerConnected),
 #    the worker's limits (Capabilities.limits), CURVE public keys in plans, busy / limit errors.
 # 6: recurrent-state checkpoints (forward.checkpointKeep), hybrid snapshots.
-const protocolVersion :UInt32 = 6;
+# 7: the worker's profile (Capabilities.profile), bandwidth probes (Heartbeat.probeBytes).
+const protocolVersion :UInt32 = 7;
 
 enum DType {
   f32 @0;
@@ -66,6 +67,18 @@ struct Limits {
   maxMessageBytes @7 :UInt64;       # the largest message (all frames) the worker accepts
 }
 
+# What a worker measured of its hardware with this model (worker/profile.hpp), for the
+# coordinator's placement.
+struct LayerTime {
+  decodeSeconds @0 :Float64;          # one token
+  batchSecondsPerToken @1 :Float64;   # per token of a batch of Profile.batch tokens
+}
+struct Profile {
+  batch @0 :UInt32;                  # 0: no profile
+  layers @1 :List(LayerTime);        # every layer of the model
+  head @2 :LayerTime;                # output norm and head
+  memoryBytes @3 :UInt64;            # offered for weights + KV + state
+}
 struct Capabilities {
   isa @0 :Text;              # cpu level in use: scalar, avx2, avx512, neon ...
   cores @1 :UInt32;
@@ -81,6 +94,7 @@ struct Capabilities {
   curve @11 :Bool;           # the worker's socket takes CURVE-authenticated peers only
   device @12 :Text;          # the backend's device, "name, driver" (empty on the CPU)
   deviceMemoryBytes @13 :UInt64;
+  profile @14 :Profile;
 }
 
 struct Plan {
@@ -204,9 +218,13 @@ struct Error {
 
 # A heartbeat answer carries the answerer's clock in sentNanos and the request's
 # sentNanos in echoNanos: one NTP-style sample of the clock offset between the two.
+# A heartbeat may carry one payload frame of probeBytes bytes (a bandwidth probe: the
+# answer comes once all of it arrived; the receiver drops the bytes, and refuses a
+# frame of another size). The answer echoes probeBytes with no payload.
 struct Heartbeat {
   sentNanos @0 :UInt64;
   echoNanos @1 :UInt64;
+  probeBytes @2 :UInt64;
 }
 
 struct Envelope {

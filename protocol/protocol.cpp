@@ -87,10 +87,11 @@ uint64_t steady_nanos() {
   return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(now).count());
 }
 
-std::vector<uint8_t> make_heartbeat(uint64_t echo_nanos) {
+std::vector<uint8_t> make_heartbeat(uint64_t echo_nanos, uint64_t probe_bytes) {
   Builder b;
   auto h = b.envelope().getBody().initHeartbeat();
   h.setEchoNanos(echo_nanos);
+  h.setProbeBytes(probe_bytes);
   h.setSentNanos(steady_nanos());
   return b.encode();
 }

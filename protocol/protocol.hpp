@@ -77,7 +77,7 @@ const char* body_name(Envelope::Body::Which which);
 // stamps the session of the message it answers).
 std::vector<uint8_t> make_error(ErrorCode code, const std::string& text, uint64_t step_id = 0, uint64_t session = 0);
 // A heartbeat stamped with steady_nanos(); an answer echoes the request's stamp.
-std::vector<uint8_t> make_heartbeat(uint64_t echo_nanos = 0);
+std::vector<uint8_t> make_heartbeat(uint64_t echo_nanos = 0, uint64_t probe_bytes = 0);
 // This host's steady clock in nanoseconds (the clock of every *Nanos field).
 uint64_t steady_nanos();
 

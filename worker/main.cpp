@@ -1,4 +1,4 @@
-// pico-worker -m MODEL --layers A-B --listen tcp://*:PORT [-t N] [--backend vulkan [--device N] [--device-memory B]]
+// pico-worker -m MODEL --layers A-B --listen tcp://*:PORT [-t N] [--profile] [--backend vulkan [--device N] [--device-memory B]]
 //             [--ctx N] [--max-rows N] [--max-sequences N] [--kv-memory BYTES]
 //             [--secret-key W.secret --authorized-keys FILE]
 #include <spdlog/sinks/stdout_color_sinks.h>
@@ -7,14 +7,38 @@
 #include <CLI/CLI.hpp>
 #include <atomic>
 #include <csignal>
+#include <iostream>
 #include <optional>
 
+#include "cpu/cpu_features.hpp"
+#include "profile.hpp"
 #include "server.hpp"
 #include "stage_engine.hpp"
 
 namespace {
 std::atomic<bool> g_stop{false};
 void on_signal(int) { g_stop = true; }
+
+// The profile of this worker with this model: from the cache unless `fresh`, else
+// measured (and cached); the memory it offers is measured now either way.
+pico::worker::WorkerProfile worker_profile(const pico::worker::StageEngine& engine,
+                                           const pico::worker::StageBackendOptions& backend, bool fresh) {
+  using namespace pico::worker;
+  const ProfileOptions options;
+  const std::string isa(pico::cpu::level_name(pico::cpu::best_level()));
+  const std::string path = profile_cache_path(engine.identity().hash, backend, isa, engine.threads(), options.batch);
+  std::optional<WorkerProfile> profile;
+  if (!fresh) profile = load_profile(path, engine.identity().hash, engine.n_layer(), engine.device());
+  if (profile) {
+    spdlog::info("profile from {}", path);
+  } else {
+    spdlog::info("measuring this worker's profile of the model (pico-worker --profile prints it)");
+    profile = measure_profile(engine.file(), engine.model(), backend, engine.threads(), options);
+    save_profile(path, *profile);
+  }
+  profile->memory_bytes = offered_memory_bytes(engine, backend);
+  return *profile;
+}
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -24,7 +48,13 @@ int main(int argc, char** argv) {
   int threads = 0;
   app.add_option("-m,--model", model_path, "GGUF model file")->required();
   app.add_option("--layers", layers, "layer range A-B, inclusive (default: all)");
-  app.add_option("--listen", listen, "address to bind: tcp://*:PORT or ipc://PATH")->required();
+  auto* listen_opt = app.add_option("--listen", listen, "address to bind: tcp://*:PORT or ipc://PATH");
+  bool profile_only = false;
+  app.add_flag("--profile", profile_only,
+               "measure this worker's time per layer (each kind of layer once) at batch 1 and at a prefill batch, "
+               "print it with the memory offered, keep it in the profile cache ($PICO_CACHE_DIR, else "
+               "~/.cache/pico) and exit; without it the worker measures at start unless the cache has it")
+      ->excludes(listen_opt);
   app.add_option("-t,--threads", threads, "threads (default: physical cores)");
   pico::worker::StageBackendOptions backend;
   app.add_option("--backend", backend.name,
@@ -55,6 +85,10 @@ int main(int argc, char** argv) {
       ->needs(secret_opt);
   secret_opt->needs(app.get_option("--authorized-keys"));
   CLI11_PARSE(app, argc, argv);
+  if (listen.empty() && !profile_only) {
+    std::cerr << "--listen is required (or --profile)\n";
+    return 2;
+  }
   try {
     pico::worker::Security security;
     if (!secret_key_path.empty()) {
@@ -66,9 +100,15 @@ int main(int argc, char** argv) {
     if (!kv_memory.empty()) limits.kv_memory = pico::worker::parse_byte_size(kv_memory);
     if (!device_memory.empty()) backend.memory = pico::worker::parse_byte_size(device_memory);
     pico::worker::StageEngine engine(model_path, range, threads, limits, backend);
+    const pico::worker::WorkerProfile profile = worker_profile(engine, backend, profile_only);
+    if (profile_only) {
+      std::cout << pico::worker::format_profile(profile);
+      return 0;
+    }
     // The largest legal frame (StageLimits::max_message_bytes), before the socket is made.
     pico::net::set_max_message_bytes(static_cast<int64_t>(engine.limits().max_message_bytes));
     pico::worker::Server server(engine, listen, {}, security);
+    server.set_profile(profile);
     std::signal(SIGINT, on_signal);
     std::signal(SIGTERM, on_signal);
     spdlog::info("layers {}-{} of {} ({}), listening on {}", engine.layers().first, engine.layers().last - 1,

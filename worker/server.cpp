@@ -161,6 +161,7 @@ void Server::handle(net::Received& msg) {
         caps.setSession(session_);
         caps.setOwnerConnected(owner_connected());
         caps.setCurve(keys_.has_value());
+        if (profile_) write_profile(*profile_, caps.initProfile());
         reply(msg.peer, b.encode());
         break;
       }
@@ -203,10 +204,20 @@ void Server::handle(net::Received& msg) {
         reply(msg.peer, b.encode());
         break;
       }
-      case Envelope::Body::HEARTBEAT:
-        // The answer carries this worker's clock and echoes the sender's (clock offset).
-        reply(msg.peer, protocol::make_heartbeat(body.getHeartbeat().getSentNanos()));
+      case Envelope::Body::HEARTBEAT: {
+        // The answer carries this worker's clock and echoes the sender's (clock offset),
+        // and the size of a bandwidth probe once all of it arrived.
+        const uint64_t probe = body.getHeartbeat().getProbeBytes();
+        const size_t expected_frames = probe > 0 ? 1 : 0;
+        if (msg.payloads.size() != expected_frames || (probe > 0 && msg.payloads[0].size() != probe)) {
+          reply(msg.peer, protocol::make_error(ErrorCode::BAD_REQUEST,
+                                               "a heartbeat carries one payload frame of probeBytes (" +
+                                                   std::to_string(probe) + ") bytes, or none without it"));
+          break;
+        }
+        reply(msg.peer, protocol::make_heartbeat(body.getHeartbeat().getSentNanos(), probe));
         break;
+      }
       case Envelope::Body::SNAPSHOT_REQUEST:
         answer_snapshot(msg.peer, body.getSnapshotRequest().getSeqId());
         break;

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "net.hpp"
+#include "profile.hpp"
 #include "stage_engine.hpp"
 
 namespace pico::worker {
@@ -36,6 +37,8 @@ class Server {
  public:
   Server(StageEngine& engine, const std::string& listen_address, const net::Timing& timing = {},
          const Security& security = {});
+  // What Capabilities reports as the worker's profile (worker/profile.hpp); none until set.
+  void set_profile(const WorkerProfile& profile) { profile_ = profile; }
   // Serves until `stop` is set (checked every 100 ms).
   void run(const std::atomic<bool>& stop);
   // One turn of run(): waits up to timeout_ms for a message and handles it; false when
@@ -89,6 +92,7 @@ class Server {
   uint64_t received_nanos_ = 0;
   uint64_t idle_since_nanos_ = 0;
   uint64_t finished_nanos_ = 0;  // a forward's output was handed to the socket
+  std::optional<WorkerProfile> profile_;
 };
 
 // Resident memory of this process in bytes (/proc/self/statm), 0 when unknown.

@@ -94,6 +94,7 @@ class StageEngine {
   uint64_t device_memory_bytes() const { return device_memory_bytes_; }
   const protocol::ModelIdentity& identity() const { return identity_; }
   const gguf::Model& file() const { return *file_; }
+  const model::Model& model() const { return *model_; }
   const StageLimits& limits() const { return limits_; }
   const MemoryBudget& memory_budget() const { return memory_; }  // the default's figures (zero when set)
 

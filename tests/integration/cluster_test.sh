@@ -40,6 +40,12 @@ start_workers() {
     k=$((k + 1))
   done
 }
+# wait_listening LOG: until the worker of LOG listens (a worker measures its profile
+# first, which on a device takes seconds: the coordinator's hello must not time out).
+wait_listening() {
+  for _ in $(seq 600); do grep -q "listening on" "$1" && return 0; sleep 0.1; done
+  fail "no 'listening on' in $1"
+}
 stop_workers() {
   for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
   for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
@@ -136,6 +142,7 @@ case $case in
     pids+=($!)
     "$worker" -m "$model" --layers 2-3 --listen "$vulkan_address" -t 1 --backend vulkan 2>"$tmp/worker-1.log" &
     pids+=($!)
+    wait_listening "$tmp/worker-1.log"
     workers=(--worker "$cpu_address" --worker "$vulkan_address")
     "$coord" -m "$model" "${workers[@]}" --prompts "$tmp/prompts.txt" -n 16 --temp 0 --micro-batch 7 --print-tokens \
       --dump-logits "$tmp/mixed.bin" >"$tmp/mixed.txt" 2>"$tmp/coord.log" || fail "mixed cluster"

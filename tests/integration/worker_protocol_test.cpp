@@ -492,6 +492,42 @@ TEST_F(WorkerProtocol, HeartbeatAnswersEchoTheSendersClock) {
   EXPECT_GT(r->envelope().getBody().getHeartbeat().getSentNanos(), 0u);
 }
 
+TEST_F(WorkerProtocol, AHeartbeatProbeIsAnsweredOnceItArrivedAndCheckedForItsSize) {
+  const auto probe = [](uint64_t bytes) {
+    protocol::Builder b;
+    auto h = b.envelope().getBody().initHeartbeat();
+    h.setSentNanos(42);
+    h.setProbeBytes(bytes);
+    return b.encode();
+  };
+  const std::vector<std::vector<uint8_t>> frame{std::vector<uint8_t>(100000, 7)};
+  auto r = ask(probe(100000), 5000, frame);
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->which(), Envelope::Body::HEARTBEAT);
+  EXPECT_EQ(r->envelope().getBody().getHeartbeat().getProbeBytes(), 100000u);
+  EXPECT_EQ(r->envelope().getBody().getHeartbeat().getEchoNanos(), 42u);
+  EXPECT_TRUE(last_->payloads.empty());  // the bytes are not sent back
+  EXPECT_EQ(refused_with(probe(99999), frame), ErrorCode::BAD_REQUEST);  // a frame of another size
+  EXPECT_EQ(refused_with(probe(100000)), ErrorCode::BAD_REQUEST);        // no frame
+  EXPECT_EQ(refused_with(probe(0), frame), ErrorCode::BAD_REQUEST);      // a frame it did not announce
+  expect_still_serving();
+}
+
+TEST_F(WorkerProtocol, CapabilitiesCarryTheWorkersProfile) {
+  auto r = ask(hello());
+  ASSERT_TRUE(r);
+  const auto caps = r->envelope().getBody().getCapabilities();
+  const auto profile = caps.getProfile();
+  EXPECT_EQ(profile.getBatch(), 64u);
+  ASSERT_EQ(profile.getLayers().size(), caps.getModel().getNLayer());  // every layer, not only the range's
+  for (auto t : profile.getLayers()) {
+    EXPECT_GT(t.getDecodeSeconds(), 0);
+    EXPECT_GT(t.getBatchSecondsPerToken(), 0);
+  }
+  EXPECT_GT(profile.getHead().getDecodeSeconds(), 0);
+  EXPECT_GT(profile.getMemoryBytes(), 0u);
+}
+
 TEST_F(WorkerProtocol, LogitsCarryTheStagesTimings) {
   const uint64_t before = protocol::steady_nanos();
   auto r = ask(forward_message(31, 0, {1, 450}));

@@ -16,6 +16,7 @@ void add_quantize_command(CLI::App& app);
 void add_template_command(CLI::App& app);
 void add_bench_command(CLI::App& app);
 void add_chat_command(CLI::App& app);
-void add_keygen_command(CLI::App& app);  // CURVE key pairs for the cluster's links
+void add_keygen_command(CLI::App& app);
+void add_plan_command(CLI::App& app);    // placement of a cluster's workers (coordinator/placement.hpp)  // CURVE key pairs for the cluster's links
 
 }  // namespace pico::cli

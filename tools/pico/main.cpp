@@ -24,6 +24,7 @@ int main(int argc, char** argv) {
   pico::cli::add_bench_command(app);
   pico::cli::add_chat_command(app);
   pico::cli::add_keygen_command(app);
+  pico::cli::add_plan_command(app);
 
   try {
     app.parse(argc, argv);

@@ -1,0 +1,119 @@
+#!/usr/bin/env python3
+"""Worker profiles and `pico plan` with real pico-worker processes on loopback.
+
+  placement_test.py BUILD_DIR
+
+- `pico-worker --profile` measures, prints each kind of layer and the head, and writes
+  the profile cache ($PICO_CACHE_DIR); a worker started later reads it instead of
+  measuring; a corrupt cache file is measured anew, with a warning, and replaced.
+- `pico plan --json` on a cluster of two workers whose memory (cluster.toml `memory`)
+  holds neither the whole model, one that holds no layer, and one that does not answer:
+  the two are placed on ranges that tile the model within their memory, the others are
+  left out saying why; the throughput objective plans a batch of --concurrency tokens;
+  a bad objective is refused.
+"""
+import glob
+import json
+import os
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from processes import Processes, free_port  # noqa: E402
+
+build = sys.argv[1]
+pico = os.path.join(build, "tools/pico/pico")
+worker = os.path.join(build, "worker/pico-worker")
+procs = Processes("pico-placement-")
+env = dict(os.environ, PICO_CACHE_DIR=os.path.join(procs.tmp, "cache"))
+
+
+def run(args, expect_ok=True):
+    r = subprocess.run(args, capture_output=True, text=True, env=env, timeout=120)
+    if (r.returncode == 0) != expect_ok:
+        procs.fail("%s: exit %d\n%s\n%s" % (" ".join(args), r.returncode, r.stdout, r.stderr))
+    return r
+
+
+def start_worker(port, log, extra=()):
+    p = subprocess.Popen([worker, "-m", model, "--listen", "tcp://127.0.0.1:%d" % port, *extra],
+                         stdout=subprocess.DEVNULL, stderr=open(os.path.join(procs.tmp, log), "w"), env=env)
+    procs.procs.append(p)
+    procs.wait_log(log, "listening on", p)
+    return p
+
+
+try:
+    # 6 layers of ~2.9 MB, embeddings and head of ~31 MiB each (F32): 77 MiB in all.
+    model = os.path.join(procs.tmp, "m.gguf")
+    run([pico, "mkmodel", "--layers", "6", "--embd", "256", "--ff", "512", "-o", model])
+
+    out = run([worker, "-m", model, "--profile", "-t", "2"]).stdout
+    for needle in ("decode ms/tok", "batch 64 ms/tok", "\n0-5 ", "\nhead ", "memory offered"):
+        if needle not in out:
+            procs.fail("--profile printed no '%s':\n%s" % (needle.strip(), out))
+    cached = glob.glob(os.path.join(env["PICO_CACHE_DIR"], "profiles", "*-cpu-*-t2-b64.json"))
+    if len(cached) != 1:
+        procs.fail("no profile cache file for 2 threads: %s" % glob.glob(env["PICO_CACHE_DIR"] + "/**", recursive=True))
+    profile = json.load(open(cached[0]))
+    if len(profile["layers"]) != 6 or profile["batch"] != 64:
+        procs.fail("the cached profile has %d layers, batch %s" % (len(profile["layers"]), profile["batch"]))
+
+    port_a, port_b, port_c, port_dead = free_port(), free_port(), free_port(), free_port()
+    start_worker(port_a, "a.log", ["-t", "2", "--layers", "0-2"])
+    if "profile from" not in procs.read_log("a.log"):
+        procs.fail("worker a measured again though the cache holds its profile")
+    # A corrupt cache: measured anew, with a warning naming the file, and rewritten.
+    with open(cached[0], "w") as f:
+        f.write('{"version": 1, "layers": [[0.1, -1]]}')
+    start_worker(port_b, "b.log", ["-t", "2"])
+    log_b = procs.read_log("b.log")
+    if "measuring anew" not in log_b or "kinds of layer measured" not in log_b:
+        procs.fail("worker b did not measure anew over a corrupt cache:\n" + log_b)
+    if len(json.load(open(cached[0]))["layers"]) != 6:
+        procs.fail("the corrupt cache file was not replaced")
+    start_worker(port_c, "c.log", ["-t", "1"])
+
+    config = os.path.join(procs.tmp, "cluster.toml")
+    with open(config, "w") as f:
+        f.write('[[worker]]\naddress = "tcp://127.0.0.1:%d"\nmemory = "45M"\n' % port_a)
+        f.write('[[worker]]\naddress = "tcp://127.0.0.1:%d"\nmemory = "1M"\n' % port_c)
+        f.write('[[worker]]\naddress = "tcp://127.0.0.1:%d"\nmemory = "45M"\n' % port_b)
+        f.write('[[worker]]\naddress = "tcp://127.0.0.1:%d"\n' % port_dead)
+    plan = json.loads(run([pico, "plan", "-m", model, "--config", config, "--json"]).stdout)
+    stages = plan["stages"]
+    if plan["objective"] != "latency" or plan["batch"] != 1 or len(stages) != 2:
+        procs.fail("latency plan: %s" % json.dumps(plan, indent=1))
+    if {s["worker"] for s in stages} != {"tcp://127.0.0.1:%d" % port_a, "tcp://127.0.0.1:%d" % port_b}:
+        procs.fail("the plan does not use exactly a and b: %s" % json.dumps(stages, indent=1))
+    expected_first = 0
+    for s in stages:
+        if s["first_layer"] != expected_first or s["last_layer"] < s["first_layer"]:
+            procs.fail("stages do not tile the layers: %s" % json.dumps(stages, indent=1))
+        expected_first = s["last_layer"] + 1
+        if s["memory_bytes"] > 45 << 20 or s["offered_bytes"] != 45 << 20:
+            procs.fail("a stage beyond its worker's memory: %s" % json.dumps(s))
+        if not s["tokens_per_second"] > 0:
+            procs.fail("no predicted speed: %s" % json.dumps(s))
+    if expected_first != 6 or not plan["tokens_per_second"] > 0:
+        procs.fail("the plan does not cover 6 layers: %s" % json.dumps(plan, indent=1))
+    left = plan["left_out"]
+    if "holds no layer" not in left.get("tcp://127.0.0.1:%d" % port_c, ""):
+        procs.fail("worker c (1M) not left out as holding no layer: %s" % left)
+    if "no answer to hello" not in left.get("tcp://127.0.0.1:%d" % port_dead, ""):
+        procs.fail("the dead worker not left out as not answering: %s" % left)
+
+    plan = json.loads(run([pico, "plan", "-m", model, "--config", config, "--json", "--objective", "throughput",
+                           "--concurrency", "16", "--parallel", "4"]).stdout)
+    if plan["objective"] != "throughput" or plan["batch"] != 16 or plan["parallel"] != 4:
+        procs.fail("throughput plan: %s" % json.dumps(plan, indent=1))
+    text = run([pico, "plan", "-m", model, "--config", config]).stdout
+    for needle in ("predicted:", "pico-worker --layers, in order:", "left out tcp://127.0.0.1:%d" % port_c):
+        if needle not in text:
+            procs.fail("the printed plan has no '%s':\n%s" % (needle, text))
+    bad = run([pico, "plan", "-m", model, "--config", config, "--objective", "fastest"], expect_ok=False)
+    if "fastest" not in bad.stderr:
+        procs.fail("a bad objective is not named: " + bad.stderr)
+    print("ok")
+finally:
+    procs.close()

@@ -1,0 +1,312 @@
+#include "profile.hpp"
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "backend/devices.hpp"
+#include "cpu/cpu_features.hpp"
+
+namespace pico::worker {
+
+namespace {
+
+// A layer's kind: the names (after "blk.N."), types and shapes of its tensors.
+std::vector<std::string> layer_kinds(const gguf::Model& file, int32_t n_layer) {
+  std::vector<std::vector<std::string>> parts(static_cast<size_t>(n_layer));
+  for (const auto& t : file.tensors()) {
+    if (t.name.rfind("blk.", 0) != 0) continue;
+    const size_t dot = t.name.find('.', 4);
+    const int layer = std::atoi(t.name.c_str() + 4);
+    if (dot == std::string::npos || layer < 0 || layer >= n_layer) continue;
+    std::string part = t.name.substr(dot + 1) + ":" + std::to_string(static_cast<int>(t.type));
+    for (uint64_t d : t.shape) part += "x" + std::to_string(d);
+    parts[static_cast<size_t>(layer)].push_back(part);
+  }
+  std::vector<std::string> kinds;
+  for (auto& p : parts) {
+    std::sort(p.begin(), p.end());
+    std::string kind;
+    for (const auto& s : p) kind += s + ";";
+    kinds.push_back(kind);
+  }
+  return kinds;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// Times a stage of `range` alone: prefills of options.batch tokens (fresh sequences),
+// then decode steps of one token after a prefill. logits: every token asks for its
+// logits (the head runs: the last stage's rows at a concurrency of that many
+// sequences), else none does. An untimed prefill first (a device compiles its
+// pipelines on first use); then at least one of each measure, more up to
+// options.repeats / decode_tokens while they take less than options.budget_seconds.
+LayerTime time_range(const model::Model& m, backend::Backend& be, model::LayerRange range, bool logits,
+                     const ProfileOptions& o) {
+  const int64_t n_embd = m.hparams().n_embd, n_vocab = m.hparams().n_vocab;
+  auto cache = m.make_cache(range, GgmlType::F16, GgmlType::F16, backend::state_stores_of(be));
+  std::vector<float> hidden(static_cast<size_t>(o.batch) * static_cast<size_t>(n_embd));
+  for (size_t i = 0; i < hidden.size(); ++i) hidden[i] = static_cast<float>(static_cast<int>(i * 7919 % 201) - 100) / 100;
+  const float* input = range.first == 0 ? nullptr : hidden.data();
+  const auto token = [&](int64_t i) { return static_cast<int32_t>(1 + (i * 7919) % std::max<int64_t>(1, n_vocab - 1)); };
+  const auto prefill = [&](int32_t seq) {
+    std::vector<model::BatchToken> batch;
+    for (int i = 0; i < o.batch; ++i) batch.push_back({seq, i, token(i), logits});
+    const auto t0 = std::chrono::steady_clock::now();
+    m.forward(be, batch, input, range, *cache);
+    return seconds_since(t0);
+  };
+  prefill(0);  // warm-up; seq 0 then decodes
+  std::vector<double> prefills, decodes;
+  double spent = 0;
+  for (int r = 1; r <= o.repeats && (r == 1 || spent < o.budget_seconds); ++r) {
+    const double t = prefill(r);
+    spent += t;
+    prefills.push_back(t / o.batch);
+    cache->remove(r);
+  }
+  spent = 0;
+  for (int i = 0; i < o.decode_tokens && (i == 0 || spent < o.budget_seconds); ++i) {
+    const model::BatchToken one{0, o.batch + i, token(o.batch + i), logits};
+    const auto t0 = std::chrono::steady_clock::now();
+    m.forward(be, std::span(&one, 1), input, range, *cache);
+    decodes.push_back(seconds_since(t0));
+    spent += decodes.back();
+  }
+  return {median(decodes), median(prefills)};
+}
+
+std::string cache_dir() {
+  if (const char* dir = std::getenv("PICO_CACHE_DIR"); dir && *dir) return dir;
+  if (const char* dir = std::getenv("XDG_CACHE_HOME"); dir && *dir) return std::string(dir) + "/pico";
+  if (const char* home = std::getenv("HOME"); home && *home) return std::string(home) + "/.cache/pico";
+  return "/tmp/pico-cache";
+}
+
+}  // namespace
+
+WorkerProfile measure_profile(const gguf::Model& file, const model::Model& m, const StageBackendOptions& backend,
+                              int threads, const ProfileOptions& options) {
+  if (options.batch <= 0 || options.decode_tokens <= 0 || options.repeats <= 0) {
+    throw std::invalid_argument("profile: batch, decode tokens and repeats must be positive");
+  }
+  const int32_t n_layer = static_cast<int32_t>(m.hparams().n_layer);
+  WorkerProfile p;
+  p.model_hash = protocol::model_identity(file).hash;
+  p.backend = backend.name;
+  p.device_index = backend.device;
+  p.isa = std::string(cpu::level_name(cpu::best_level()));
+  p.threads = threads;
+  p.batch = options.batch;
+  std::unique_ptr<backend::Backend> be = backend::open_backend(backend.name, backend.device, threads);
+  if (backend.name != "cpu") {
+    for (const backend::ComputeDevice& d : backend::list_compute_devices().devices) {
+      if (d.backend == backend.name && d.index == static_cast<uint32_t>(backend.device)) p.device = d.name + ", " + d.driver;
+    }
+  }
+  const std::vector<std::string> kinds = layer_kinds(file, n_layer);
+  std::map<std::string, LayerTime> measured;
+  p.layers.resize(static_cast<size_t>(n_layer));
+  const auto start = std::chrono::steady_clock::now();
+  for (int32_t l = 0; l < n_layer; ++l) {
+    const std::string& kind = kinds[static_cast<size_t>(l)];
+    auto it = measured.find(kind);
+    if (it == measured.end()) {
+      m.load_weights(*be, {l, l + 1});
+      it = measured.emplace(kind, time_range(m, *be, {l, l + 1}, false, options)).first;
+    }
+    p.layers[static_cast<size_t>(l)] = it->second;
+  }
+  // The head: the last layer with the logits of every token, less the layer alone.
+  const model::LayerRange last{n_layer - 1, n_layer};
+  const LayerTime without = p.layers.back();
+  const LayerTime with = time_range(m, *be, last, true, options);
+  p.head = {std::max(0.0, with.decode_seconds - without.decode_seconds),
+            std::max(0.0, with.batch_seconds_per_token - without.batch_seconds_per_token)};
+  spdlog::info("profile: {} kinds of layer measured in {:.2f} s", measured.size(), seconds_since(start));
+  return p;
+}
+
+uint64_t offered_memory_bytes(const StageEngine& engine, const StageBackendOptions& backend) {
+  if (backend.name != "cpu") {
+    return backend.memory ? std::min(*backend.memory, engine.device_memory_bytes()) : engine.device_memory_bytes();
+  }
+  const MemoryBudget m = default_state_budget(engine.file(), engine.layers(), engine.n_layer());
+  return m.available - m.margin;
+}
+
+std::string profile_cache_path(uint64_t model_hash, const StageBackendOptions& backend, const std::string& isa,
+                               int threads, int batch) {
+  return fmt::format("{}/profiles/{:016x}-{}{}-{}-t{}-b{}.json", cache_dir(), model_hash, backend.name,
+                     backend.name == "cpu" ? std::string() : std::to_string(backend.device), isa, threads, batch);
+}
+
+std::string profile_to_json(const WorkerProfile& p) {
+  nlohmann::json j;
+  j["version"] = 1;
+  j["model_hash"] = fmt::format("{:016x}", p.model_hash);
+  j["backend"] = p.backend;
+  j["device_index"] = p.device_index;
+  j["device"] = p.device;
+  j["isa"] = p.isa;
+  j["threads"] = p.threads;
+  j["batch"] = p.batch;
+  j["head"] = {p.head.decode_seconds, p.head.batch_seconds_per_token};
+  nlohmann::json layers = nlohmann::json::array();
+  for (const LayerTime& t : p.layers) layers.push_back({t.decode_seconds, t.batch_seconds_per_token});
+  j["layers"] = layers;
+  return j.dump(1);
+}
+
+WorkerProfile profile_from_json(const std::string& text) {
+  const nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) throw std::invalid_argument("not a JSON object");
+  const auto need = [&](const char* key) -> const nlohmann::json& {
+    if (!j.contains(key)) throw std::invalid_argument(std::string("no '") + key + "'");
+    return j.at(key);
+  };
+  const auto time = [](const nlohmann::json& pair, const std::string& what) {
+    if (!pair.is_array() || pair.size() != 2 || !pair[0].is_number() || !pair[1].is_number()) {
+      throw std::invalid_argument(what + " is not [decode seconds, batch seconds per token]");
+    }
+    const LayerTime t{pair[0].get<double>(), pair[1].get<double>()};
+    if (!(t.decode_seconds >= 0) || !(t.batch_seconds_per_token >= 0) || !std::isfinite(t.decode_seconds) ||
+        !std::isfinite(t.batch_seconds_per_token)) {
+      throw std::invalid_argument(what + " has a negative or non-finite time");
+    }
+    return t;
+  };
+  try {
+    if (need("version") != 1) throw std::invalid_argument("version is not 1");
+    WorkerProfile p;
+    p.model_hash = std::stoull(need("model_hash").get<std::string>(), nullptr, 16);
+    p.backend = need("backend").get<std::string>();
+    p.device_index = need("device_index").get<int>();
+    p.device = need("device").get<std::string>();
+    p.isa = need("isa").get<std::string>();
+    p.threads = need("threads").get<int>();
+    p.batch = need("batch").get<int>();
+    if (p.batch <= 0) throw std::invalid_argument("batch is not positive");
+    p.head = time(need("head"), "head");
+    const nlohmann::json& layers = need("layers");
+    if (!layers.is_array()) throw std::invalid_argument("layers is not an array");
+    for (size_t i = 0; i < layers.size(); ++i) p.layers.push_back(time(layers[i], "layer " + std::to_string(i)));
+    return p;
+  } catch (const nlohmann::json::exception& e) {
+    throw std::invalid_argument(e.what());
+  } catch (const std::logic_error& e) {  // stoull; invalid_argument passes through as itself
+    throw std::invalid_argument(e.what());
+  }
+}
+
+std::optional<WorkerProfile> load_profile(const std::string& path, uint64_t model_hash, int32_t n_layer,
+                                          const std::string& device) {
+  std::ifstream in(path);
+  if (!in) return std::nullopt;
+  std::stringstream text;
+  text << in.rdbuf();
+  try {
+    WorkerProfile p = profile_from_json(text.str());
+    if (p.model_hash != model_hash || p.layers.size() != static_cast<size_t>(n_layer) || p.device != device) {
+      throw std::invalid_argument("it is another model's or device's");
+    }
+    return p;
+  } catch (const std::invalid_argument& e) {
+    spdlog::warn("profile cache {}: {}; measuring anew", path, e.what());
+    return std::nullopt;
+  }
+}
+
+void save_profile(const std::string& path, const WorkerProfile& profile) {
+  std::error_code ec;
+  std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ec);
+  const std::string temporary = path + ".tmp" + std::to_string(::getpid());
+  {
+    std::ofstream out(temporary);
+    out << profile_to_json(profile);
+    if (!out) {
+      spdlog::warn("profile cache {}: cannot write it", path);
+      std::filesystem::remove(temporary, ec);
+      return;
+    }
+  }
+  std::filesystem::rename(temporary, path, ec);
+  if (ec) spdlog::warn("profile cache {}: {}", path, ec.message());
+}
+
+std::string format_profile(const WorkerProfile& p) {
+  std::string out = fmt::format("profile of model {:016x} on {} ({}{}), {} threads\n", p.model_hash, p.backend, p.isa,
+                                p.device.empty() ? "" : ", " + p.device, p.threads);
+  out += fmt::format("{:<12} {:>14} {:>22}\n", "layers", "decode ms/tok", fmt::format("batch {} ms/tok", p.batch));
+  // Runs of layers with the same times (one kind of layer measured once).
+  size_t i = 0;
+  while (i < p.layers.size()) {
+    size_t j = i + 1;
+    while (j < p.layers.size() && p.layers[j].decode_seconds == p.layers[i].decode_seconds &&
+           p.layers[j].batch_seconds_per_token == p.layers[i].batch_seconds_per_token) {
+      ++j;
+    }
+    out += fmt::format("{:<12} {:>14.4f} {:>22.4f}\n", j - i == 1 ? std::to_string(i) : fmt::format("{}-{}", i, j - 1),
+                       p.layers[i].decode_seconds * 1e3, p.layers[i].batch_seconds_per_token * 1e3);
+    i = j;
+  }
+  out += fmt::format("{:<12} {:>14.4f} {:>22.4f}\n", "head", p.head.decode_seconds * 1e3,
+                     p.head.batch_seconds_per_token * 1e3);
+  out += fmt::format("memory offered for weights + KV + state: {} bytes ({:.0f} MiB)\n", p.memory_bytes,
+                     static_cast<double>(p.memory_bytes) / (1 << 20));
+  return out;
+}
+
+void write_profile(const WorkerProfile& p, protocol::schema::Profile::Builder out) {
+  out.setBatch(static_cast<uint32_t>(p.batch));
+  out.setMemoryBytes(p.memory_bytes);
+  auto head = out.initHead();
+  head.setDecodeSeconds(p.head.decode_seconds);
+  head.setBatchSecondsPerToken(p.head.batch_seconds_per_token);
+  auto layers = out.initLayers(static_cast<unsigned>(p.layers.size()));
+  for (size_t i = 0; i < p.layers.size(); ++i) {
+    layers[static_cast<unsigned>(i)].setDecodeSeconds(p.layers[i].decode_seconds);
+    layers[static_cast<unsigned>(i)].setBatchSecondsPerToken(p.layers[i].batch_seconds_per_token);
+  }
+}
+
+std::optional<WorkerProfile> read_profile(protocol::schema::Profile::Reader in, int32_t n_layer) {
+  if (in.getBatch() == 0) return std::nullopt;
+  const auto time = [](protocol::schema::LayerTime::Reader t, const std::string& what) {
+    const LayerTime out{t.getDecodeSeconds(), t.getBatchSecondsPerToken()};
+    if (!(out.decode_seconds >= 0) || !(out.batch_seconds_per_token >= 0) || !std::isfinite(out.decode_seconds) ||
+        !std::isfinite(out.batch_seconds_per_token)) {
+      throw std::invalid_argument("profile: " + what + " has a negative or non-finite time");
+    }
+    return out;
+  };
+  if (in.getLayers().size() != static_cast<unsigned>(n_layer)) {
+    throw std::invalid_argument("profile: " + std::to_string(in.getLayers().size()) + " layers, the model has " +
+                                std::to_string(n_layer));
+  }
+  WorkerProfile p;
+  p.batch = static_cast<int>(in.getBatch());
+  p.memory_bytes = in.getMemoryBytes();
+  p.head = time(in.getHead(), "the head");
+  for (unsigned i = 0; i < in.getLayers().size(); ++i) p.layers.push_back(time(in.getLayers()[i], "layer " + std::to_string(i)));
+  return p;
+}
+
+}  // namespace pico::worker
