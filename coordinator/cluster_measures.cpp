@@ -50,6 +50,21 @@ PlacementProblem model_placement_problem(const gguf::Model& file, int64_t ctx, i
   return p;
 }
 
+MeasuredWorker measure_worker(RemoteStage& stage, uint64_t probe_bytes) {
+  MeasuredWorker m;
+  m.address = stage.address();
+  const uint64_t bytes = std::max<uint64_t>(1, std::min<uint64_t>(probe_bytes, stage.info().limits.max_message_bytes / 2));
+  const double empty = stage.probe_round_trip(0, 4);
+  const double loaded = stage.probe_round_trip(bytes, 3);
+  m.link.latency_seconds = std::min(empty, stage.info().round_trip_seconds) / 2;
+  // The probe's extra time is its bytes in transit (one way); a link faster than the
+  // clock can tell is taken as 100 GB/s.
+  m.link.bytes_per_second = static_cast<double>(bytes) / std::max(loaded - empty, static_cast<double>(bytes) / 1e11);
+  if (!stage.info().profile) m.error = "sent no profile";
+  m.info = stage.info();
+  return m;
+}
+
 std::vector<MeasuredWorker> measure_workers(const std::vector<WorkerEntry>& workers, const RemoteOptions& options,
                                             const std::optional<net::KeyPair>& own_keys, uint64_t probe_bytes) {
   std::vector<MeasuredWorker> out;
@@ -60,17 +75,7 @@ std::vector<MeasuredWorker> measure_workers(const std::vector<WorkerEntry>& work
       RemoteOptions ro = options;
       if (own_keys) ro.curve = net::Curve{*own_keys, w.public_key};
       RemoteStage stage(w.address, ro);
-      const uint64_t bytes = std::min<uint64_t>(probe_bytes, stage.info().limits.max_message_bytes / 2);
-      const double empty = stage.probe_round_trip(0, 4);
-      const double loaded = stage.probe_round_trip(bytes, 3);
-      m.link.latency_seconds = std::min(empty, stage.info().round_trip_seconds) / 2;
-      // The probe's extra time is its bytes in transit (one way); a link faster than the
-      // clock can tell is taken as 100 GB/s.
-      m.link.bytes_per_second = static_cast<double>(bytes) / std::max(loaded - empty, static_cast<double>(bytes) / 1e11);
-      if (!stage.info().profile) {
-        m.error = "sent no profile";
-      }
-      m.info = stage.info();
+      m = measure_worker(stage, probe_bytes);
     } catch (const std::exception& e) {
       m.error = e.what();
     }
@@ -78,6 +83,83 @@ std::vector<MeasuredWorker> measure_workers(const std::vector<WorkerEntry>& work
     out.push_back(std::move(m));
   }
   return out;
+}
+
+PlaceableWorkers add_placeable_workers(PlacementProblem& problem, const std::vector<MeasuredWorker>& measured,
+                                       const std::vector<WorkerEntry>& entries, const protocol::ModelIdentity& model) {
+  PlaceableWorkers out;
+  out.left_out.resize(measured.size());
+  for (size_t i = 0; i < measured.size(); ++i) {
+    const MeasuredWorker& m = measured[i];
+    if (!m.error.empty()) {
+      out.left_out[i] = m.error;
+      continue;
+    }
+    if (m.info->identity.hash != model.hash) {
+      out.left_out[i] = "serves another model (" + protocol::to_string(m.info->identity) + ")";
+      continue;
+    }
+    WorkerMeasures w;
+    w.name = m.address;
+    for (const worker::LayerTime& t : m.info->profile->layers) {
+      w.decode_seconds.push_back(t.decode_seconds);
+      w.batch_seconds_per_token.push_back(t.batch_seconds_per_token);
+    }
+    w.head_decode_seconds = m.info->profile->head.decode_seconds;
+    w.head_batch_seconds_per_token = m.info->profile->head.batch_seconds_per_token;
+    w.memory_bytes = m.info->profile->memory_bytes;
+    if (i < entries.size() && entries[i].memory) w.memory_bytes = std::min(w.memory_bytes, *entries[i].memory);
+    problem.workers.push_back(std::move(w));
+    problem.coordinator_links.push_back(m.link);
+    out.placed.push_back(i);
+  }
+  return out;
+}
+
+bool waits_for_layers(const StageInfo& info) { return info.layers.last <= info.layers.first; }
+
+std::vector<WorkerEntry> assign_auto_layers(std::vector<std::unique_ptr<RemoteStage>>& connected,
+                                            const std::vector<WorkerEntry>& workers, const gguf::Model& file,
+                                            const AutoPlacement& settings) {
+  const auto waiting = std::count_if(connected.begin(), connected.end(),
+                                     [](const auto& stage) { return waits_for_layers(stage->info()); });
+  if (waiting == 0) return workers;
+  if (static_cast<size_t>(waiting) < connected.size()) {
+    throw std::invalid_argument(std::to_string(waiting) + " worker(s) wait for their layers (--layers auto) and " +
+                                std::to_string(connected.size() - static_cast<size_t>(waiting)) +
+                                " have theirs: start every worker with --layers auto, or none");
+  }
+  std::vector<MeasuredWorker> measured;
+  for (auto& stage : connected) measured.push_back(measure_worker(*stage, 4u << 20));
+  const protocol::ModelIdentity identity = protocol::model_identity(file);
+  PlacementProblem problem = model_placement_problem(file, settings.ctx, settings.parallel, settings.activations);
+  problem.objective = settings.objective;
+  problem.concurrency = settings.concurrency > 0 ? settings.concurrency : settings.parallel;
+  const PlaceableWorkers placeable = add_placeable_workers(problem, measured, workers, identity);
+  if (placeable.placed.empty()) throw PlacementError("no worker answered with a profile of this model");
+  const Placement placement = place(problem);
+  spdlog::info("placement for {}: {:.2f} tok/s predicted ({} token(s) a step)", to_string(problem.objective),
+               placement.tokens_per_second, placement.batch);
+  std::vector<WorkerEntry> ordered;
+  for (size_t s = 0; s < placement.stages.size(); ++s) {
+    const PlacedStage& stage = placement.stages[s];
+    const size_t i = placeable.placed[stage.worker];
+    WorkerEntry entry = workers[i];
+    entry.layers = stage.layers;
+    connected[i]->assign(stage.layers);
+    spdlog::info("stage {}: {} takes layers {}-{} ({:.3f} ms compute a step)", s, entry.address, stage.layers.first,
+                 stage.layers.last - 1, stage.compute_seconds * 1e3);
+    ordered.push_back(std::move(entry));
+  }
+  for (size_t k = 0; k < placeable.placed.size(); ++k) {
+    if (!placement.excluded[k].empty()) {
+      spdlog::info("left out {}: {}", measured[placeable.placed[k]].address, placement.excluded[k]);
+    }
+  }
+  for (size_t i = 0; i < measured.size(); ++i) {
+    if (!placeable.left_out[i].empty()) spdlog::warn("left out {}: {}", measured[i].address, placeable.left_out[i]);
+  }
+  return ordered;
 }
 
 }  // namespace pico::coordinator

@@ -30,9 +30,47 @@ struct MeasuredWorker {
   LinkMeasure link;
 };
 
-// Connects to each worker (hello, then probes of probe_bytes); a worker that cannot be
-// reached or sent no profile has `error` set instead of failing the rest.
+// A connected worker's profile and link (heartbeat round trips, empty and carrying
+// probe_bytes); `error` says when it sent no profile.
+MeasuredWorker measure_worker(RemoteStage& stage, uint64_t probe_bytes);
+// Connects to each worker and measures it; a worker that cannot be reached or sent no
+// profile has `error` set instead of failing the rest.
 std::vector<MeasuredWorker> measure_workers(const std::vector<WorkerEntry>& workers, const RemoteOptions& options,
                                             const std::optional<net::KeyPair>& own_keys, uint64_t probe_bytes);
+
+// The measured workers that can be placed, added to `problem` (their profile, the
+// memory they offer capped by the config's `memory`, their link): `placed[k]` is the
+// index in `measured` of problem.workers[k]. The others get their reason in left_out
+// (unreachable, no profile, another model).
+struct PlaceableWorkers {
+  std::vector<size_t> placed;
+  std::vector<std::string> left_out;  // per measured worker; empty: placeable
+};
+PlaceableWorkers add_placeable_workers(PlacementProblem& problem, const std::vector<MeasuredWorker>& measured,
+                                       const std::vector<WorkerEntry>& entries, const protocol::ModelIdentity& model);
+
+struct AutoPlacement {
+  Objective objective = Objective::latency;
+  int concurrency = 0;  // throughput: tokens per step (0: parallel)
+  int64_t ctx = 0;
+  int parallel = 1;
+  protocol::DType activations = protocol::DType::F32;
+};
+
+// Whether a worker waits for its layers (pico-worker --layers auto: Capabilities with
+// no range).
+bool waits_for_layers(const StageInfo& info);
+
+// pico-worker --layers auto: when the connected workers (connected[i] is workers[i])
+// hold no range yet, measures and places them (placement.hpp) and assigns each its
+// range (protocol Assign); returns the workers that take part, in pipeline order, with
+// their ranges (each then loads its range and serves anew at its address: connect
+// again). Workers that all have their ranges are returned as they are. Throws
+// std::invalid_argument when some have ranges and some wait for theirs,
+// PlacementError when no placement holds the model, StageError for a worker that
+// refuses its range.
+std::vector<WorkerEntry> assign_auto_layers(std::vector<std::unique_ptr<RemoteStage>>& connected,
+                                            const std::vector<WorkerEntry>& workers, const gguf::Model& file,
+                                            const AutoPlacement& settings);
 
 }  // namespace pico::coordinator

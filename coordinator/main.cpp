@@ -18,6 +18,7 @@
 #include <iostream>
 
 #include "cluster_config.hpp"
+#include "cluster_measures.hpp"
 #include "engine.hpp"
 #include "gguf/reader.hpp"
 #include "http/server.hpp"
@@ -77,6 +78,11 @@ int main(int argc, char** argv) {
   app.add_option("--alias", http.model_name, "HTTP API: the model's name (default: the file name without .gguf)");
   app.add_option("--http-threads", http.threads, "HTTP API: I/O threads")->check(CLI::PositiveNumber);
   int parallel = 0;
+  std::string objective = "latency";
+  app.add_option("--objective", objective,
+                 "workers started with --layers auto: placement minimises the time per token of one stream "
+                 "(latency) or maximises tokens per second of --parallel streams (throughput)")
+      ->check(CLI::IsMember({"latency", "throughput"}));
   app.add_option("--parallel", parallel,
                  "sequences in the batch at once (default 32; fewer when a stage's KV budget says so); more requests "
                  "queue")
@@ -218,9 +224,42 @@ int main(int argc, char** argv) {
       for (const auto& w : workers) {
         if (own_keys) ro.cluster_keys.push_back(w.public_key);
       }
-      for (const auto& w : workers) {
-        if (own_keys) ro.curve = net::Curve{*own_keys, w.public_key};
-        auto stage = std::make_unique<RemoteStage>(w.address, ro);
+      std::vector<std::unique_ptr<RemoteStage>> connected;
+      const auto connect_all = [&] {
+        connected.clear();
+        for (const auto& w : workers) {
+          if (own_keys) ro.curve = net::Curve{*own_keys, w.public_key};
+          connected.push_back(std::make_unique<RemoteStage>(w.address, ro));
+        }
+      };
+      connect_all();
+      {
+        // Workers started with --layers auto get their ranges from placement here, and
+        // the pipeline takes them in its order (those left out are not used).
+        AutoPlacement settings;
+        settings.objective = parse_objective(objective);
+        settings.ctx = ctx > 0 ? ctx : (model_ctx > 0 ? model_ctx : 4096);
+        settings.parallel = parallel > 0 ? parallel : 32;
+        settings.activations = ro.activations;
+        const std::vector<WorkerEntry> assigned = assign_auto_layers(connected, workers, *file, settings);
+        if (!std::equal(assigned.begin(), assigned.end(), workers.begin(), workers.end(),
+                        [](const auto& a, const auto& b) {
+                          return a.address == b.address && a.layers.has_value() == b.layers.has_value() &&
+                                 (!a.layers || (a.layers->first == b.layers->first && a.layers->last == b.layers->last));
+                        })) {
+          workers = assigned;
+          ro.cluster_keys.clear();
+          for (const auto& w : workers) {
+            if (own_keys) ro.cluster_keys.push_back(w.public_key);
+          }
+          // Each loads its range before it answers hello again.
+          ro.connect_timeout_ms = std::max(ro.connect_timeout_ms, 120000);
+          connect_all();
+        }
+      }
+      for (size_t i = 0; i < workers.size(); ++i) {
+        const auto& w = workers[i];
+        auto& stage = connected[i];
         const auto& l = stage->info().layers;
         if (w.layers && (w.layers->first != l.first || w.layers->last != l.last)) {
           throw StageError("worker " + w.address + " serves layers " + std::to_string(l.first) + "-" +

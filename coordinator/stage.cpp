@@ -295,6 +295,19 @@ double RemoteStage::probe_round_trip(uint64_t probe_bytes, int tries) {
   return static_cast<double>(best) * 1e-9;
 }
 
+void RemoteStage::assign(model::LayerRange layers) {
+  protocol::Builder b;
+  auto a = b.envelope().getBody().initAssign();
+  a.setFirstLayer(static_cast<uint32_t>(layers.first));
+  a.setLastLayer(static_cast<uint32_t>(layers.last));
+  send(b);
+  const auto msg = receive(options_.connect_timeout_ms);
+  if (!msg) fail("no answer to its layer assignment");
+  protocol::Decoded d(msg->header_bytes());
+  if (d.which() == Envelope::Body::ERROR) fail("refused its layers: " + error_text(d.envelope()));
+  if (d.which() != Envelope::Body::ASSIGNED) fail(std::string("answered assign with ") + protocol::body_name(d.which()));
+}
+
 void RemoteStage::fail(const std::string& what, uint64_t step) const {
   throw StageError("worker " + address_ + ": " + what, step);
 }

@@ -242,6 +242,10 @@ class RemoteStage final : public Stage {
   // Times a heartbeat carrying probe_bytes of payload, the fastest of `tries`
   // (seconds, round trip); throws StageError.
   double probe_round_trip(uint64_t probe_bytes, int tries);
+  // pico-worker --layers auto: gives the worker its range (protocol Assign) and waits
+  // for its answer; the worker then loads the range and serves anew at its address
+  // (connect a new RemoteStage). Throws StageError naming the worker.
+  void assign(model::LayerRange layers);
   // The worker's CURVE public key (empty: an open link).
   std::string public_key() const { return options_.curve ? options_.curve->server_key : std::string(); }
 

@@ -15,7 +15,8 @@ $Cxx.namespace("pico::protocol::schema");
 # 5: sessions (Envelope.session, Plan.takeOver, Capabilities.session / ownerConnected),
 #    the worker's limits (Capabilities.limits), CURVE public keys in plans, busy / limit errors.
 # 6: recurrent-state checkpoints (forward.checkpointKeep), hybrid snapshots.
-# 7: the worker's profile (Capabilities.profile), bandwidth probes (Heartbeat.probeBytes).
+# 7: the worker's profile (Capabilities.profile), bandwidth probes (Heartbeat.probeBytes),
+#    layer assignment (assign / assigned: pico-worker --layers auto).
 const protocolVersion :UInt32 = 7;
 
 enum DType {
@@ -199,6 +200,15 @@ struct SequenceSnapshot {
   bytes @4 :UInt64;          # size of the payload frame
 }
 
+# pico-worker --layers auto holds no layer until the coordinator's placement assigns
+# it a range: until then its Capabilities say firstLayer == lastLayer == 0 (and no
+# limits), and it answers only hello, heartbeat and assign. It answers `assigned` (the
+# same range) before it loads the range, then serves at the same address as a worker
+# started with --layers.
+struct Assign {
+  firstLayer @0 :UInt32;     # [firstLayer, lastLayer)
+  lastLayer @1 :UInt32;
+}
 struct Stats {
   memoryBytes @0 :UInt64;    # resident set of the process
   kvBytes @1 :UInt64;
@@ -252,5 +262,7 @@ struct Envelope {
     snapshot @15 :SequenceSnapshot;
     restore @16 :SequenceSnapshot;
     restored @17 :SequenceRef;
+    assign @19 :Assign;
+    assigned @20 :Assign;
   }
 }

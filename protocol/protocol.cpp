@@ -68,6 +68,8 @@ const char* body_name(Envelope::Body::Which which) {
     case W::SNAPSHOT: return "snapshot";
     case W::RESTORE: return "restore";
     case W::RESTORED: return "restored";
+    case W::ASSIGN: return "assign";
+    case W::ASSIGNED: return "assigned";
   }
   return "unknown";
 }

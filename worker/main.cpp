@@ -10,7 +10,10 @@
 #include <iostream>
 #include <optional>
 
+#include "assignment.hpp"
+#include "backend/devices.hpp"
 #include "cpu/cpu_features.hpp"
+#include "cpu/thread_pool.hpp"
 #include "profile.hpp"
 #include "server.hpp"
 #include "stage_engine.hpp"
@@ -21,23 +24,51 @@ void on_signal(int) { g_stop = true; }
 
 // The profile of this worker with this model: from the cache unless `fresh`, else
 // measured (and cached); the memory it offers is measured now either way.
-pico::worker::WorkerProfile worker_profile(const pico::worker::StageEngine& engine,
-                                           const pico::worker::StageBackendOptions& backend, bool fresh) {
+pico::worker::WorkerProfile worker_profile(const pico::gguf::Model& file, const pico::model::Model& model,
+                                           const pico::worker::StageBackendOptions& backend, int threads,
+                                           const std::string& device, uint64_t device_memory_bytes, bool fresh) {
   using namespace pico::worker;
   const ProfileOptions options;
   const std::string isa(pico::cpu::level_name(pico::cpu::best_level()));
-  const std::string path = profile_cache_path(engine.identity().hash, backend, isa, engine.threads(), options.batch);
+  const uint64_t hash = pico::protocol::model_identity(file).hash;
+  const std::string path = profile_cache_path(hash, backend, isa, threads, options.batch);
   std::optional<WorkerProfile> profile;
-  if (!fresh) profile = load_profile(path, engine.identity().hash, engine.n_layer(), engine.device());
+  if (!fresh) profile = load_profile(path, hash, static_cast<int32_t>(model.hparams().n_layer), device);
   if (profile) {
     spdlog::info("profile from {}", path);
   } else {
     spdlog::info("measuring this worker's profile of the model (pico-worker --profile prints it)");
-    profile = measure_profile(engine.file(), engine.model(), backend, engine.threads(), options);
+    profile = measure_profile(file, model, backend, threads, options);
     save_profile(path, *profile);
   }
-  profile->memory_bytes = offered_memory_bytes(engine, backend);
+  profile->memory_bytes = offered_memory_bytes(backend, device_memory_bytes);
   return *profile;
+}
+
+// --layers auto: the model's identity and this worker's profile to the coordinator,
+// until its placement assigns a range (nullopt: stopped before).
+std::optional<pico::model::LayerRange> await_layers(const std::string& model_path, const std::string& listen,
+                                                    const pico::worker::StageBackendOptions& backend, int threads,
+                                                    const pico::worker::Security& security) {
+  using namespace pico::worker;
+  const auto file = pico::gguf::Model::open(model_path);
+  const auto model = pico::model::Model::load(*file);
+  UnassignedWorker self;
+  self.identity = pico::protocol::model_identity(*file);
+  self.threads = threads > 0 ? threads : pico::cpu::default_thread_count();
+  self.backend = backend.name;
+  for (const pico::backend::ComputeDevice& d : pico::backend::list_compute_devices().devices) {
+    if (backend.name != "cpu" && d.backend == backend.name && d.index == static_cast<uint32_t>(backend.device)) {
+      self.device = d.name + ", " + d.driver;
+      self.device_memory_bytes = d.memory_bytes;
+    }
+  }
+  if (backend.name != "cpu" && self.device.empty()) {
+    throw std::invalid_argument(backend.name + ": no device " + std::to_string(backend.device));
+  }
+  self.profile = worker_profile(*file, *model, backend, self.threads, self.device, self.device_memory_bytes, false);
+  spdlog::info("layers auto: {} waits for its range at {}", pico::protocol::to_string(self.identity), listen);
+  return wait_for_assignment(listen, self, security, g_stop);
 }
 }  // namespace
 
@@ -47,7 +78,9 @@ int main(int argc, char** argv) {
   std::string model_path, layers, listen;
   int threads = 0;
   app.add_option("-m,--model", model_path, "GGUF model file")->required();
-  app.add_option("--layers", layers, "layer range A-B, inclusive (default: all)");
+  app.add_option("--layers", layers,
+                 "layer range A-B, inclusive (default: all); auto: the coordinator's placement assigns the range, "
+                 "which the worker then maps and loads");
   auto* listen_opt = app.add_option("--listen", listen, "address to bind: tcp://*:PORT or ipc://PATH");
   bool profile_only = false;
   app.add_flag("--profile", profile_only,
@@ -95,12 +128,22 @@ int main(int argc, char** argv) {
       security.keys = pico::net::read_secret_key_file(secret_key_path);
       security.authorized_keys = pico::net::read_authorized_keys(authorized_keys_path);
     }
+    std::signal(SIGINT, on_signal);
+    std::signal(SIGTERM, on_signal);
     std::optional<pico::model::LayerRange> range;
-    if (!layers.empty()) range = pico::worker::parse_layers(layers);
+    if (layers == "auto") {
+      if (profile_only) throw std::invalid_argument("--profile measures every layer: give it no --layers auto");
+      range = await_layers(model_path, listen, backend, threads, security);
+      if (!range) return 0;
+    } else if (!layers.empty()) {
+      range = pico::worker::parse_layers(layers);
+    }
     if (!kv_memory.empty()) limits.kv_memory = pico::worker::parse_byte_size(kv_memory);
     if (!device_memory.empty()) backend.memory = pico::worker::parse_byte_size(device_memory);
     pico::worker::StageEngine engine(model_path, range, threads, limits, backend);
-    const pico::worker::WorkerProfile profile = worker_profile(engine, backend, profile_only);
+    const pico::worker::WorkerProfile profile =
+        worker_profile(engine.file(), engine.model(), backend, engine.threads(), engine.device(),
+                       engine.device_memory_bytes(), profile_only);
     if (profile_only) {
       std::cout << pico::worker::format_profile(profile);
       return 0;
@@ -109,8 +152,6 @@ int main(int argc, char** argv) {
     pico::net::set_max_message_bytes(static_cast<int64_t>(engine.limits().max_message_bytes));
     pico::worker::Server server(engine, listen, {}, security);
     server.set_profile(profile);
-    std::signal(SIGINT, on_signal);
-    std::signal(SIGTERM, on_signal);
     spdlog::info("layers {}-{} of {} ({}), listening on {}", engine.layers().first, engine.layers().last - 1,
                  engine.n_layer(), pico::protocol::to_string(engine.identity()), listen);
     if (!engine.device().empty()) spdlog::info("backend {} on {}", engine.backend_name(), engine.device());

@@ -144,12 +144,10 @@ WorkerProfile measure_profile(const gguf::Model& file, const model::Model& m, co
   return p;
 }
 
-uint64_t offered_memory_bytes(const StageEngine& engine, const StageBackendOptions& backend) {
-  if (backend.name != "cpu") {
-    return backend.memory ? std::min(*backend.memory, engine.device_memory_bytes()) : engine.device_memory_bytes();
-  }
-  const MemoryBudget m = default_state_budget(engine.file(), engine.layers(), engine.n_layer());
-  return m.available - m.margin;
+uint64_t offered_memory_bytes(const StageBackendOptions& backend, uint64_t device_memory_bytes) {
+  if (backend.name != "cpu") return backend.memory ? std::min(*backend.memory, device_memory_bytes) : device_memory_bytes;
+  const uint64_t available = available_memory_bytes();
+  return available - available / 10;
 }
 
 std::string profile_cache_path(uint64_t model_hash, const StageBackendOptions& backend, const std::string& isa,

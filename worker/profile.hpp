@@ -49,9 +49,9 @@ struct ProfileOptions {
 WorkerProfile measure_profile(const gguf::Model& file, const model::Model& model, const StageBackendOptions& backend,
                               int threads, const ProfileOptions& options = {});
 
-// The memory a stage offers for weights + KV + state: a device backend's memory
-// (capped by --device-memory), else MemAvailable less a tenth.
-uint64_t offered_memory_bytes(const StageEngine& engine, const StageBackendOptions& backend);
+// The memory a worker offers for weights + KV + state: a device backend's memory
+// (device_memory_bytes, capped by --device-memory), else MemAvailable less a tenth.
+uint64_t offered_memory_bytes(const StageBackendOptions& backend, uint64_t device_memory_bytes);
 
 // The cache: $PICO_CACHE_DIR, else $XDG_CACHE_HOME/pico, else ~/.cache/pico; one JSON
 // file per model, backend, device index, CPU level, threads and batch.

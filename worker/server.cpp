@@ -32,21 +32,27 @@ uint64_t physical_memory_bytes() {
   return pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) : 0;
 }
 
-namespace {
-
-std::string hex(uint64_t v) {
-  char text[17];
-  std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(v));
-  return text;
+void write_host_capabilities(protocol::schema::Capabilities::Builder caps, int threads, const std::string& backend,
+                             const std::string& device, uint64_t device_memory_bytes) {
+  caps.setIsa(std::string(cpu::level_name(cpu::best_level())));
+  caps.setCores(std::thread::hardware_concurrency());
+  caps.setThreads(static_cast<uint32_t>(threads));
+  caps.setMemoryBytes(physical_memory_bytes());
+  caps.setBackend(backend);
+  caps.setDevice(device);
+  caps.setDeviceMemoryBytes(device_memory_bytes);
 }
 
-// Loopback and local sockets are reachable from this host only.
-bool local_only(const std::string& address) {
-  if (address.rfind("ipc://", 0) == 0) return true;
-  for (const char* prefix : {"tcp://127.", "tcp://localhost:", "tcp://[::1]:"}) {
-    if (address.rfind(prefix, 0) == 0) return true;
+std::vector<uint8_t> heartbeat_answer(protocol::schema::Heartbeat::Reader heartbeat, const net::Received& msg) {
+  // The answer carries this worker's clock and echoes the sender's (clock offset), and
+  // the size of a bandwidth probe once all of it arrived.
+  const uint64_t probe = heartbeat.getProbeBytes();
+  const size_t expected_frames = probe > 0 ? 1 : 0;
+  if (msg.payloads.size() != expected_frames || (probe > 0 && msg.payloads[0].size() != probe)) {
+    return protocol::make_error(ErrorCode::BAD_REQUEST, "a heartbeat carries one payload frame of probeBytes (" +
+                                                            std::to_string(probe) + ") bytes, or none without it");
   }
-  return false;
+  return protocol::make_heartbeat(heartbeat.getSentNanos(), probe);
 }
 
 std::unique_ptr<net::ZapAuthenticator> make_authenticator(const Security& security) {
@@ -57,6 +63,22 @@ std::unique_ptr<net::ZapAuthenticator> make_authenticator(const Security& securi
                      key.empty() ? std::string("not a CURVE client")
                                  : "its key " + key + " is not authorized (--authorized-keys, or the plan's stages)");
       });
+}
+
+bool local_only(const std::string& address) {
+  if (address.rfind("ipc://", 0) == 0) return true;
+  for (const char* prefix : {"tcp://127.", "tcp://localhost:", "tcp://[::1]:"}) {
+    if (address.rfind(prefix, 0) == 0) return true;
+  }
+  return false;
+}
+
+namespace {
+
+std::string hex(uint64_t v) {
+  char text[17];
+  std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(v));
+  return text;
 }
 
 }  // namespace
@@ -138,13 +160,8 @@ void Server::handle(net::Received& msg) {
       case Envelope::Body::HELLO: {
         protocol::Builder b;
         auto caps = b.envelope().getBody().initCapabilities();
-        caps.setIsa(std::string(cpu::level_name(cpu::best_level())));
-        caps.setCores(std::thread::hardware_concurrency());
-        caps.setThreads(static_cast<uint32_t>(engine_.threads()));
-        caps.setMemoryBytes(physical_memory_bytes());
-        caps.setBackend(engine_.backend_name());
-        caps.setDevice(engine_.device());
-        caps.setDeviceMemoryBytes(engine_.device_memory_bytes());
+        write_host_capabilities(caps, engine_.threads(), engine_.backend_name(), engine_.device(),
+                                engine_.device_memory_bytes());
         caps.setFirstLayer(static_cast<uint32_t>(engine_.layers().first));
         caps.setLastLayer(static_cast<uint32_t>(engine_.layers().last));
         protocol::write_identity(engine_.identity(), caps.initModel());
@@ -204,18 +221,25 @@ void Server::handle(net::Received& msg) {
         reply(msg.peer, b.encode());
         break;
       }
-      case Envelope::Body::HEARTBEAT: {
-        // The answer carries this worker's clock and echoes the sender's (clock offset),
-        // and the size of a bandwidth probe once all of it arrived.
-        const uint64_t probe = body.getHeartbeat().getProbeBytes();
-        const size_t expected_frames = probe > 0 ? 1 : 0;
-        if (msg.payloads.size() != expected_frames || (probe > 0 && msg.payloads[0].size() != probe)) {
+      case Envelope::Body::HEARTBEAT:
+        reply(msg.peer, heartbeat_answer(body.getHeartbeat(), msg));
+        break;
+      case Envelope::Body::ASSIGN: {
+        // Placement assigns a range once (--layers auto); the range served is assigned.
+        const auto a = body.getAssign();
+        const model::LayerRange r = engine_.layers();
+        if (a.getFirstLayer() == static_cast<uint32_t>(r.first) && a.getLastLayer() == static_cast<uint32_t>(r.last)) {
+          protocol::Builder b;
+          auto done = b.envelope().getBody().initAssigned();
+          done.setFirstLayer(a.getFirstLayer());
+          done.setLastLayer(a.getLastLayer());
+          reply(msg.peer, b.encode());
+        } else {
           reply(msg.peer, protocol::make_error(ErrorCode::BAD_REQUEST,
-                                               "a heartbeat carries one payload frame of probeBytes (" +
-                                                   std::to_string(probe) + ") bytes, or none without it"));
-          break;
+                                               "this worker serves layers " + std::to_string(r.first) + "-" +
+                                                   std::to_string(r.last - 1) +
+                                                   "; a running worker takes no other range (restart it)"));
         }
-        reply(msg.peer, protocol::make_heartbeat(body.getHeartbeat().getSentNanos(), probe));
         break;
       }
       case Envelope::Body::SNAPSHOT_REQUEST:

@@ -33,6 +33,18 @@ struct Security {
   std::vector<std::string> authorized_keys;  // --authorized-keys: clients accepted in any session
 };
 
+// What a worker's Capabilities say of its host and backend (any worker, with layers or
+// not yet).
+void write_host_capabilities(protocol::schema::Capabilities::Builder caps, int threads, const std::string& backend,
+                             const std::string& device, uint64_t device_memory_bytes);
+// The answer to a heartbeat (the clock echo, a bandwidth probe's size) or the error
+// for a probe whose frame is not the size it announced.
+std::vector<uint8_t> heartbeat_answer(protocol::schema::Heartbeat::Reader heartbeat, const net::Received& msg);
+// CURVE: the ZAP handler admitting the authorized keys (null without keys).
+std::unique_ptr<net::ZapAuthenticator> make_authenticator(const Security& security);
+// Loopback and local sockets are reachable from this host only.
+bool local_only(const std::string& address);
+
 class Server {
  public:
   Server(StageEngine& engine, const std::string& listen_address, const net::Timing& timing = {},

@@ -15,9 +15,6 @@
 
 namespace pico::worker {
 
-namespace {
-
-// MemAvailable from /proc/meminfo in bytes (0 when unknown).
 uint64_t available_memory_bytes() {
   std::ifstream in("/proc/meminfo");
   std::string key, unit;
@@ -28,6 +25,8 @@ uint64_t available_memory_bytes() {
   }
   return 0;
 }
+
+namespace {
 
 // Whether a tensor is read by the stage [range) of n_layer layers.
 bool stage_reads(const gguf::Model& file, const std::string& name, model::LayerRange range, int32_t n_layer) {

@@ -67,6 +67,8 @@ struct MemoryBudget {
   uint64_t available = 0, weights = 0, margin = 0, budget = 0;
 };
 MemoryBudget default_state_budget(const gguf::Model& file, model::LayerRange range, int32_t n_layer);
+// MemAvailable from /proc/meminfo in bytes (0 when unknown).
+uint64_t available_memory_bytes();
 
 // "512M", "4G", "1.5GiB", "1000000" (bytes; K, M, G, T are powers of 1024). Throws
 // std::invalid_argument naming the text.

@@ -11,6 +11,9 @@
   the two are placed on ranges that tile the model within their memory, the others are
   left out saying why; the throughput objective plans a batch of --concurrency tokens;
   a bad objective is refused.
+- `--layers auto`: two workers that wait for their layers are placed and assigned by
+  pico-coord (within the config's memory), load their ranges and serve: the greedy
+  tokens equal the single node's; a worker with a range beside one waiting is refused.
 """
 import glob
 import json
@@ -114,6 +117,44 @@ try:
     bad = run([pico, "plan", "-m", model, "--config", config, "--objective", "fastest"], expect_ok=False)
     if "fastest" not in bad.stderr:
         procs.fail("a bad objective is not named: " + bad.stderr)
+
+    # --layers auto: pico-coord places and assigns.
+    coord = os.path.join(build, "coordinator/pico-coord")
+    auto_a, auto_b = free_port(), free_port()
+    for port, log in ((auto_a, "auto-a.log"), (auto_b, "auto-b.log")):
+        p = subprocess.Popen([worker, "-m", model, "--layers", "auto", "--listen", "tcp://127.0.0.1:%d" % port, "-t", "1"],
+                             stdout=subprocess.DEVNULL, stderr=open(os.path.join(procs.tmp, log), "w"), env=env)
+        procs.procs.append(p)
+        procs.wait_log(log, "waits for its range", p)
+    auto_config = os.path.join(procs.tmp, "auto.toml")
+    with open(auto_config, "w") as f:
+        for port in (auto_a, auto_b):
+            f.write('[[worker]]\naddress = "tcp://127.0.0.1:%d"\nmemory = "45M"\n' % port)
+    prompt = ["-p", "Once upon a time", "-n", "12", "--temp", "0", "--ctx", "256", "--parallel", "2"]
+    single = run([coord, "-m", model, *prompt]).stdout
+    auto = run([coord, "-m", model, "--config", auto_config, *prompt])
+    if auto.stdout != single or not single:
+        procs.fail("auto-placed cluster: %r, single node: %r\n%s" % (auto.stdout, single, auto.stderr))
+    ranges = []
+    for log in ("auto-a.log", "auto-b.log"):
+        m = procs.wait_log(log, r"assigned layers (\d+)-(\d+)", procs.procs[-1])
+        ranges.append((int(m.group(1)), int(m.group(2))))
+        procs.wait_log(log, "listening on", procs.procs[-1])
+    ranges.sort()
+    if ranges[0][0] != 0 or ranges[1][1] != 5 or ranges[0][1] + 1 != ranges[1][0]:
+        procs.fail("assigned ranges do not tile 0-5: %s" % ranges)
+    if "placement for latency" not in auto.stderr:
+        procs.fail("pico-coord does not log its placement:\n" + auto.stderr)
+    # One worker with a range beside one waiting for its layers: refused, saying so.
+    auto_c = free_port()
+    p = subprocess.Popen([worker, "-m", model, "--layers", "auto", "--listen", "tcp://127.0.0.1:%d" % auto_c, "-t", "1"],
+                         stdout=subprocess.DEVNULL, stderr=open(os.path.join(procs.tmp, "auto-c.log"), "w"), env=env)
+    procs.procs.append(p)
+    procs.wait_log("auto-c.log", "waits for its range", p)
+    mixed = run([coord, "-m", model, "--worker", "tcp://127.0.0.1:%d" % auto_c, "--worker",
+                 "tcp://127.0.0.1:%d" % port_a, *prompt], expect_ok=False)
+    if "start every worker with --layers auto, or none" not in mixed.stderr:
+        procs.fail("a mixed auto / fixed cluster is not refused clearly:\n" + mixed.stderr)
     print("ok")
 finally:
     procs.close()

@@ -513,6 +513,22 @@ TEST_F(WorkerProtocol, AHeartbeatProbeIsAnsweredOnceItArrivedAndCheckedForItsSiz
   expect_still_serving();
 }
 
+TEST_F(WorkerProtocol, AnAssignOfItsOwnRangeIsAnsweredAndAnyOtherRefused) {
+  const auto assign = [](uint32_t first, uint32_t last) {
+    protocol::Builder b;
+    auto a = b.envelope().getBody().initAssign();
+    a.setFirstLayer(first);
+    a.setLastLayer(last);
+    return b.encode();
+  };
+  auto r = ask(assign(0, 2));
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->which(), Envelope::Body::ASSIGNED);
+  EXPECT_EQ(r->envelope().getBody().getAssigned().getLastLayer(), 2u);
+  EXPECT_EQ(refused_with(assign(0, 1)), ErrorCode::BAD_REQUEST);
+  expect_still_serving();
+}
+
 TEST_F(WorkerProtocol, CapabilitiesCarryTheWorkersProfile) {
   auto r = ask(hello());
   ASSERT_TRUE(r);

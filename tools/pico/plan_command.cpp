@@ -59,32 +59,9 @@ void run_plan(const PlanOptions& o) {
   }
   const std::vector<MeasuredWorker> measured = measure_workers(config.workers, remote, own_keys, o.probe_bytes);
   // Only workers that answered with a profile of this model can be placed.
-  std::vector<size_t> placeable;  // index into measured
-  std::vector<std::string> left_out(measured.size());
-  for (size_t i = 0; i < measured.size(); ++i) {
-    const MeasuredWorker& m = measured[i];
-    if (!m.error.empty()) {
-      left_out[i] = m.error;
-      continue;
-    }
-    if (m.info->identity.hash != identity.hash) {
-      left_out[i] = "serves another model (" + protocol::to_string(m.info->identity) + ")";
-      continue;
-    }
-    WorkerMeasures w;
-    w.name = m.address;
-    for (const worker::LayerTime& t : m.info->profile->layers) {
-      w.decode_seconds.push_back(t.decode_seconds);
-      w.batch_seconds_per_token.push_back(t.batch_seconds_per_token);
-    }
-    w.head_decode_seconds = m.info->profile->head.decode_seconds;
-    w.head_batch_seconds_per_token = m.info->profile->head.batch_seconds_per_token;
-    w.memory_bytes = m.info->profile->memory_bytes;
-    if (config.workers[i].memory) w.memory_bytes = std::min(w.memory_bytes, *config.workers[i].memory);
-    problem.workers.push_back(std::move(w));
-    problem.coordinator_links.push_back(m.link);
-    placeable.push_back(i);
-  }
+  const PlaceableWorkers workers = add_placeable_workers(problem, measured, config.workers, identity);
+  const std::vector<size_t>& placeable = workers.placed;
+  std::vector<std::string> left_out = workers.left_out;
   if (placeable.empty()) throw std::runtime_error("no worker answered with a profile of this model");
   const Placement placement = place(problem);
   for (size_t k = 0; k < placeable.size(); ++k) left_out[placeable[k]] = placement.excluded[k];
