@@ -191,16 +191,28 @@ WorkerProfile profile_from_json(const std::string& text) {
     }
     return t;
   };
+  // A whole number within [0, 2^20] (nlohmann would convert a float or a huge value).
+  const auto small_integer = [&](const char* key) {
+    const nlohmann::json& v = need(key);
+    if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > (1 << 20)) {
+      throw std::invalid_argument(std::string("'") + key + "' is not an integer in [0, 2^20]");
+    }
+    return static_cast<int>(v.get<int64_t>());
+  };
   try {
     if (need("version") != 1) throw std::invalid_argument("version is not 1");
     WorkerProfile p;
-    p.model_hash = std::stoull(need("model_hash").get<std::string>(), nullptr, 16);
+    const std::string hash = need("model_hash").get<std::string>();
+    if (hash.size() != 16 || hash.find_first_not_of("0123456789abcdef") != std::string::npos) {
+      throw std::invalid_argument("model_hash is not 16 hexadecimal digits");
+    }
+    p.model_hash = std::stoull(hash, nullptr, 16);
     p.backend = need("backend").get<std::string>();
-    p.device_index = need("device_index").get<int>();
+    p.device_index = small_integer("device_index");
     p.device = need("device").get<std::string>();
     p.isa = need("isa").get<std::string>();
-    p.threads = need("threads").get<int>();
-    p.batch = need("batch").get<int>();
+    p.threads = small_integer("threads");
+    p.batch = small_integer("batch");
     if (p.batch <= 0) throw std::invalid_argument("batch is not positive");
     p.head = time(need("head"), "head");
     const nlohmann::json& layers = need("layers");

@@ -65,6 +65,9 @@ TEST(WorkerProfile, MalformedJsonIsRefusedNamingWhat) {
   EXPECT_NE(error_of(with("\"version\": 1", "\"version\": 2")).find("version"), std::string::npos);
   EXPECT_NE(error_of(with("\"batch\": 64", "\"batch\": 0")).find("batch"), std::string::npos);
   EXPECT_NE(error_of(with("\"batch\": 64", "\"batches\": 64")).find("no 'batch'"), std::string::npos);
+  EXPECT_NE(error_of(with("\"threads\": 3", "\"threads\": 1e300")).find("'threads' is not an integer"),
+            std::string::npos);
+  EXPECT_NE(error_of(with("\"threads\": 3", "\"threads\": 3.5")).find("'threads'"), std::string::npos);
   EXPECT_NE(error_of(with("0.0005", "-0.0005")).find("layer 0"), std::string::npos);
   EXPECT_NE(error_of(with("\"isa\": \"avx2\"", "\"isa\": 2")), "(accepted)");
   EXPECT_NE(error_of(with("\"model_hash\": \"0123456789abcdef\"", "\"model_hash\": \"xyz\"")), "(accepted)");
