@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdlib>
 
+#include "link_probe.hpp"
 #include "state/kv_cache.hpp"
 
 namespace pico::coordinator {
@@ -53,7 +54,11 @@ PlacementProblem model_placement_problem(const gguf::Model& file, int64_t ctx, i
 MeasuredWorker measure_worker(RemoteStage& stage, uint64_t probe_bytes) {
   MeasuredWorker m;
   m.address = stage.address();
-  const uint64_t bytes = std::max<uint64_t>(1, std::min<uint64_t>(probe_bytes, stage.info().limits.max_message_bytes / 2));
+  // A worker waiting for its layers has no limits yet; it takes link probes of up to
+  // 64 MiB (worker/link_probe.hpp).
+  const uint64_t largest = stage.info().limits.max_message_bytes > 0 ? stage.info().limits.max_message_bytes / 2
+                                                                     : worker::kMaxLinkProbeBytes;
+  const uint64_t bytes = std::max<uint64_t>(1, std::min<uint64_t>(probe_bytes, largest));
   const double empty = stage.probe_round_trip(0, 4);
   const double loaded = stage.probe_round_trip(bytes, 3);
   m.link.latency_seconds = std::min(empty, stage.info().round_trip_seconds) / 2;
@@ -66,19 +71,23 @@ MeasuredWorker measure_worker(RemoteStage& stage, uint64_t probe_bytes) {
 }
 
 std::vector<MeasuredWorker> measure_workers(const std::vector<WorkerEntry>& workers, const RemoteOptions& options,
-                                            const std::optional<net::KeyPair>& own_keys, uint64_t probe_bytes) {
+                                            const std::optional<net::KeyPair>& own_keys, uint64_t probe_bytes,
+                                            std::vector<std::unique_ptr<RemoteStage>>* connected) {
   std::vector<MeasuredWorker> out;
   for (const WorkerEntry& w : workers) {
     MeasuredWorker m;
     m.address = w.address;
+    std::unique_ptr<RemoteStage> stage;
     try {
       RemoteOptions ro = options;
       if (own_keys) ro.curve = net::Curve{*own_keys, w.public_key};
-      RemoteStage stage(w.address, ro);
-      m = measure_worker(stage, probe_bytes);
+      stage = std::make_unique<RemoteStage>(w.address, ro);
+      m = measure_worker(*stage, probe_bytes);
     } catch (const std::exception& e) {
       m.error = e.what();
+      stage.reset();
     }
+    if (connected) connected->push_back(std::move(stage));
     if (!m.error.empty()) spdlog::warn("{}: {}", w.address, m.error);
     out.push_back(std::move(m));
   }
@@ -116,6 +125,28 @@ PlaceableWorkers add_placeable_workers(PlacementProblem& problem, const std::vec
   return out;
 }
 
+std::vector<std::vector<std::optional<LinkMeasure>>> measure_worker_links(
+    const std::vector<RemoteStage*>& stages, const std::vector<WorkerEntry>& entries,
+    const std::vector<size_t>& placed, uint64_t probe_bytes) {
+  std::vector<std::vector<std::optional<LinkMeasure>>> links(placed.size(),
+                                                             std::vector<std::optional<LinkMeasure>>(placed.size()));
+  for (size_t k = 0; k < placed.size(); ++k) {
+    for (size_t l = 0; l < placed.size(); ++l) {
+      if (k == l) continue;
+      const WorkerEntry& to = entries[placed[l]];
+      std::string error;
+      const auto m = stages[placed[k]]->probe_link(to.address, to.public_key, probe_bytes, &error);
+      if (m) {
+        links[k][l] = LinkMeasure{m->first, m->second};
+      } else {
+        spdlog::warn("link {} -> {} not measured ({}): estimated from their links to the coordinator",
+                     entries[placed[k]].address, to.address, error);
+      }
+    }
+  }
+  return links;
+}
+
 bool waits_for_layers(const StageInfo& info) { return info.layers.last <= info.layers.first; }
 
 std::vector<WorkerEntry> assign_auto_layers(std::vector<std::unique_ptr<RemoteStage>>& connected,
@@ -137,6 +168,9 @@ std::vector<WorkerEntry> assign_auto_layers(std::vector<std::unique_ptr<RemoteSt
   problem.concurrency = settings.concurrency > 0 ? settings.concurrency : settings.parallel;
   const PlaceableWorkers placeable = add_placeable_workers(problem, measured, workers, identity);
   if (placeable.placed.empty()) throw PlacementError("no worker answered with a profile of this model");
+  std::vector<RemoteStage*> stages;
+  for (auto& stage : connected) stages.push_back(stage.get());
+  problem.worker_links = measure_worker_links(stages, workers, placeable.placed, 4u << 20);
   const Placement placement = place(problem);
   spdlog::info("placement for {}: {:.2f} tok/s predicted ({} token(s) a step)", to_string(problem.objective),
                placement.tokens_per_second, placement.batch);

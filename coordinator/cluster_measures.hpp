@@ -35,8 +35,10 @@ struct MeasuredWorker {
 MeasuredWorker measure_worker(RemoteStage& stage, uint64_t probe_bytes);
 // Connects to each worker and measures it; a worker that cannot be reached or sent no
 // profile has `error` set instead of failing the rest.
+// connected (optional): the stages, kept connected (null where unreachable).
 std::vector<MeasuredWorker> measure_workers(const std::vector<WorkerEntry>& workers, const RemoteOptions& options,
-                                            const std::optional<net::KeyPair>& own_keys, uint64_t probe_bytes);
+                                            const std::optional<net::KeyPair>& own_keys, uint64_t probe_bytes,
+                                            std::vector<std::unique_ptr<RemoteStage>>* connected = nullptr);
 
 // The measured workers that can be placed, added to `problem` (their profile, the
 // memory they offer capped by the config's `memory`, their link): `placed[k]` is the
@@ -56,6 +58,14 @@ struct AutoPlacement {
   int parallel = 1;
   protocol::DType activations = protocol::DType::F32;
 };
+
+// The links between placed workers, measured by the workers themselves (protocol
+// LinkProbe): [k][l] from the worker of problem.workers[k] to that of [l], as
+// PlacementProblem::worker_links takes them; a link a worker could not measure stays
+// empty (placement then estimates it). stages[i] is entries[i], connected.
+std::vector<std::vector<std::optional<LinkMeasure>>> measure_worker_links(
+    const std::vector<RemoteStage*>& stages, const std::vector<WorkerEntry>& entries,
+    const std::vector<size_t>& placed, uint64_t probe_bytes);
 
 // Whether a worker waits for its layers (pico-worker --layers auto: Capabilities with
 // no range).

@@ -1,5 +1,7 @@
 #include "stage.hpp"
 
+#include <cmath>
+
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
@@ -306,6 +308,31 @@ void RemoteStage::assign(model::LayerRange layers) {
   protocol::Decoded d(msg->header_bytes());
   if (d.which() == Envelope::Body::ERROR) fail("refused its layers: " + error_text(d.envelope()));
   if (d.which() != Envelope::Body::ASSIGNED) fail(std::string("answered assign with ") + protocol::body_name(d.which()));
+}
+
+std::optional<std::pair<double, double>> RemoteStage::probe_link(const std::string& address,
+                                                                 const std::string& public_key, uint64_t probe_bytes,
+                                                                 std::string* error) {
+  protocol::Builder b;
+  auto p = b.envelope().getBody().initLinkProbe();
+  p.setAddress(address);
+  p.setPublicKey(public_key);
+  p.setProbeBytes(probe_bytes);
+  send(b);
+  const auto msg = receive(options_.connect_timeout_ms);
+  if (!msg) fail("no answer to a link probe");
+  protocol::Decoded d(msg->header_bytes());
+  if (d.which() == Envelope::Body::ERROR) fail("refused a link probe: " + error_text(d.envelope()));
+  if (d.which() != Envelope::Body::LINK_MEASURED) {
+    fail(std::string("answered linkProbe with ") + protocol::body_name(d.which()));
+  }
+  const auto m = d.envelope().getBody().getLinkMeasured();
+  if (m.getError().size() > 0 || !(m.getBytesPerSecond() > 0) || !(m.getLatencySeconds() >= 0) ||
+      !std::isfinite(m.getLatencySeconds()) || !std::isfinite(m.getBytesPerSecond())) {
+    if (error) *error = m.getError().size() > 0 ? m.getError().cStr() : "an unusable measure";
+    return std::nullopt;
+  }
+  return std::pair{m.getLatencySeconds(), m.getBytesPerSecond()};
 }
 
 void RemoteStage::fail(const std::string& what, uint64_t step) const {

@@ -246,6 +246,11 @@ class RemoteStage final : public Stage {
   // for its answer; the worker then loads the range and serves anew at its address
   // (connect a new RemoteStage). Throws StageError naming the worker.
   void assign(model::LayerRange layers);
+  // Asks the worker to measure its link to another worker (protocol LinkProbe);
+  // nullopt when it could not (the reason in *error). Throws StageError when this
+  // worker does not answer.
+  std::optional<std::pair<double, double>> probe_link(const std::string& address, const std::string& public_key,
+                                                      uint64_t probe_bytes, std::string* error);
   // The worker's CURVE public key (empty: an open link).
   std::string public_key() const { return options_.curve ? options_.curve->server_key : std::string(); }
 

@@ -16,7 +16,8 @@ $Cxx.namespace("pico::protocol::schema");
 #    the worker's limits (Capabilities.limits), CURVE public keys in plans, busy / limit errors.
 # 6: recurrent-state checkpoints (forward.checkpointKeep), hybrid snapshots.
 # 7: the worker's profile (Capabilities.profile), bandwidth probes (Heartbeat.probeBytes),
-#    layer assignment (assign / assigned: pico-worker --layers auto).
+#    layer assignment (assign / assigned: pico-worker --layers auto), link probes between
+#    workers (linkProbe / linkMeasured).
 const protocolVersion :UInt32 = 7;
 
 enum DType {
@@ -202,12 +203,27 @@ struct SequenceSnapshot {
 
 # pico-worker --layers auto holds no layer until the coordinator's placement assigns
 # it a range: until then its Capabilities say firstLayer == lastLayer == 0 (and no
-# limits), and it answers only hello, heartbeat and assign. It answers `assigned` (the
+# limits), and it answers only hello, heartbeat, linkProbe and assign. It answers `assigned` (the
 # same range) before it loads the range, then serves at the same address as a worker
 # started with --layers.
 struct Assign {
   firstLayer @0 :UInt32;     # [firstLayer, lastLayer)
   lastLayer @1 :UInt32;
+}
+# Placement asks a worker to measure its link to another worker: it connects to
+# `address` (a CURVE client with its own keys and publicKey, when keyed) and times
+# heartbeats there, empty and carrying probeBytes (at most 64 MiB), then answers
+# linkMeasured (error set when the other worker did not answer within two seconds).
+struct LinkProbe {
+  address @0 :Text;
+  publicKey @1 :Text;
+  probeBytes @2 :UInt64;
+}
+struct LinkMeasured {
+  address @0 :Text;
+  latencySeconds @1 :Float64;   # one way: half the fastest empty round trip
+  bytesPerSecond @2 :Float64;
+  error @3 :Text;
 }
 struct Stats {
   memoryBytes @0 :UInt64;    # resident set of the process
@@ -264,5 +280,7 @@ struct Envelope {
     restored @17 :SequenceRef;
     assign @19 :Assign;
     assigned @20 :Assign;
+    linkProbe @21 :LinkProbe;
+    linkMeasured @22 :LinkMeasured;
   }
 }

@@ -70,6 +70,8 @@ const char* body_name(Envelope::Body::Which which) {
     case W::RESTORED: return "restored";
     case W::ASSIGN: return "assign";
     case W::ASSIGNED: return "assigned";
+    case W::LINK_PROBE: return "linkProbe";
+    case W::LINK_MEASURED: return "linkMeasured";
   }
   return "unknown";
 }

@@ -2,15 +2,17 @@
 
 #include <spdlog/spdlog.h>
 
+#include "link_probe.hpp"
+
 namespace pico::worker {
 
 using protocol::Envelope;
 using protocol::ErrorCode;
 
-std::optional<model::LayerRange> wait_for_assignment(const std::string& listen_address, const UnassignedWorker& self,
-                                                     const Security& security, const std::atomic<bool>& stop,
-                                                     const net::Timing& timing) {
-  const std::unique_ptr<net::ZapAuthenticator> zap = make_authenticator(security);
+std::optional<Assignment> wait_for_assignment(const std::string& listen_address, const UnassignedWorker& self,
+                                              const Security& security, const std::atomic<bool>& stop,
+                                              const net::Timing& timing) {
+  std::unique_ptr<net::ZapAuthenticator> zap = make_authenticator(security);
   zmq::socket_t router = net::make_router(listen_address, timing, security.keys ? &*security.keys : nullptr);
   const uint32_t n_layer = self.identity.n_layer;
   while (!stop.load()) {
@@ -41,6 +43,9 @@ std::optional<model::LayerRange> wait_for_assignment(const std::string& listen_a
       case Envelope::Body::HEARTBEAT:
         reply(heartbeat_answer(body.getHeartbeat(), *msg));
         break;
+      case Envelope::Body::LINK_PROBE:
+        reply(answer_link_probe(body.getLinkProbe(), security.keys));
+        break;
       case Envelope::Body::ASSIGN: {
         const uint32_t first = body.getAssign().getFirstLayer(), last = body.getAssign().getLastLayer();
         if (first >= last || last > n_layer) {
@@ -54,9 +59,8 @@ std::optional<model::LayerRange> wait_for_assignment(const std::string& listen_a
         done.setFirstLayer(first);
         done.setLastLayer(last);
         reply(b.encode());
-        router.set(zmq::sockopt::linger, 2000);  // the answer leaves before the socket closes
         spdlog::info("assigned layers {}-{}", first, last - 1);
-        return model::LayerRange{static_cast<int32_t>(first), static_cast<int32_t>(last)};
+        return Assignment{{static_cast<int32_t>(first), static_cast<int32_t>(last)}, std::move(zap), std::move(router)};
       }
       default:
         reply(protocol::make_error(ErrorCode::BAD_REQUEST,

@@ -11,6 +11,7 @@
 #include <optional>
 
 #include "assignment.hpp"
+#include "link_probe.hpp"
 #include "backend/devices.hpp"
 #include "cpu/cpu_features.hpp"
 #include "cpu/thread_pool.hpp"
@@ -47,7 +48,7 @@ pico::worker::WorkerProfile worker_profile(const pico::gguf::Model& file, const 
 
 // --layers auto: the model's identity and this worker's profile to the coordinator,
 // until its placement assigns a range (nullopt: stopped before).
-std::optional<pico::model::LayerRange> await_layers(const std::string& model_path, const std::string& listen,
+std::optional<pico::worker::Assignment> await_layers(const std::string& model_path, const std::string& listen,
                                                     const pico::worker::StageBackendOptions& backend, int threads,
                                                     const pico::worker::Security& security) {
   using namespace pico::worker;
@@ -68,6 +69,8 @@ std::optional<pico::model::LayerRange> await_layers(const std::string& model_pat
   }
   self.profile = worker_profile(*file, *model, backend, self.threads, self.device, self.device_memory_bytes, false);
   spdlog::info("layers auto: {} waits for its range at {}", pico::protocol::to_string(self.identity), listen);
+  // Until then the largest message is a link probe (its payload and a header).
+  pico::net::set_max_message_bytes(static_cast<int64_t>(kMaxLinkProbeBytes + (1u << 20)));
   return wait_for_assignment(listen, self, security, g_stop);
 }
 }  // namespace
@@ -131,10 +134,12 @@ int main(int argc, char** argv) {
     std::signal(SIGINT, on_signal);
     std::signal(SIGTERM, on_signal);
     std::optional<pico::model::LayerRange> range;
+    std::optional<pico::worker::Assignment> assignment;
     if (layers == "auto") {
       if (profile_only) throw std::invalid_argument("--profile measures every layer: give it no --layers auto");
-      range = await_layers(model_path, listen, backend, threads, security);
-      if (!range) return 0;
+      assignment = await_layers(model_path, listen, backend, threads, security);
+      if (!assignment) return 0;
+      range = assignment->layers;
     } else if (!layers.empty()) {
       range = pico::worker::parse_layers(layers);
     }
@@ -150,7 +155,17 @@ int main(int argc, char** argv) {
     }
     // The largest legal frame (StageLimits::max_message_bytes), before the socket is made.
     pico::net::set_max_message_bytes(static_cast<int64_t>(engine.limits().max_message_bytes));
-    pico::worker::Server server(engine, listen, {}, security);
+    std::optional<pico::worker::Server> server_storage;
+    if (assignment) {
+      // Connections made from now on (the coordinator's, the previous stage's) get the
+      // assigned range's largest message; those of the wait had the wait's.
+      assignment->router.set(zmq::sockopt::maxmsgsize, static_cast<int64_t>(engine.limits().max_message_bytes));
+      server_storage.emplace(engine, std::move(assignment->router), std::move(assignment->zap), listen,
+                             pico::net::Timing{}, security);
+    } else {
+      server_storage.emplace(engine, listen, pico::net::Timing{}, security);
+    }
+    pico::worker::Server& server = *server_storage;
     server.set_profile(profile);
     spdlog::info("layers {}-{} of {} ({}), listening on {}", engine.layers().first, engine.layers().last - 1,
                  engine.n_layer(), pico::protocol::to_string(engine.identity()), listen);

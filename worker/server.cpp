@@ -9,6 +9,7 @@
 #include <tuple>
 #include <thread>
 
+#include "link_probe.hpp"
 #include "sample/argmax.hpp"
 #include "cpu/cpu_features.hpp"
 
@@ -90,6 +91,16 @@ Server::Server(StageEngine& engine, const std::string& listen_address, const net
       keys_(security.keys),
       zap_(make_authenticator(security)),
       router_(net::make_router(listen_address, timing, keys_ ? &*keys_ : nullptr)) {
+  log_security(listen_address, security);
+}
+
+Server::Server(StageEngine& engine, zmq::socket_t bound_router, std::unique_ptr<net::ZapAuthenticator> zap,
+               const std::string& listen_address, const net::Timing& timing, const Security& security)
+    : engine_(engine), timing_(timing), keys_(security.keys), zap_(std::move(zap)), router_(std::move(bound_router)) {
+  log_security(listen_address, security);
+}
+
+void Server::log_security(const std::string& listen_address, const Security& security) const {
   if (keys_) {
     spdlog::info("CURVE: public key {}, {} authorized key(s)", keys_->public_key, security.authorized_keys.size());
   } else if (!local_only(listen_address)) {
@@ -223,6 +234,9 @@ void Server::handle(net::Received& msg) {
       }
       case Envelope::Body::HEARTBEAT:
         reply(msg.peer, heartbeat_answer(body.getHeartbeat(), msg));
+        break;
+      case Envelope::Body::LINK_PROBE:
+        reply(msg.peer, answer_link_probe(body.getLinkProbe(), keys_));
         break;
       case Envelope::Body::ASSIGN: {
         // Placement assigns a range once (--layers auto); the range served is assigned.

@@ -49,6 +49,10 @@ class Server {
  public:
   Server(StageEngine& engine, const std::string& listen_address, const net::Timing& timing = {},
          const Security& security = {});
+  // On a ROUTER already bound at listen_address (with its ZAP handler, when keyed):
+  // what a worker assigned its layers (--layers auto) received meanwhile is served.
+  Server(StageEngine& engine, zmq::socket_t bound_router, std::unique_ptr<net::ZapAuthenticator> zap,
+         const std::string& listen_address, const net::Timing& timing = {}, const Security& security = {});
   // What Capabilities reports as the worker's profile (worker/profile.hpp); none until set.
   void set_profile(const WorkerProfile& profile) { profile_ = profile; }
   // Serves until `stop` is set (checked every 100 ms).
@@ -58,6 +62,7 @@ class Server {
   bool serve_one(int timeout_ms);
 
  private:
+  void log_security(const std::string& listen_address, const Security& security) const;
   void handle(net::Received& msg);
   void handle_plan(const std::string& peer, protocol::schema::Plan::Reader plan);
   // Whether a sequence message of `message_session_` may be served; answers busy (or

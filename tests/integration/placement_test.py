@@ -6,7 +6,8 @@
 - `pico-worker --profile` measures, prints each kind of layer and the head, and writes
   the profile cache ($PICO_CACHE_DIR); a worker started later reads it instead of
   measuring; a corrupt cache file is measured anew, with a warning, and replaced.
-- `pico plan --json` on a cluster of two workers whose memory (cluster.toml `memory`)
+- `pico plan --json` (the links between workers measured by the workers) on a
+  cluster of two workers whose memory (cluster.toml `memory`)
   holds neither the whole model, one that holds no layer, and one that does not answer:
   the two are placed on ranges that tile the model within their memory, the others are
   left out saying why; the throughput objective plans a batch of --concurrency tokens;
@@ -100,6 +101,12 @@ try:
             procs.fail("no predicted speed: %s" % json.dumps(s))
     if expected_first != 6 or not plan["tokens_per_second"] > 0:
         procs.fail("the plan does not cover 6 layers: %s" % json.dumps(plan, indent=1))
+    # Every link between the placeable workers measured by the workers themselves.
+    for src, dst in ((port_a, port_b), (port_b, port_a), (port_a, port_c)):
+        key = "tcp://127.0.0.1:%d -> tcp://127.0.0.1:%d" % (src, dst)
+        link = plan.get("links", {}).get(key)
+        if not link or not link["bytes_per_second"] > 0 or not link["latency_seconds"] >= 0:
+            procs.fail("link %s not measured: %s" % (key, json.dumps(plan["links"], indent=1)))
     left = plan["left_out"]
     if "holds no layer" not in left.get("tcp://127.0.0.1:%d" % port_c, ""):
         procs.fail("worker c (1M) not left out as holding no layer: %s" % left)

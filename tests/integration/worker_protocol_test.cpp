@@ -529,6 +529,52 @@ TEST_F(WorkerProtocol, AnAssignOfItsOwnRangeIsAnsweredAndAnyOtherRefused) {
   expect_still_serving();
 }
 
+TEST_F(WorkerProtocol, ALinkProbeMeasuresTheLinkToTheAddressItNames) {
+  const auto probe = [](const std::string& address, uint64_t bytes) {
+    protocol::Builder b;
+    auto p = b.envelope().getBody().initLinkProbe();
+    p.setAddress(address);
+    p.setProbeBytes(bytes);
+    return b.encode();
+  };
+  // Another peer that answers heartbeats, as a worker does (echo, probe size).
+  const std::string peer_address = "ipc://" + (dir_ / "peer.sock").string();
+  std::atomic<bool> stop{false};
+  std::atomic<int> answered{0};
+  std::thread peer([&] {
+    zmq::socket_t router = net::make_router(peer_address);
+    while (!stop) {
+      auto msg = net::receive(router, true, 50);
+      if (!msg) continue;
+      protocol::Decoded d(msg->header_bytes());
+      const auto h = d.envelope().getBody().getHeartbeat();
+      EXPECT_EQ(msg->payloads.size(), h.getProbeBytes() > 0 ? 1u : 0u);
+      net::send(router, &msg->peer, protocol::make_heartbeat(h.getSentNanos(), h.getProbeBytes()));
+      ++answered;
+    }
+  });
+  auto r = ask(probe(peer_address, 1 << 20), 10000);
+  stop = true;
+  peer.join();
+  EXPECT_EQ(answered.load(), 7);  // 4 empty, 3 carrying the probe
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->which(), Envelope::Body::LINK_MEASURED);
+  const auto m = r->envelope().getBody().getLinkMeasured();
+  EXPECT_EQ(m.getError().size(), 0u) << m.getError().cStr();
+  EXPECT_GT(m.getBytesPerSecond(), 0);
+  EXPECT_GE(m.getLatencySeconds(), 0);
+  // Nothing listens there: measured as an error, within the probe's timeout.
+  auto none = ask(probe("ipc://" + (dir_ / "nobody.sock").string(), 1000), 10000);
+  ASSERT_TRUE(none);
+  ASSERT_EQ(none->which(), Envelope::Body::LINK_MEASURED);
+  EXPECT_NE(std::string(none->envelope().getBody().getLinkMeasured().getError().cStr()).find("no answer"),
+            std::string::npos);
+  EXPECT_EQ(refused_with(probe(address_, 0)), ErrorCode::BAD_REQUEST);
+  EXPECT_EQ(refused_with(probe(address_, (uint64_t{64} << 20) + 1)), ErrorCode::BAD_REQUEST);
+  EXPECT_EQ(refused_with(probe("", 1000)), ErrorCode::BAD_REQUEST);
+  expect_still_serving();
+}
+
 TEST_F(WorkerProtocol, CapabilitiesCarryTheWorkersProfile) {
   auto r = ask(hello());
   ASSERT_TRUE(r);

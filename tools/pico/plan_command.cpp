@@ -57,12 +57,17 @@ void run_plan(const PlanOptions& o) {
   for (const auto& w : config.workers) {
     if (own_keys) remote.cluster_keys.push_back(w.public_key);
   }
-  const std::vector<MeasuredWorker> measured = measure_workers(config.workers, remote, own_keys, o.probe_bytes);
+  std::vector<std::unique_ptr<RemoteStage>> connected;
+  const std::vector<MeasuredWorker> measured =
+      measure_workers(config.workers, remote, own_keys, o.probe_bytes, &connected);
   // Only workers that answered with a profile of this model can be placed.
   const PlaceableWorkers workers = add_placeable_workers(problem, measured, config.workers, identity);
   const std::vector<size_t>& placeable = workers.placed;
   std::vector<std::string> left_out = workers.left_out;
   if (placeable.empty()) throw std::runtime_error("no worker answered with a profile of this model");
+  std::vector<RemoteStage*> stages;
+  for (auto& stage : connected) stages.push_back(stage.get());
+  problem.worker_links = measure_worker_links(stages, config.workers, placeable, o.probe_bytes);
   const Placement placement = place(problem);
   for (size_t k = 0; k < placeable.size(); ++k) left_out[placeable[k]] = placement.excluded[k];
 
@@ -88,6 +93,18 @@ void run_plan(const PlanOptions& o) {
                              {"memory_bytes", s.memory_bytes},
                              {"offered_bytes", problem.workers[s.worker].memory_bytes},
                              {"tokens_per_second", placement.batch / (s.compute_seconds + s.send_seconds)}});
+    }
+    j["links"] = nlohmann::json::object();
+    for (size_t k = 0; k < placeable.size(); ++k) {
+      j["links"][measured[placeable[k]].address] = {{"latency_seconds", problem.coordinator_links[k].latency_seconds},
+                                                    {"bytes_per_second", problem.coordinator_links[k].bytes_per_second},
+                                                    {"from", "coordinator"}};
+      for (size_t l = 0; l < placeable.size(); ++l) {
+        const auto& link = problem.worker_links[k][l];
+        if (k == l || !link) continue;
+        j["links"][measured[placeable[k]].address + " -> " + measured[placeable[l]].address] = {
+            {"latency_seconds", link->latency_seconds}, {"bytes_per_second", link->bytes_per_second}};
+      }
     }
     j["left_out"] = nlohmann::json::object();
     for (size_t i = 0; i < measured.size(); ++i) {
