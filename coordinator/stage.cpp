@@ -231,34 +231,45 @@ void RemoteStage::hello(int timeout_ms) {
   estimate_clock_offset();
 }
 
+RemoteStage::RoundTrip RemoteStage::heartbeat_round_trip(uint64_t probe_bytes, const char* what) {
+  RoundTrip r;
+  r.sent = protocol::steady_nanos();
+  std::vector<zmq::message_t> payload;
+  if (probe_bytes > 0) payload.emplace_back(static_cast<size_t>(probe_bytes));
+  {
+    check_alive();
+    if (!net::send(socket_, nullptr, protocol::make_heartbeat_request(r.sent, probe_bytes), std::move(payload))) {
+      fail("cannot queue a message (not connected)");
+    }
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(options_.connect_timeout_ms);
+  while (true) {
+    check_alive();
+    auto msg = net::receive(socket_, false, 50);
+    r.received = protocol::steady_nanos();
+    if (!msg) {
+      if (std::chrono::steady_clock::now() >= deadline) fail(std::string("no answer to a ") + what);
+      continue;
+    }
+    protocol::Decoded d(msg->header_bytes());
+    if (d.which() == Envelope::Body::ERROR) fail(std::string("refused a ") + what + ": " + error_text(d.envelope()));
+    if (d.which() != Envelope::Body::HEARTBEAT) continue;
+    const auto h = d.envelope().getBody().getHeartbeat();
+    if (h.getEchoNanos() != r.sent || h.getProbeBytes() != probe_bytes) continue;  // an answer to an earlier one
+    r.worker_clock = h.getSentNanos();
+    return r;
+  }
+}
+
 // NTP style: a few heartbeat round trips; the one with the smallest round trip gives
 // the offset, assuming its two legs took equally long.
 void RemoteStage::estimate_clock_offset() {
   uint64_t best_rtt = UINT64_MAX;
   for (int i = 0; i < 8; ++i) {
-    protocol::Builder ping;
-    const uint64_t t0 = protocol::steady_nanos();
-    ping.envelope().getBody().initHeartbeat().setSentNanos(t0);
-    send(ping);
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(options_.connect_timeout_ms);
-    while (true) {
-      check_alive();
-      auto msg = net::receive(socket_, false, 50);
-      const uint64_t t2 = protocol::steady_nanos();
-      if (!msg) {
-        if (std::chrono::steady_clock::now() >= deadline) fail("no answer to a heartbeat");
-        continue;
-      }
-      protocol::Decoded d(msg->header_bytes());
-      if (d.which() != Envelope::Body::HEARTBEAT) continue;
-      const auto h = d.envelope().getBody().getHeartbeat();
-      if (h.getEchoNanos() != t0) continue;  // an answer to an earlier one
-      if (t2 - t0 < best_rtt) {
-        best_rtt = t2 - t0;
-        const int64_t t1 = static_cast<int64_t>(h.getSentNanos());
-        clock_offset_ = t1 - static_cast<int64_t>(t0 / 2 + t2 / 2);
-      }
-      break;
+    const RoundTrip r = heartbeat_round_trip(0, "heartbeat");
+    if (r.received - r.sent < best_rtt) {
+      best_rtt = r.received - r.sent;
+      clock_offset_ = static_cast<int64_t>(r.worker_clock) - static_cast<int64_t>(r.sent / 2 + r.received / 2);
     }
   }
   info_.round_trip_seconds = static_cast<double>(best_rtt) * 1e-9;
@@ -268,31 +279,8 @@ void RemoteStage::estimate_clock_offset() {
 double RemoteStage::probe_round_trip(uint64_t probe_bytes, int tries) {
   uint64_t best = UINT64_MAX;
   for (int i = 0; i < tries; ++i) {
-    protocol::Builder ping;
-    const uint64_t t0 = protocol::steady_nanos();
-    auto h = ping.envelope().getBody().initHeartbeat();
-    h.setSentNanos(t0);
-    h.setProbeBytes(probe_bytes);
-    std::vector<zmq::message_t> payload;
-    if (probe_bytes > 0) payload.emplace_back(static_cast<size_t>(probe_bytes));
-    send(ping, std::move(payload));
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(options_.connect_timeout_ms);
-    while (true) {
-      check_alive();
-      auto msg = net::receive(socket_, false, 50);
-      const uint64_t t2 = protocol::steady_nanos();
-      if (!msg) {
-        if (std::chrono::steady_clock::now() >= deadline) fail("no answer to a bandwidth probe");
-        continue;
-      }
-      protocol::Decoded d(msg->header_bytes());
-      if (d.which() == Envelope::Body::ERROR) fail("refused a bandwidth probe: " + error_text(d.envelope()));
-      if (d.which() != Envelope::Body::HEARTBEAT) continue;
-      const auto answer = d.envelope().getBody().getHeartbeat();
-      if (answer.getEchoNanos() != t0 || answer.getProbeBytes() != probe_bytes) continue;
-      best = std::min(best, t2 - t0);
-      break;
-    }
+    const RoundTrip r = heartbeat_round_trip(probe_bytes, "bandwidth probe");
+    best = std::min(best, r.received - r.sent);
   }
   return static_cast<double>(best) * 1e-9;
 }

@@ -258,6 +258,12 @@ class RemoteStage final : public Stage {
   void connect();  // a fresh socket and monitor
   void hello(int timeout_ms);  // hello/capabilities into info_, then the clock offset
   void estimate_clock_offset();
+  // One heartbeat (carrying a probe of probe_bytes) and its answer, in this process's
+  // steady clock and the worker's; fails naming `what` after connect_timeout_ms.
+  struct RoundTrip {
+    uint64_t sent = 0, received = 0, worker_clock = 0;
+  };
+  RoundTrip heartbeat_round_trip(uint64_t probe_bytes, const char* what);
   // Stamps this process's session on the envelope and sends it.
   void send(protocol::Builder& message, std::vector<zmq::message_t>&& payloads = {});
   // The next message other than heartbeats within timeout_ms (throws on lost/timeout).

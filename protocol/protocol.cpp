@@ -100,6 +100,14 @@ std::vector<uint8_t> make_heartbeat(uint64_t echo_nanos, uint64_t probe_bytes) {
   return b.encode();
 }
 
+std::vector<uint8_t> make_heartbeat_request(uint64_t sent_nanos, uint64_t probe_bytes) {
+  Builder b;
+  auto h = b.envelope().getBody().initHeartbeat();
+  h.setSentNanos(sent_nanos);
+  h.setProbeBytes(probe_bytes);
+  return b.encode();
+}
+
 namespace {
 
 // FNV-1a, 64 bits.

@@ -78,6 +78,9 @@ const char* body_name(Envelope::Body::Which which);
 std::vector<uint8_t> make_error(ErrorCode code, const std::string& text, uint64_t step_id = 0, uint64_t session = 0);
 // A heartbeat stamped with steady_nanos(); an answer echoes the request's stamp.
 std::vector<uint8_t> make_heartbeat(uint64_t echo_nanos = 0, uint64_t probe_bytes = 0);
+// A heartbeat request stamped `sent_nanos`, announcing a probe payload of probe_bytes
+// (sent as one frame after it; 0: none).
+std::vector<uint8_t> make_heartbeat_request(uint64_t sent_nanos, uint64_t probe_bytes = 0);
 // This host's steady clock in nanoseconds (the clock of every *Nanos field).
 uint64_t steady_nanos();
 

@@ -18,14 +18,12 @@ namespace {
 std::optional<double> fastest_round_trip(zmq::socket_t& dealer, uint64_t probe_bytes, int tries, int timeout_ms) {
   double best = 1e30;
   for (int i = 0; i < tries; ++i) {
-    protocol::Builder ping;
     const uint64_t t0 = protocol::steady_nanos();
-    auto h = ping.envelope().getBody().initHeartbeat();
-    h.setSentNanos(t0);
-    h.setProbeBytes(probe_bytes);
     std::vector<zmq::message_t> payload;
     if (probe_bytes > 0) payload.emplace_back(static_cast<size_t>(probe_bytes));
-    if (!net::send(dealer, nullptr, ping.encode(), std::move(payload))) return std::nullopt;
+    if (!net::send(dealer, nullptr, protocol::make_heartbeat_request(t0, probe_bytes), std::move(payload))) {
+      return std::nullopt;
+    }
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
     while (true) {
       const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
