@@ -18,20 +18,18 @@ PlacementProblem model_placement_problem(const gguf::Model& file, int64_t ctx, i
   p.ctx = ctx;
   p.parallel = parallel;
   p.layers.resize(static_cast<size_t>(n_layer));
-  // Where each tensor is read, as a stage reads it (worker/stage_engine.cpp): a layer's
-  // by its stage, the embeddings by the first, the output norm and head by the last
-  // (the embeddings too when the head is tied to them), the rest by the first.
-  const bool tied = file.find_tensor("output.weight") == nullptr;
+  // Where each tensor is read, by the stages' own rule (worker::stage_reads): a layer's
+  // tensors by its stage; the rest by a first stage or a last one or both (what every
+  // stage reads, a few bytes of rope factors, is counted on the first and the last).
+  const model::LayerRange first_only{0, std::min(1, n_layer - 1)}, last_only{std::max(1, n_layer - 1), n_layer};
   for (const auto& t : file.tensors()) {
     if (t.name.rfind("blk.", 0) == 0) {
       const int layer = std::atoi(t.name.c_str() + 4);
       if (layer >= 0 && layer < n_layer) p.layers[static_cast<size_t>(layer)].weight_bytes += t.bytes;
-    } else if (t.name.rfind("output", 0) == 0) {
-      p.last_stage_bytes += t.bytes;
-    } else {
-      p.first_stage_bytes += t.bytes;
-      if (tied && t.name.rfind("token_embd.", 0) == 0) p.last_stage_bytes += t.bytes;
+      continue;
     }
+    if (worker::stage_reads(file, t.name, first_only, n_layer)) p.first_stage_bytes += t.bytes;
+    if (worker::stage_reads(file, t.name, last_only, n_layer)) p.last_stage_bytes += t.bytes;
   }
   for (int32_t l = 0; l < n_layer; ++l) {
     const state::KvConfig kv = model->kv_config({l, l + 1});

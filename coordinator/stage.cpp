@@ -137,17 +137,11 @@ StageStats LocalStage::stats() {
 
 namespace {
 
-std::string hex(uint64_t v) {
-  char text[17];
-  std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(v));
-  return text;
-}
-
 // One routing id for all of this coordinator's connections: the last worker sends
 // logits, and every worker its errors, to the peer that sent the plan. It is unique
 // per session: a worker's ROUTER hands a routing id over to whoever connects with it.
 const std::string& coordinator_id() {
-  static const std::string id = "coord-" + hex(process_session());
+  static const std::string id = "coord-" + protocol::hex(process_session());
   return id;
 }
 
@@ -225,7 +219,7 @@ void RemoteStage::hello(int timeout_ms) {
   // used unless asked (a hung worker back from a pause is still this session's).
   const uint64_t owner = caps.getSession();
   if (owner != 0 && owner != process_session() && caps.getOwnerConnected() && !(options_.take_over && !planned_)) {
-    fail(std::string(planned_ ? "was taken over by" : "serves") + " another coordinator (session " + hex(owner) +
+    fail(std::string(planned_ ? "was taken over by" : "serves") + " another coordinator (session " + protocol::hex(owner) +
          "), which is still connected" + (planned_ ? "" : "; pico-coord --take-over takes it over"));
   }
   estimate_clock_offset();

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <bit>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 
 #include "gguf/reader.hpp"
@@ -98,6 +99,12 @@ std::vector<uint8_t> make_heartbeat(uint64_t echo_nanos, uint64_t probe_bytes) {
   h.setProbeBytes(probe_bytes);
   h.setSentNanos(steady_nanos());
   return b.encode();
+}
+
+std::string hex(uint64_t value) {
+  char text[17];
+  std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(value));
+  return text;
 }
 
 std::vector<uint8_t> make_heartbeat_request(uint64_t sent_nanos, uint64_t probe_bytes) {

@@ -80,6 +80,8 @@ std::vector<uint8_t> make_error(ErrorCode code, const std::string& text, uint64_
 std::vector<uint8_t> make_heartbeat(uint64_t echo_nanos = 0, uint64_t probe_bytes = 0);
 // A heartbeat request stamped `sent_nanos`, announcing a probe payload of probe_bytes
 // (sent as one frame after it; 0: none).
+// A session id or hash as 16 hexadecimal digits (logs and error texts).
+std::string hex(uint64_t value);
 std::vector<uint8_t> make_heartbeat_request(uint64_t sent_nanos, uint64_t probe_bytes = 0);
 // This host's steady clock in nanoseconds (the clock of every *Nanos field).
 uint64_t steady_nanos();

@@ -13,7 +13,6 @@
 #include "assignment.hpp"
 #include "link_probe.hpp"
 #include "backend/devices.hpp"
-#include "cpu/cpu_features.hpp"
 #include "cpu/thread_pool.hpp"
 #include "profile.hpp"
 #include "server.hpp"
@@ -30,9 +29,8 @@ pico::worker::WorkerProfile worker_profile(const pico::gguf::Model& file, const 
                                            const std::string& device, uint64_t device_memory_bytes, bool fresh) {
   using namespace pico::worker;
   const ProfileOptions options;
-  const std::string isa(pico::cpu::level_name(pico::cpu::best_level()));
   const uint64_t hash = pico::protocol::model_identity(file).hash;
-  const std::string path = profile_cache_path(hash, backend, isa, threads, options.batch);
+  const std::string path = profile_cache_path(hash, backend, threads, options.batch);
   std::optional<WorkerProfile> profile;
   if (!fresh) profile = load_profile(path, hash, static_cast<int32_t>(model.hparams().n_layer), device);
   if (profile) {

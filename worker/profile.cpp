@@ -150,8 +150,8 @@ uint64_t offered_memory_bytes(const StageBackendOptions& backend, uint64_t devic
   return available - available / 10;
 }
 
-std::string profile_cache_path(uint64_t model_hash, const StageBackendOptions& backend, const std::string& isa,
-                               int threads, int batch) {
+std::string profile_cache_path(uint64_t model_hash, const StageBackendOptions& backend, int threads, int batch) {
+  const std::string isa(cpu::level_name(cpu::best_level()));
   return fmt::format("{}/profiles/{:016x}-{}{}-{}-t{}-b{}.json", cache_dir(), model_hash, backend.name,
                      backend.name == "cpu" ? std::string() : std::to_string(backend.device), isa, threads, batch);
 }

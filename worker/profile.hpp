@@ -54,9 +54,8 @@ WorkerProfile measure_profile(const gguf::Model& file, const model::Model& model
 uint64_t offered_memory_bytes(const StageBackendOptions& backend, uint64_t device_memory_bytes);
 
 // The cache: $PICO_CACHE_DIR, else $XDG_CACHE_HOME/pico, else ~/.cache/pico; one JSON
-// file per model, backend, device index, CPU level, threads and batch.
-std::string profile_cache_path(uint64_t model_hash, const StageBackendOptions& backend, const std::string& isa,
-                               int threads, int batch);
+// file per model, backend, device index, CPU level (this host's), threads and batch.
+std::string profile_cache_path(uint64_t model_hash, const StageBackendOptions& backend, int threads, int batch);
 // nullopt when there is no file, or it does not parse, or it is not a profile of this
 // model with n_layer layers on this device (a warning says which).
 std::optional<WorkerProfile> load_profile(const std::string& path, uint64_t model_hash, int32_t n_layer,

@@ -74,16 +74,6 @@ bool local_only(const std::string& address) {
   return false;
 }
 
-namespace {
-
-std::string hex(uint64_t v) {
-  char text[17];
-  std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(v));
-  return text;
-}
-
-}  // namespace
-
 Server::Server(StageEngine& engine, const std::string& listen_address, const net::Timing& timing,
                const Security& security)
     : engine_(engine),
@@ -289,8 +279,8 @@ bool Server::admit(const std::string& peer, Envelope::Body::Which which, uint64_
   // A previous stage (or the last stage's chain) still planned by the old session:
   // nobody there reads answers, so the step is dropped.
   if (which == Envelope::Body::FORWARD && (peer.rfind("stage-", 0) == 0 || peer.rfind("chain-", 0) == 0)) {
-    spdlog::info("dropped step {} of session {} from {}: this worker serves session {}", step, hex(message_session_),
-                 peer, hex(session_));
+    spdlog::info("dropped step {} of session {} from {}: this worker serves session {}", step, protocol::hex(message_session_),
+                 peer, protocol::hex(session_));
     return false;
   }
   // Open, close and truncate have no answer: an error would reach the sender unasked,
@@ -298,11 +288,11 @@ bool Server::admit(const std::string& peer, Envelope::Body::Which which, uint64_
   // just before it plans again), so they are dropped; its next forward hears busy.
   if (which == Envelope::Body::OPEN || which == Envelope::Body::CLOSE || which == Envelope::Body::TRUNCATE) {
     spdlog::info("dropped a {} of session {} from {}: this worker serves session {}", protocol::body_name(which),
-                 hex(message_session_), peer, hex(session_));
+                 protocol::hex(message_session_), peer, protocol::hex(session_));
     return false;
   }
-  const std::string text = std::string("busy: this worker serves another coordinator's session (") + hex(session_) +
-                           "), not this " + protocol::body_name(which) + "'s session (" + hex(message_session_) + ")";
+  const std::string text = std::string("busy: this worker serves another coordinator's session (") + protocol::hex(session_) +
+                           "), not this " + protocol::body_name(which) + "'s session (" + protocol::hex(message_session_) + ")";
   spdlog::warn("refused: {} (from {})", text, peer);
   reply(peer, protocol::make_error(ErrorCode::BUSY, text, step, message_session_));
   return false;
@@ -317,7 +307,7 @@ void Server::handle_plan(const std::string& peer, protocol::schema::Plan::Reader
   if (session == 0) return refuse(ErrorCode::BAD_REQUEST, "a plan must carry its coordinator's session (Envelope.session)");
   const bool new_owner = session != session_;
   if (new_owner && session_ != 0 && !plan.getTakeOver() && owner_connected()) {
-    return refuse(ErrorCode::BUSY, "busy: this worker serves another coordinator's session (" + hex(session_) +
+    return refuse(ErrorCode::BUSY, "busy: this worker serves another coordinator's session (" + protocol::hex(session_) +
                                        "), which is still connected (pico-coord --take-over takes it over)");
   }
   const std::string next = plan.getNext().cStr();
@@ -352,8 +342,8 @@ void Server::handle_plan(const std::string& peer, protocol::schema::Plan::Reader
   }
   if (new_owner) {
     if (session_ != 0) {
-      spdlog::warn("session {} takes this worker over from session {}{}: {} sequence(s) dropped", hex(session),
-                   hex(session_), plan.getTakeOver() ? " (take-over)" : " (its coordinator is gone)",
+      spdlog::warn("session {} takes this worker over from session {}{}: {} sequence(s) dropped", protocol::hex(session),
+                   protocol::hex(session_), plan.getTakeOver() ? " (take-over)" : " (its coordinator is gone)",
                    engine_.sequences());
     }
     engine_.close_all();  // sequence ids are per session
@@ -361,7 +351,7 @@ void Server::handle_plan(const std::string& peer, protocol::schema::Plan::Reader
     if (session_ != 0 && !coordinator_.empty() && coordinator_ != peer) {
       (void)net::send(router_, &coordinator_,
                       protocol::make_error(ErrorCode::BUSY, "busy: taken over by another coordinator's session (" +
-                                                                hex(session) + ")",
+                                                                protocol::hex(session) + ")",
                                            0, session_));
     }
   }
@@ -388,7 +378,7 @@ void Server::handle_plan(const std::string& peer, protocol::schema::Plan::Reader
     next_address_ = next;
   }
   spdlog::info("plan: stage {} of {}, next {}, session {}", plan.getStageIndex() + 1, plan.getStageCount(),
-               next.empty() ? "(coordinator)" : next, hex(session));
+               next.empty() ? "(coordinator)" : next, protocol::hex(session));
   protocol::Builder b;
   b.envelope().setSession(session);
   b.envelope().getBody().setPlanAck();

@@ -342,7 +342,7 @@ TEST_P(VulkanModel, MatchesLlamaCpp) {
     backend::open_backend("vulkan", 0, 1);
   } catch (const std::exception& e) {
     // Skipped, not failed: this machine or build cannot run the backend under test.
-    GTEST_SKIP() << "no Vulkan device to run the model on: " << e.what();  // reason: no driver, no device, or built without Vulkan
+    GTEST_SKIP() << "no Vulkan device to run the model on: " << e.what();
   }
   const LlamaLibrary& llama = LlamaLibrary::get();
   ASSERT_TRUE(llama.loaded()) << llama.error();
