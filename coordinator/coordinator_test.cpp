@@ -21,9 +21,14 @@
 #include "gguf/value.hpp"
 #include "protocol.hpp"
 #include "tokenizer/tokenizer.hpp"
+#include "fake_stage_test.hpp"
 
 namespace pico::coordinator {
 namespace {
+
+using testing::FakeStage;
+using testing::fake_identity;
+using testing::tiny_tokenizer;
 
 std::vector<StageInfo> stages(std::initializer_list<std::pair<int, int>> ranges) {
   std::vector<StageInfo> out;
@@ -136,76 +141,6 @@ TEST(StopMatcher, EarliestMatchWins) {
   EXPECT_TRUE(m.matched());
 }
 
-// A stage in "another process" whose answers the test writes: its stamps are in a
-// clock `offset` ns ahead of the coordinator's.
-class FakeStage final : public Stage {
- public:
-  FakeStage(model::LayerRange layers, const protocol::ModelIdentity& id, int64_t offset) : offset_(offset) {
-    info_.name = "fake-" + std::to_string(layers.first);
-    info_.layers = layers;
-    info_.identity = id;
-  }
-  const StageInfo& info() const override { return info_; }
-  void plan(Stage*, Stage* chain, size_t, size_t) override {
-    ++plans;
-    chain_to = chain;
-    plan_order.push_back(info_.name);
-  }
-  void submit(uint64_t step, std::span<const model::BatchToken> batch,
-              std::span<const protocol::LogitsOutput> outputs, const ChainGrant& chain) override {
-    grants.push_back(chain);
-    submitted.push_back(step);
-    submitted_outputs.emplace_back(outputs.begin(), outputs.end());
-    if (on_submit) on_submit(step, batch);
-  }
-  void close(int32_t seq) override {
-    closes.push_back(seq);
-    if (on_close) on_close(seq);
-  }
-  std::optional<StepOutput> poll(int) override {
-    if (answers.empty()) return std::nullopt;
-    auto answer = std::move(answers.front());
-    answers.pop_front();
-    return answer();
-  }
-  StageStats stats() override { return {}; }
-  std::optional<std::vector<uint8_t>> snapshot(int32_t) override { return std::nullopt; }
-  void restore(int32_t, std::span<const uint8_t>) override {}
-  bool remote() const override { return true; }
-  int64_t clock_offset_nanos() const override { return offset_; }
-  bool up() override { return is_up; }
-  void rejoin() override {
-    ++rejoins;
-    if (!comes_back) throw StageError("fake: not back");
-    is_up = true;
-  }
-
-  std::deque<std::function<StepOutput()>> answers;  // run when polled
-  std::vector<uint64_t> submitted;
-  std::vector<std::vector<protocol::LogitsOutput>> submitted_outputs;
-  std::vector<ChainGrant> grants;
-  Stage* chain_to = nullptr;
-  std::function<void(uint64_t, std::span<const model::BatchToken>)> on_submit;
-  std::vector<int32_t> closes;
-  std::function<void(int32_t)> on_close;
-  int plans = 0;
-  std::atomic<int> rejoins = 0;
-  std::atomic<bool> is_up = true, comes_back = true;  // set by a test while an engine runs
-  static inline std::vector<std::string> plan_order;  // of every FakeStage
-
- private:
-  StageInfo info_;
-  int64_t offset_;
-};
-
-protocol::ModelIdentity fake_identity() {
-  protocol::ModelIdentity id;
-  id.hash = 77;
-  id.arch = "llama";
-  id.n_layer = 4;
-  return id;
-}
-
 struct FakePipeline {
   FakeStage* first;
   FakeStage* last;
@@ -315,19 +250,6 @@ TEST(PipelineSteps, PlansTheLastStageFirst) {
   FakeStage::plan_order.clear();
   auto f = fake_pipeline(0, 0);
   EXPECT_EQ(FakeStage::plan_order, (std::vector<std::string>{f.last->info().name, f.first->info().name}));
-}
-
-// A tokenizer of 4 tokens: <unk>, <s>, </s> and "a" (3).
-std::unique_ptr<tokenizer::Tokenizer> tiny_tokenizer() {
-  gguf::Metadata m;
-  m.set("tokenizer.ggml.model", std::string("llama"));
-  m.set("tokenizer.ggml.tokens", gguf::string_array({"<unk>", "<s>", "</s>", "a"}));
-  std::vector<gguf::Value> scores(4, gguf::Value(0.0f));
-  std::vector<gguf::Value> types{gguf::Value(int32_t{2}), gguf::Value(int32_t{3}), gguf::Value(int32_t{3}),
-                                 gguf::Value(int32_t{1})};
-  m.set("tokenizer.ggml.scores", gguf::make_array(gguf::ValueType::Float32, scores));
-  m.set("tokenizer.ggml.token_type", gguf::make_array(gguf::ValueType::Int32, types));
-  return std::make_unique<tokenizer::Tokenizer>(tokenizer::Vocabulary::from_metadata(m));
 }
 
 // With remote stages the next step goes out as soon as the sampled tokens are known:
