@@ -71,6 +71,12 @@ struct Engine::Seq {
   std::vector<int32_t> kv_tokens;    // the token of each position sent (n_past of them)
   std::vector<int32_t> checkpoints;  // positions its stages checkpointed (as they evict them)
   int steps_inflight = 0;            // steps in flight holding tokens of this sequence
+  // After a failover: the tokens its lost KV held, sent again from position 0 (the
+  // last one asking for logits when its step was waiting for them); batch invariance
+  // makes the replayed KV and logits bit-identical to the lost ones.
+  std::vector<int32_t> replay;
+  size_t replay_sent = 0;
+  bool replay_logits = false;
   bool argmax_only = false;          // the last stage returns its rows' arg max only
   int n_decoded = 0;
   std::optional<int32_t> pending;
@@ -239,9 +245,25 @@ void Engine::check_stages(bool idle) {
   };
   find_lost();
   if (!lost.empty() && idle) {
-    // It comes back without the KV of the kept sequences.
+    // It comes back without the KV of the kept sequences, and a replica has none.
     for (const auto& k : kept_) close_sequence(k.kv_id);
     kept_.clear();
+    try {
+      pipeline_.fail_over();
+    } catch (const std::exception& e) {
+      spdlog::warn("failover: {}", e.what());
+    }
+    lost.clear();
+    find_lost();
+  }
+  if (idle) {
+    const auto now = Clock::now();
+    if (now - last_standby_rejoin_ >= std::chrono::milliseconds(rejoin_interval_ms)) {
+      last_standby_rejoin_ = now;
+      pipeline_.rejoin_standbys();
+    }
+  }
+  if (!lost.empty() && idle) {
     const auto now = Clock::now();
     if (now - last_rejoin_ >= std::chrono::milliseconds(rejoin_interval_ms)) {
       last_rejoin_ = now;
@@ -390,6 +412,64 @@ void Engine::fail_all(const std::string& message) {
   metrics_.requests_failed += active_.size();
   active_.clear();
   running_ = 0;
+}
+
+bool Engine::recover(const std::string& what) {
+  bool replaced = false;
+  try {
+    replaced = pipeline_.fail_over();
+  } catch (const std::exception& e) {
+    spdlog::error("failover: {}", e.what());
+  }
+  if (!replaced) {
+    fail_all(what);
+    return false;
+  }
+  replay_all();
+  return true;
+}
+
+void Engine::replay_all() {
+  // The replica holds none of the sequences, and the surviving stages hold them up to
+  // wherever the abandoned steps got: every sequence starts again from position 0,
+  // under a new id (the old one is closed everywhere, a lost worker told when it
+  // rejoins). Nothing kept is trusted either.
+  for (const auto& k : kept_) close_sequence(k.kv_id);
+  kept_.clear();
+  size_t replayed = 0, tokens = 0;
+  for (auto& sp : active_) {
+    Seq& s = *sp;
+    s.steps_inflight = 0;  // every step in flight is gone
+    if (!s.kv_released) close_sequence(s.kv_id);
+    if (s.done) {
+      s.kv_released = true;
+      continue;
+    }
+    if (s.cancelled) {
+      s.kv_released = true;
+      finish(s, "cancelled");
+      continue;
+    }
+    std::vector<int32_t> again = std::move(s.kv_tokens);
+    bool logits = s.awaiting;
+    if (s.replay_sent < s.replay.size()) {  // lost again while replaying
+      again.insert(again.end(), s.replay.begin() + static_cast<std::ptrdiff_t>(s.replay_sent), s.replay.end());
+      logits = s.replay_logits;
+    }
+    s.kv_id = next_kv_id_++;
+    s.kv_tokens.clear();
+    s.checkpoints.clear();
+    s.n_past = 0;
+    s.awaiting = false;
+    s.replay = std::move(again);
+    s.replay_sent = 0;
+    s.replay_logits = logits;
+    ++replayed;
+    tokens += s.replay.size();
+  }
+  spdlog::warn("failover: {} sequences replay {} tokens on the new chain", replayed, tokens);
+  std::lock_guard lock(mutex_);
+  metrics_.replayed_tokens += tokens;
 }
 
 void Engine::update_slots() {
@@ -586,7 +666,30 @@ void Engine::loop() {
         Seq& s = *active_[(rr + k) % active_.size()];
         if (s.done || s.awaiting || s.cancelled) continue;
         const auto& prompt = s.request.prompt;
-        if (s.prefill_sent < prompt.size()) {
+        if (s.replay_sent < s.replay.size()) {
+          // After a failover: what the lost KV held, as a prefill, before anything new.
+          const size_t n = std::min({s.replay.size() - s.replay_sent, static_cast<size_t>(options_.micro_batch),
+                                     static_cast<size_t>(budget)});
+          for (size_t j = 0; j < n; ++j) {
+            const int32_t t = s.replay[s.replay_sent++];
+            const bool logits = s.replay_sent == s.replay.size() && s.replay_logits;
+            s.kv_tokens.push_back(t);
+            batch.push_back({s.kv_id, s.n_past++, t, logits});
+            mark_checkpoint(s, batch.back(), batch.back().pos + 1 == static_cast<int32_t>(prompt.size()));
+            output(s, logits);
+          }
+          seqs.push_back(&s);
+          budget -= static_cast<int>(n);
+          prefill += static_cast<int>(n);
+          if (s.replay_sent == s.replay.size()) {
+            s.replay.clear();
+            s.replay_sent = 0;
+            if (s.replay_logits) {
+              s.awaiting = true;
+              wants.push_back(&s);
+            }
+          }
+        } else if (s.prefill_sent < prompt.size()) {
           const size_t n = std::min({prompt.size() - s.prefill_sent, static_cast<size_t>(options_.micro_batch),
                                      static_cast<size_t>(budget)});
           for (size_t j = 0; j < n; ++j) {
@@ -627,8 +730,8 @@ void Engine::loop() {
                          chain);
       } catch (const std::exception& e) {
         spdlog::error("pipeline: {}", e.what());
-        fail_all(e.what());
         inflight.clear();
+        if (recover(e.what())) continue;  // replicas took over: the replay goes out now
         stats_stale = false;
         check_stages(false);
         return false;
@@ -695,10 +798,11 @@ void Engine::loop() {
       continue;
     } catch (const std::exception& e) {
       spdlog::error("pipeline: {}", e.what());
-      fail_all(e.what());
       inflight.clear();
-      stats_stale = false;
-      check_stages(false);
+      if (!recover(e.what())) {
+        stats_stale = false;
+        check_stages(false);
+      }
       continue;
     }
     const auto now = Clock::now();

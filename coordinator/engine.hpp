@@ -95,6 +95,7 @@ struct EngineMetrics {
   uint64_t prompt_tokens = 0;         // computed (the reused ones excluded)
   uint64_t prompt_tokens_cached = 0;  // reused from a kept sequence's KV
   uint64_t generated_tokens = 0;
+  uint64_t replayed_tokens = 0;  // positions computed again after a failover (Pipeline::fail_over)
   double prefill_seconds = 0.0, decode_seconds = 0.0;
   int active = 0, queued = 0;
   int64_t tokens_in_flight = 0;  // positions held by active sequences
@@ -183,6 +184,11 @@ class Engine {
   // The text a sampled token releases (and its logprobs when asked), to on_token.
   void emit_token(Seq& s, int32_t id, std::span<const float> logits);
   void fail_all(const std::string& message);
+  // After a pipeline error (every step in flight abandoned): when replicas took the
+  // place of every lost worker (Pipeline::fail_over), replays every active sequence
+  // there and returns true; otherwise fails every request (fail_all).
+  bool recover(const std::string& message);
+  void replay_all();
   void release(Seq& s, const std::string& text);
   void update_slots();
 
@@ -207,7 +213,7 @@ class Engine {
   std::vector<Kept> kept_;
   int32_t next_kv_id_ = 1;
   uint64_t use_tick_ = 0;
-  std::chrono::steady_clock::time_point last_rejoin_{};
+  std::chrono::steady_clock::time_point last_rejoin_{}, last_standby_rejoin_{};
   std::thread thread_;
 };
 

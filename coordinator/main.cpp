@@ -272,14 +272,14 @@ int main(int argc, char** argv) {
     Pipeline pipeline(std::move(stages), identity);
 
     // ctx x parallel sequences sized so that no stage can run out of KV.
-    std::vector<StageInfo> infos;
-    for (size_t i = 0; i < pipeline.size(); ++i) infos.push_back(pipeline.stage(i).info());
+    std::vector<StageInfo> infos;  // replicas too: each must hold what a failover gives it
+    for (Stage* s : pipeline.all_stages()) infos.push_back(s->info());
     // A hybrid model's stages hold a fixed recurrent state per sequence, and as many
     // copies of it again as it keeps checkpoints.
-    for (StageInfo& info : infos) {
-      sched.checkpoint_bytes += info.limits.state_bytes_per_sequence;
-      info.limits.state_bytes_per_sequence *= 1 + static_cast<uint64_t>(sched.checkpoint_max);
+    for (size_t i = 0; i < pipeline.size(); ++i) {
+      sched.checkpoint_bytes += pipeline.stage(i).info().limits.state_bytes_per_sequence;
     }
+    for (StageInfo& info : infos) info.limits.state_bytes_per_sequence *= 1 + static_cast<uint64_t>(sched.checkpoint_max);
     sched.recurrent = sched.checkpoint_bytes > 0;
     SizingRequest want;
     want.ctx = ctx;
@@ -288,8 +288,8 @@ int main(int argc, char** argv) {
     want.max_batch_tokens = sched.max_batch_tokens;
     const Sizing sized = size_for_stages(infos, want);
     for (const auto& note : sized.notes) spdlog::warn("{}", note);
-    for (size_t i = 0; i < pipeline.size(); ++i) {
-      pipeline.stage(i).set_rejoin_check([sized](const StageInfo& now) { return rejoin_shortfall(now, sized); });
+    for (Stage* s : pipeline.all_stages()) {
+      s->set_rejoin_check([sized](const StageInfo& now) { return rejoin_shortfall(now, sized); });
     }
     spdlog::info("ctx {}, {} parallel sequences, {} tokens per step", sized.ctx, sized.parallel,
                  sized.max_batch_tokens);

@@ -49,38 +49,103 @@ void describe(StageTimingTotals& t, const StageInfo& info) {
 
 }  // namespace
 
-Pipeline::Pipeline(std::vector<std::unique_ptr<Stage>> stages, const protocol::ModelIdentity& expected)
-    : stages_(std::move(stages)) {
+Pipeline::Pipeline(std::vector<std::unique_ptr<Stage>> stages, const protocol::ModelIdentity& expected) {
   std::vector<StageInfo> infos;
-  for (const auto& s : stages_) {
-    const StageInfo& info = s->info();
+  for (auto& s : stages) {
+    const StageInfo info = s->info();
     if (!(info.identity == expected)) {
       throw StageError("worker " + info.name + " serves another model: " + protocol::to_string(info.identity) +
                        "; expected " + protocol::to_string(expected));
     }
+    auto same = std::find_if(positions_.begin(), positions_.end(), [&](const Position& p) {
+      const auto& l = p.active().info().layers;
+      return l.first == info.layers.first && l.last == info.layers.last;
+    });
+    if (same != positions_.end()) {
+      same->workers.push_back(std::move(s));
+      continue;
+    }
     infos.push_back(info);
+    positions_.emplace_back();
+    positions_.back().workers.push_back(std::move(s));
   }
   check_coverage(infos, static_cast<int32_t>(expected.n_layer));
   plan_all();
-  for (size_t i = 0; i < stages_.size(); ++i) {
-    const StageInfo& info = stages_[i]->info();
+  for (size_t i = 0; i < positions_.size(); ++i) {
+    const StageInfo& info = positions_[i].active().info();
     spdlog::info("stage {}: {} layers {} ({}{}{}{} threads)", i, info.name, layers_text(info),
                  info.isa.empty() ? "" : info.isa + ", ", info.backend.empty() ? "" : info.backend + ", ",
                  info.device.empty() ? "" : info.device + ", ", info.threads);
+    for (size_t k = 1; k < positions_[i].workers.size(); ++k) {
+      spdlog::info("stage {}: {} stands by as a replica", i, positions_[i].workers[k]->info().name);
+    }
     timings_.stages.emplace_back();
     describe(timings_.stages.back(), info);
   }
 }
 
+std::vector<Stage*> Pipeline::all_stages() {
+  std::vector<Stage*> all;
+  for (auto& p : positions_) {
+    for (auto& w : p.workers) all.push_back(w.get());
+  }
+  return all;
+}
+
+bool Pipeline::fail_over() {
+  // First whether every lost worker has a live replica: otherwise nothing changes.
+  std::vector<std::pair<size_t, size_t>> swaps;  // position, replica
+  for (size_t i = 0; i < positions_.size(); ++i) {
+    Position& p = positions_[i];
+    if (p.active().up()) continue;
+    size_t live = p.workers.size();
+    for (size_t k = 0; k < p.workers.size() && live == p.workers.size(); ++k) {
+      if (k != p.current && p.workers[k]->up()) live = k;
+    }
+    if (live == p.workers.size()) return false;
+    swaps.emplace_back(i, live);
+  }
+  if (swaps.empty()) return false;
+  for (const auto& [i, k] : swaps) {
+    Position& p = positions_[i];
+    spdlog::warn("stage {}: worker {} is lost; its replica {} takes layers {}", i, p.active().info().name,
+                 p.workers[k]->info().name, layers_text(p.workers[k]->info()));
+    p.current = k;
+    std::lock_guard lock(timings_mutex_);
+    describe(timings_.stages[i], p.active().info());
+    ++timings_.failovers;
+  }
+  inflight_.clear();
+  plan_all();
+  return true;
+}
+
+void Pipeline::rejoin_standbys() {
+  for (auto& p : positions_) {
+    for (size_t k = 0; k < p.workers.size(); ++k) {
+      Stage& s = *p.workers[k];
+      if (k == p.current || s.up()) continue;
+      try {
+        s.rejoin();
+        spdlog::info("replica {} is back and stands by", s.info().name);
+      } catch (const StageError& e) {
+        spdlog::debug("replica {}: {}", s.info().name, e.what());
+      }
+    }
+  }
+}
+
 void Pipeline::plan_all() {
-  chains_possible_ = std::all_of(stages_.begin(), stages_.end(), [](const auto& s) { return s->remote(); });
+  chains_possible_ =
+      std::all_of(positions_.begin(), positions_.end(), [](const Position& p) { return p.active().remote(); });
   // Last stage first: each stage then knows its predecessor's key (Plan.acceptKeys)
   // before the predecessor connects to it, since a CURVE server that refuses a key
   // once is not asked again by that connection.
-  for (size_t i = stages_.size(); i-- > 0;) {
-    const bool last = i + 1 == stages_.size();
-    stages_[i]->plan(last ? nullptr : stages_[i + 1].get(), last && chains_possible_ ? stages_.front().get() : nullptr,
-                     i, stages_.size());
+  const size_t n = positions_.size();
+  for (size_t i = n; i-- > 0;) {
+    const bool last = i + 1 == n;
+    positions_[i].active().plan(last ? nullptr : &positions_[i + 1].active(),
+                                last && chains_possible_ ? &positions_.front().active() : nullptr, i, n);
   }
 }
 
@@ -99,7 +164,7 @@ uint64_t Pipeline::submit(std::span<const model::BatchToken> batch, std::span<co
   const ChainGrant grant = chains_possible_ ? chain : ChainGrant{};
   next_step_ += grant.steps;  // the ids of the steps the last stage may start
   try {
-    stages_.front()->submit(step, batch, outputs, grant);
+    positions_.front().active().submit(step, batch, outputs, grant);
   } catch (const StageError&) {
     inflight_.clear();
     throw;
@@ -110,9 +175,15 @@ uint64_t Pipeline::submit(std::span<const model::BatchToken> batch, std::span<co
 
 void Pipeline::rejoin_lost() {
   bool rejoined = false;
-  for (size_t i = 0; i < stages_.size(); ++i) {
-    Stage& s = *stages_[i];
+  for (size_t i = 0; i < positions_.size(); ++i) {
+    Stage& s = positions_[i].active();
     if (s.up()) continue;
+    const auto& workers = positions_[i].workers;
+    if (std::any_of(workers.begin(), workers.end(), [&](const auto& w) { return w.get() != &s && w->up(); })) {
+      // A live replica takes over (fail_over) rather than waiting for this one.
+      inflight_.clear();
+      throw StageError("worker " + s.info().name + " (stage " + std::to_string(i) + ") is lost");
+    }
     try {
       s.rejoin();
     } catch (const StageError&) {
@@ -134,8 +205,8 @@ void Pipeline::rejoin_lost() {
 }
 
 std::string Pipeline::lost_stage() {
-  for (auto& s : stages_) {
-    if (!s->up()) return s->info().name;
+  for (auto& p : positions_) {
+    if (!p.active().up()) return p.active().info().name;
   }
   return {};
 }
@@ -154,10 +225,10 @@ StepOutput Pipeline::wait(int timeout_ms) {
     while (true) {
       try {
         // Errors and lost connections of the stages before the last one.
-        for (size_t i = 0; i + 1 < stages_.size(); ++i) {
-          if (stages_[i]->poll(0)) throw StageError("stage " + std::to_string(i) + " answered with logits");
+        for (size_t i = 0; i + 1 < positions_.size(); ++i) {
+          if (positions_[i].active().poll(0)) throw StageError("stage " + std::to_string(i) + " answered with logits");
         }
-        if (auto out = stages_.back()->poll(20)) {
+        if (auto out = positions_.back().active().poll(20)) {
           if (inflight_.empty() || out->step != inflight_.front().step) {
             if (current(out->step)) throw StageError("step " + std::to_string(out->step) + " finished out of order");
             continue;  // late logits of an abandoned step
@@ -198,12 +269,12 @@ void Pipeline::account(const StepOutput& out, size_t tokens, uint64_t wait_start
   std::lock_guard lock(timings_mutex_);
   // Everything in the coordinator's clock: a stage's stamp minus its clock offset. A
   // chained step was sent by the last stage.
-  int64_t prev_sent = static_cast<int64_t>(out.sent_nanos) - (out.sent_by_last ? stages_.back()->clock_offset_nanos() : 0);
+  int64_t prev_sent = static_cast<int64_t>(out.sent_nanos) - (out.sent_by_last ? positions_.back().active().clock_offset_nanos() : 0);
   if (out.sent_by_last) ++timings_.chained_steps;
   bool prev_remote = true;  // the coordinator is not the stage's process
   for (const StageStamp& st : out.stamps) {
-    if (st.stage >= stages_.size()) continue;
-    Stage& stage = *stages_[st.stage];
+    if (st.stage >= positions_.size()) continue;
+    Stage& stage = positions_[st.stage].active();
     StageTimingTotals& t = timings_.stages[st.stage];
     const int64_t offset = stage.clock_offset_nanos();
     auto local = [&](uint64_t stamp) { return static_cast<int64_t>(stamp) - offset; };
@@ -221,7 +292,7 @@ void Pipeline::account(const StepOutput& out, size_t tokens, uint64_t wait_start
     prev_sent = local(st.sent);
     prev_remote = stage.remote();
   }
-  if (!out.stamps.empty() && stages_.back()->remote()) {
+  if (!out.stamps.empty() && positions_.back().active().remote()) {
     timings_.logits_transfer_seconds +=
         seconds(static_cast<int64_t>(out.received_nanos) - std::max(prev_sent, static_cast<int64_t>(wait_start)));
   }
@@ -233,13 +304,19 @@ PipelineTimings Pipeline::timings() const {
 }
 
 void Pipeline::close(int32_t seq_id) {
-  // Every stage, even when one fails: the others must not keep the sequence.
+  // Every stage, even when one fails: the others must not keep the sequence. A lost
+  // replica standing by (a worker that was active when it was lost, maybe only hung)
+  // gets it when it rejoins.
   std::optional<StageError> first;
-  for (auto& s : stages_) {
-    try {
-      s->close(seq_id);
-    } catch (const StageError& e) {
-      if (!first) first = e;
+  for (auto& p : positions_) {
+    for (size_t k = 0; k < p.workers.size(); ++k) {
+      Stage& s = *p.workers[k];
+      if (k != p.current && s.up()) continue;
+      try {
+        s.close(seq_id);
+      } catch (const StageError& e) {
+        if (!first) first = e;
+      }
     }
   }
   if (first) throw *first;

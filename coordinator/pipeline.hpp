@@ -3,6 +3,11 @@
 // driven step by step: submit a batch to the first stage, wait for its logits from
 // the last. A lost worker fails the steps in flight; the next submit tries to get it
 // back (RemoteStage::rejoin) and, once it is, re-sends every plan.
+//
+// Replicas: workers given the same layer range are one position of the pipeline; the
+// first of them is active, the others stand by. fail_over() puts a live replica in
+// place of a lost active worker and plans every stage again; the caller then replays
+// its sequences (every step in flight is gone, and the replica holds none of them).
 #pragma once
 
 #include <deque>
@@ -31,6 +36,7 @@ struct PipelineTimings {
   std::vector<StageTimingTotals> stages;
   double logits_transfer_seconds = 0;  // last stage back to the coordinator
   uint64_t chained_steps = 0;          // finished steps the last stage had started itself
+  uint64_t failovers = 0;              // lost workers replaced by a replica (Pipeline::fail_over)
 };
 
 // A step that one stage refused or answered with something that does not fit it (an
@@ -46,11 +52,24 @@ class StepRefused : public StageError {
 class Pipeline {
  public:
   // Throws StageError when the stages do not form the model `expected` with n_layer
-  // layers.
+  // layers. A stage whose layers are those of an earlier one is its replica.
   Pipeline(std::vector<std::unique_ptr<Stage>> stages, const protocol::ModelIdentity& expected);
 
-  size_t size() const { return stages_.size(); }
-  Stage& stage(size_t i) { return *stages_.at(i); }
+  // Positions (one per layer range) and the worker active at each.
+  size_t size() const { return positions_.size(); }
+  Stage& stage(size_t i) { return positions_.at(i).active(); }
+  // Every worker: the active ones and the replicas standing by (sizing, rejoin checks).
+  std::vector<Stage*> all_stages();
+  // Workers standing by at position i (live or not).
+  size_t replicas(size_t i) const { return positions_.at(i).workers.size() - 1; }
+  // Each lost active worker whose position has a live replica is replaced by it, and
+  // every stage is planned again; the steps in flight are abandoned. True when a
+  // worker was replaced and every active worker is now up (the caller replays its
+  // sequences); false when nothing was lost or a lost one has no live replica (then
+  // nothing changed). Only while no step is in flight (after wait() or submit() threw).
+  bool fail_over();
+  // Tries to get back lost replicas standing by (RemoteStage::rejoin; never throws).
+  void rejoin_standbys();
 
   // Starts a step; returns its id. outputs: per batch row, what the last stage returns
   // for it when it wants logits (empty: full rows; see Stage::submit). chain: the last
@@ -68,7 +87,8 @@ class Pipeline {
   StepOutput wait(int timeout_ms);
   // Tries to get every lost stage back (RemoteStage::rejoin) and, when one came back,
   // plans every stage again; submit() does this first. Throws StageError naming a stage
-  // that is still lost. Only while no step is in flight.
+  // that is still lost, at once when a replica of it is up (fail_over() is then the
+  // way on). Only while no step is in flight.
   void rejoin_lost();
   // The first stage that is not up (its name), or empty when all are.
   std::string lost_stage();
@@ -86,7 +106,12 @@ class Pipeline {
   void plan_all();
   void account(const StepOutput& out, size_t tokens, uint64_t wait_start);
 
-  std::vector<std::unique_ptr<Stage>> stages_;
+  struct Position {
+    std::vector<std::unique_ptr<Stage>> workers;  // the same layers; workers[current] runs them
+    size_t current = 0;
+    Stage& active() const { return *workers[current]; }
+  };
+  std::vector<Position> positions_;
   uint64_t next_step_ = 1;
   struct Inflight {
     uint64_t step = 0;

@@ -276,6 +276,10 @@ awaitable<void> metrics(Session& s) {
          m.kept_sequences);
   metric("pico:kept_tokens", "gauge", "KV positions held by the kept sequences.", static_cast<double>(m.kept_tokens));
   metric("pico:steps_total", "counter", "Pipeline steps completed.", static_cast<double>(m.steps));
+  metric("pico:failovers_total", "counter", "Lost workers replaced by a replica.",
+         static_cast<double>(m.timings.failovers));
+  metric("pico:replayed_tokens_total", "counter", "Positions computed again on replicas after a failover.",
+         static_cast<double>(m.replayed_tokens));
   metric("pico:checkpoints", "gauge", "Recurrent-state checkpoints the sequences hold (hybrid models).",
          static_cast<double>(m.checkpoints));
   metric("pico:checkpoint_bytes", "gauge", "Bytes of those checkpoints over every stage.",

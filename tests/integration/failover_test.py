@@ -1,0 +1,247 @@
+#!/usr/bin/env python3
+"""Replicas and failover (issue 18 point 3): a long-running pico-coord over real
+pico-workers on loopback, each stage's layers on two workers (the second a replica).
+
+  failover_test.py BUILD_DIR MODEL_DIR CASE
+
+CASE:
+  kill        8 concurrent streams (4 greedy, 4 seeded at temperature 0.9) run once
+              undisturbed; then again while the active worker of stage 1 is killed
+              (kill -9) mid-generation: every request completes with exactly the tokens
+              of the undisturbed run. Then 8 greedy streams (greedy chains on) while
+              stage 0's active worker is killed: the same. The killed stage-1 worker,
+              restarted, stands by again, and takes over when its replica is killed.
+  hang        the same with the active worker of stage 1 stopped (SIGSTOP) rather than
+              dead; resumed, it rejoins as a replica standing by.
+  no-replica  one worker per stage: the killed worker's requests (all 8) fail within
+              2 s of the kill, naming it, and pico-coord goes on serving (/health names
+              the lost stage).
+"""
+import http.client
+import json
+import os
+import signal
+import sys
+import threading
+import time
+
+from processes import Processes, free_port
+
+build, models, case = sys.argv[1], sys.argv[2], sys.argv[3]
+WORKER = os.path.join(build, "worker", "pico-worker")
+COORD = os.path.join(build, "coordinator", "pico-coord")
+MODEL = os.path.join(models, "llama.gguf")
+PROMPTS = ["The quick brown fox jumps over the lazy dog, and then",
+           "Once upon a time, in a land far away,",
+           "The capital of France is",
+           "def fibonacci(n):"]
+N_PREDICT = 96
+run = Processes("pico-failover-test.")
+fail, start, read_log, wait_log = run.fail, run.start, run.read_log, run.wait_log
+
+
+def start_worker(address, layers, log):
+    p = start([WORKER, "-m", MODEL, "--layers", layers, "--listen", address, "-t", "1"], log)
+    wait_log(log, r"listening on", p)
+    return p
+
+
+def start_coord(addresses):
+    args = [COORD, "-m", MODEL, "--port", "0", "-c", "512", "--parallel", "8"]
+    for a in addresses:
+        args += ["--worker", a]
+    p = start(args, "coord.log")
+    return p, int(wait_log("coord.log", r"listening on http://[^:]+:(\d+)", p).group(1))
+
+
+def request(port, method, path, body=None):
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    c.request(method, path, body=json.dumps(body) if body is not None else None,
+              headers={"Content-Type": "application/json"})
+    r = c.getresponse()
+    text = r.read().decode()
+    c.close()
+    return r.status, text
+
+
+def bodies(greedy_only):
+    out = []
+    for i in range(8):
+        b = {"prompt": PROMPTS[i % len(PROMPTS)], "n_predict": N_PREDICT, "ignore_eos": True, "stream": True,
+             "cache_prompt": False}
+        if greedy_only or i % 2 == 0:
+            b["temperature"] = 0
+        else:
+            b.update({"temperature": 0.9, "top_k": 40, "seed": 100 + i})
+        out.append(b)
+    return out
+
+
+class Stream(threading.Thread):
+    """One streamed /completion: its token ids, its error (if any) and when it came."""
+
+    def __init__(self, port, body):
+        super().__init__(daemon=True)
+        self.port, self.body = port, body
+        self.tokens, self.error, self.error_time, self.finished = [], None, None, False
+
+    def run(self):
+        try:
+            c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
+            c.request("POST", "/completion", body=json.dumps(self.body), headers={"Content-Type": "application/json"})
+            r = c.getresponse()
+            if r.status != 200:
+                self.error, self.error_time = "HTTP %d %s" % (r.status, r.read().decode()), time.time()
+                return
+            for raw in r:
+                line = raw.decode().strip()
+                if not line.startswith("data: "):
+                    continue
+                event = json.loads(line[6:])
+                if "error" in event:
+                    self.error, self.error_time = json.dumps(event["error"]), time.time()
+                    return
+                self.tokens += event.get("tokens", [])
+                if event.get("stop"):
+                    self.finished = True
+            c.close()
+        except Exception as e:  # noqa: BLE001 - reported as the stream's error
+            self.error, self.error_time = "%s: %s" % (type(e).__name__, e), time.time()
+
+
+def run_streams(port, greedy_only, disturb=None):
+    """Runs the 8 streams; disturb() is called once every stream has 8 tokens (and none
+    has finished). Returns the streams."""
+    streams = [Stream(port, b) for b in bodies(greedy_only)]
+    for s in streams:
+        s.start()
+    if disturb:
+        deadline = time.time() + 60
+        while min(len(s.tokens) for s in streams) < 8:
+            if time.time() > deadline or any(s.error for s in streams):
+                fail("the streams did not start: %s" % [s.error for s in streams])
+            time.sleep(0.002)
+        if any(s.finished for s in streams):
+            fail("a stream finished before the disturbance")
+        at = [len(s.tokens) for s in streams]
+        disturb()
+        print("disturbed with %s tokens received" % at)
+    for s in streams:
+        s.join(90)
+        if s.is_alive():
+            fail("a stream did not end")
+    return streams
+
+
+def check_same(streams, expected, what):
+    for i, (s, e) in enumerate(zip(streams, expected)):
+        if s.error:
+            fail("%s: request %d failed: %s" % (what, i, s.error))
+        if not s.finished or s.tokens != e:
+            fail("%s: request %d differs from the undisturbed run (%d tokens, first difference at %s)" %
+                 (what, i, len(s.tokens), next((k for k, (a, b) in enumerate(zip(s.tokens, e)) if a != b), "the end")))
+    print("%s: 8 requests complete, every token as undisturbed" % what)
+
+
+def metric(port, name):
+    status, text = request(port, "GET", "/metrics")
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    fail("/metrics lacks %s" % name)
+
+
+def replicated_cluster():
+    addresses = ["tcp://127.0.0.1:%d" % free_port() for _ in range(4)]
+    layers = ["0-1", "0-1", "2-3", "2-3"]
+    workers = [start_worker(a, l, "worker-%d.log" % i) for i, (a, l) in enumerate(zip(addresses, layers))]
+    coord, port = start_coord(addresses)
+    log = read_log("coord.log")
+    for a in (addresses[1], addresses[3]):
+        if "%s stands by as a replica" % a not in log:
+            fail("pico-coord does not say that %s stands by" % a)
+    return addresses, layers, workers, coord, port
+
+
+def undisturbed(port, greedy_only):
+    streams = run_streams(port, greedy_only)
+    for i, s in enumerate(streams):
+        if s.error or not s.finished or len(s.tokens) != N_PREDICT:
+            fail("undisturbed run: request %d: %s, %d tokens" % (i, s.error, len(s.tokens)))
+    if not greedy_only and len({tuple(s.tokens) for s in streams}) < 5:
+        fail("the 8 streams are not different enough to tell them apart")
+    return [s.tokens for s in streams]
+
+
+try:
+    if case in ("kill", "hang"):
+        addresses, layers, workers, coord, port = replicated_cluster()
+        expected = undisturbed(port, greedy_only=False)
+        victim = workers[2]
+
+        def disturb():
+            victim.send_signal(signal.SIGKILL if case == "kill" else signal.SIGSTOP)
+
+        streams = run_streams(port, False, disturb)
+        check_same(streams, expected, "stage 1's active worker %s" % ("killed" if case == "kill" else "stopped"))
+        if metric(port, "pico:failovers_total") != 1:
+            fail("pico:failovers_total is not 1")
+        if metric(port, "pico:replayed_tokens_total") <= 0:
+            fail("nothing was replayed")
+        wait_log("coord.log", r"stage 1: worker %s is lost; its replica %s takes layers 2-3" %
+                 (addresses[2], addresses[3]), coord)
+        if case == "hang":
+            victim.send_signal(signal.SIGCONT)
+            wait_log("coord.log", r"replica %s is back and stands by" % addresses[2], coord, timeout=30)
+            print("the stopped worker, resumed, stands by again")
+        else:
+            # Greedy streams (greedy chains) while stage 0's active worker dies.
+            expected_greedy = undisturbed(port, greedy_only=True)
+            victim0 = workers[0]
+            streams = run_streams(port, True, lambda: victim0.send_signal(signal.SIGKILL))
+            check_same(streams, expected_greedy, "greedy chains, stage 0's active worker killed")
+            # The first stage-1 worker, restarted, stands by; its replica dies: it takes over.
+            victim.wait()
+            workers[2] = start_worker(addresses[2], "2-3", "worker-2-again.log")
+            wait_log("coord.log", r"replica %s is back and stands by" % addresses[2], coord, timeout=30)
+            streams = run_streams(port, False, lambda: workers[3].send_signal(signal.SIGKILL))
+            check_same(streams, expected, "the restarted worker takes over from its replica")
+            if metric(port, "pico:failovers_total") != 3:
+                fail("pico:failovers_total is not 3")
+        status, text = request(port, "GET", "/health")
+        if status != 200:
+            fail("/health: %d %s" % (status, text))
+        if coord.poll() is not None:
+            fail("pico-coord exited")
+    elif case == "no-replica":
+        addresses = ["tcp://127.0.0.1:%d" % free_port() for _ in range(2)]
+        workers = [start_worker(addresses[0], "0-1", "worker-0.log"), start_worker(addresses[1], "2-3", "worker-1.log")]
+        coord, port = start_coord(addresses)
+        killed_at = []
+
+        def kill():
+            workers[1].send_signal(signal.SIGKILL)
+            killed_at.append(time.time())
+
+        streams = run_streams(port, False, kill)
+        for i, s in enumerate(streams):
+            if not s.error:
+                fail("request %d did not fail (%d tokens)" % (i, len(s.tokens)))
+            late = s.error_time - killed_at[0]
+            if late > 2.0:
+                fail("request %d failed %.1f s after the kill (limit 2 s)" % (i, late))
+            if addresses[1] not in s.error:
+                fail("request %d: the error does not name the worker: %s" % (i, s.error))
+        print("no replica: 8 requests failed within %.0f ms of the kill: %s" %
+              (max(s.error_time for s in streams) * 1e3 - killed_at[0] * 1e3, streams[0].error))
+        status, text = request(port, "GET", "/health")
+        if status != 503 or addresses[1] not in text:
+            fail("/health after the kill: %d %s" % (status, text))
+        if coord.poll() is not None:
+            fail("pico-coord exited")
+    else:
+        print("unknown case", case)
+        raise SystemExit(2)
+finally:
+    run.close()
+print("PASS")
