@@ -472,6 +472,42 @@ void Engine::replay_all() {
   metrics_.replayed_tokens += tokens;
 }
 
+std::future<bool> Engine::with_pipeline(std::function<bool(Pipeline&)> fn, bool drain) {
+  PipelineTask task{std::move(fn), drain, {}};
+  std::future<bool> result = task.done.get_future();
+  {
+    std::lock_guard lock(mutex_);
+    if (stopping_) throw std::runtime_error("the engine is stopping");
+    pipeline_tasks_.push_back(std::move(task));
+  }
+  cv_.notify_all();
+  return result;
+}
+
+bool Engine::run_pipeline_tasks(bool nothing_in_flight) {
+  std::deque<PipelineTask> due;
+  bool draining = false;
+  {
+    std::lock_guard lock(mutex_);
+    std::deque<PipelineTask> later;
+    for (auto& t : pipeline_tasks_) (t.drain && !nothing_in_flight ? later : due).push_back(std::move(t));
+    pipeline_tasks_.swap(later);
+    draining = !pipeline_tasks_.empty();
+  }
+  bool moved = false;
+  for (auto& t : due) {
+    try {
+      const bool result = t.fn(pipeline_);
+      moved = moved || (t.drain && result);
+      t.done.set_value(result);
+    } catch (...) {
+      t.done.set_exception(std::current_exception());
+    }
+  }
+  if (moved) replay_all();
+  return draining;
+}
+
 void Engine::update_slots() {
   std::vector<SlotInfo> slots;
   int64_t positions = 0;
@@ -759,8 +795,9 @@ void Engine::loop() {
       bool work = false;
       {
         std::unique_lock lock(mutex_);
-        work = cv_.wait_for(lock, std::chrono::milliseconds(idle_check_ms),
-                            [&] { return stopping_ || !incoming_.empty() || !cancels_.empty(); });
+        work = cv_.wait_for(lock, std::chrono::milliseconds(idle_check_ms), [&] {
+          return stopping_ || !incoming_.empty() || !cancels_.empty() || !pipeline_tasks_.empty();
+        });
         if (stopping_) break;
       }
       check_stages(true);
@@ -770,7 +807,9 @@ void Engine::loop() {
     stats_stale = options_.stage_stats;  // a cancel may have closed a sequence without a step
     erase_finished();
 
-    fill();
+    // A task that moves layers waits for the steps in flight to finish, and no new
+    // step starts meanwhile.
+    if (!run_pipeline_tasks(inflight.empty())) fill();
     update_slots();
     if (inflight.empty()) continue;
 
@@ -959,6 +998,13 @@ void Engine::loop() {
   }
   for (auto& s : active_) {
     if (!s->done && s->callbacks.on_error) s->callbacks.on_error("the server is shutting down");
+  }
+  {
+    std::lock_guard lock(mutex_);
+    for (auto& t : pipeline_tasks_) {
+      t.done.set_exception(std::make_exception_ptr(std::runtime_error("the server is shutting down")));
+    }
+    pipeline_tasks_.clear();
   }
   active_.clear();
   for (const auto& k : kept_) close_sequence(k.kv_id);

@@ -21,6 +21,7 @@
 #include <condition_variable>
 #include <deque>
 #include <functional>
+#include <future>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -151,6 +152,13 @@ class Engine {
   static constexpr int idle_check_ms = 500;
   static constexpr int rejoin_interval_ms = 2000;
 
+  // Runs fn on the engine thread between steps, where the pipeline may be used (it is
+  // the engine thread's alone). drain: only once no step is in flight (no new step
+  // starts meanwhile); fn returning true then says that it moved layers to other
+  // workers (Pipeline::activate), and every sequence is replayed there, as after a
+  // failover. The future holds fn's result, or its exception.
+  std::future<bool> with_pipeline(std::function<bool(Pipeline&)> fn, bool drain = false);
+
   std::vector<SlotInfo> slots() const;
   EngineMetrics metrics() const;
   const SchedulerOptions& options() const { return options_; }
@@ -189,6 +197,9 @@ class Engine {
   // there and returns true; otherwise fails every request (fail_all).
   bool recover(const std::string& message);
   void replay_all();
+  // Runs the with_pipeline tasks due (the draining ones only when nothing is in
+  // flight); true while a draining one waits.
+  bool run_pipeline_tasks(bool nothing_in_flight);
   void release(Seq& s, const std::string& text);
   void update_slots();
 
@@ -200,6 +211,12 @@ class Engine {
   mutable std::mutex mutex_;
   std::condition_variable cv_;
   std::deque<std::unique_ptr<Seq>> incoming_;
+  struct PipelineTask {
+    std::function<bool(Pipeline&)> fn;
+    bool drain = false;
+    std::promise<bool> done;
+  };
+  std::deque<PipelineTask> pipeline_tasks_;
   std::vector<int32_t> cancels_;
   bool stopping_ = false;
   int32_t next_id_ = 1;

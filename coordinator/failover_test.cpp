@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <condition_variable>
+#include <functional>
 #include <map>
 #include <mutex>
 
@@ -140,7 +141,7 @@ struct FakeModel {
   }
   // Runs 6 requests (3 greedy, 3 seeded at temperature 1) to the end; their tokens,
   // or "error: ..." for a failed one.
-  std::vector<std::string> run(SchedulerOptions options) {
+  std::vector<std::string> run(SchedulerOptions options, std::function<void(Engine&)> meanwhile = {}) {
     const auto tok = tiny_tokenizer();
     Engine engine(*r.pipeline, *tok, options);
     std::mutex mutex;
@@ -173,6 +174,7 @@ struct FakeModel {
       };
       engine.submit(std::move(q), std::move(cb));
     }
+    if (meanwhile) meanwhile(engine);
     std::unique_lock lock(mutex);
     EXPECT_TRUE(cv.wait_for(lock, std::chrono::seconds(20), [&] { return ended == 6; }));
     return out;
@@ -211,6 +213,47 @@ TEST(Failover, WithoutALiveReplicaEveryRequestFails) {
     EXPECT_EQ(outcome.rfind("error: ", 0), 0u) << outcome;
     EXPECT_NE(outcome.find("w1a"), std::string::npos) << outcome;
   }
+}
+
+// Moving a stage to another worker while requests run (POST /cluster/replan): the
+// engine lets the steps in flight finish, the replica takes the layers, and every
+// sequence is replayed there.
+TEST(Failover, AStageMovedWhileRequestsRunKeepsEveryToken) {
+  FakeModel calm;
+  const std::vector<std::string> expected = calm.run(small_steps());
+  FakeModel m;
+  bool moved = false;
+  const auto got = m.run(small_steps(), [&](Engine& engine) {
+    moved = engine.with_pipeline([&](Pipeline& p) { return p.activate(1, 1); }, true).get();
+  });
+  EXPECT_TRUE(moved);
+  EXPECT_EQ(got, expected);
+  EXPECT_EQ(&m.r.pipeline->stage(1), m.r.b);
+  EXPECT_FALSE(m.kv[m.r.b].empty());
+  EXPECT_EQ(m.r.pipeline->timings().failovers, 0u);
+  // A worker that is not up cannot take a stage; nothing moves.
+  m.r.a->is_up = false;
+  EXPECT_THROW(m.r.pipeline->activate(1, 0), StageError);
+  EXPECT_EQ(&m.r.pipeline->stage(1), m.r.b);
+}
+
+TEST(Replicas, AJoiningWorkerReplicatesAStagesRange) {
+  ReplicatedPipeline r;
+  EXPECT_EQ(r.pipeline->add_replica(std::make_unique<FakeStage>(model::LayerRange{0, 2}, fake_identity(), 0, "w0b"),
+                                    fake_identity()),
+            0u);
+  EXPECT_EQ(r.pipeline->replicas(0), 1u);
+  EXPECT_THROW(r.pipeline->add_replica(std::make_unique<FakeStage>(model::LayerRange{1, 3}, fake_identity(), 0, "odd"),
+                                       fake_identity()),
+               StageError);
+  EXPECT_THROW(r.pipeline->add_replica(std::make_unique<FakeStage>(model::LayerRange{0, 2}, fake_identity(), 0, "w0b"),
+                                       fake_identity()),
+               StageError);  // already there
+  protocol::ModelIdentity other = fake_identity();
+  other.hash = 78;
+  EXPECT_THROW(
+      r.pipeline->add_replica(std::make_unique<FakeStage>(model::LayerRange{0, 2}, other, 0, "w0c"), fake_identity()),
+      StageError);
 }
 
 }  // namespace

@@ -18,6 +18,7 @@
 #include <iostream>
 
 #include "cluster_config.hpp"
+#include "cluster_control.hpp"
 #include "cluster_measures.hpp"
 #include "engine.hpp"
 #include "gguf/reader.hpp"
@@ -87,6 +88,10 @@ int main(int argc, char** argv) {
                  "sequences in the batch at once (default 32; fewer when a stage's KV budget says so); more requests "
                  "queue")
       ->check(CLI::PositiveNumber);
+  bool replan_on_join = false;
+  app.add_flag("--replan-on-join", replan_on_join,
+               "HTTP API: after a worker joins (POST /cluster/workers), move each stage to its fastest live worker "
+               "by their profiles");
   int cache_slots = -1;
   app.add_option("--cache-slots", cache_slots,
                  "HTTP API: finished sequences whose KV is kept for prompt-prefix reuse (default: --parallel; 0: off)")
@@ -209,6 +214,7 @@ int main(int argc, char** argv) {
           state::kv_bytes_per_position(model->kv_config(model->all_layers(), GgmlType::F32, GgmlType::F32)))));
     }
     std::vector<std::unique_ptr<Stage>> stages;
+    std::optional<RemoteOptions> remote_options;  // how a worker joining at run time is reached
     if (workers.empty()) {
       worker::StageLimitOptions local;
       local.ctx = ctx;
@@ -268,6 +274,10 @@ int main(int argc, char** argv) {
         }
         stages.push_back(std::move(stage));
       }
+      remote_options = ro;
+      remote_options->connect_timeout_ms = RemoteOptions{}.connect_timeout_ms;
+      remote_options->take_over = false;
+      if (own_keys) remote_options->curve = net::Curve{*own_keys, {}};
     }
     Pipeline pipeline(std::move(stages), identity);
 
@@ -310,6 +320,16 @@ int main(int argc, char** argv) {
       sched.cache_sequences = cache_slots >= 0 ? cache_slots : sched.max_sequences;
       sched.stage_stats = true;
       Engine engine(pipeline, *tok, sched, max_queue);
+      std::unique_ptr<ClusterControl> cluster;
+      if (remote_options) {
+        ClusterControl::Options control;
+        control.remote = *remote_options;
+        control.limits_check = [sized](const StageInfo& now) { return rejoin_shortfall(now, sized); };
+        control.replan_on_join = replan_on_join;
+        control.batch_objective = objective == "throughput";
+        cluster = std::make_unique<ClusterControl>(engine, identity, std::move(control));
+        http.cluster = cluster.get();
+      }
       serve_http(engine, *tok, chat, http);
       return 0;
     }

@@ -120,6 +120,49 @@ bool Pipeline::fail_over() {
   return true;
 }
 
+std::vector<Stage*> Pipeline::workers(size_t i) {
+  std::vector<Stage*> out;
+  for (auto& w : positions_.at(i).workers) out.push_back(w.get());
+  return out;
+}
+
+size_t Pipeline::add_replica(std::unique_ptr<Stage> stage, const protocol::ModelIdentity& expected) {
+  const StageInfo& info = stage->info();
+  if (!(info.identity == expected)) {
+    throw StageError("worker " + info.name + " serves another model: " + protocol::to_string(info.identity) +
+                     "; expected " + protocol::to_string(expected));
+  }
+  for (size_t i = 0; i < positions_.size(); ++i) {
+    const auto& l = positions_[i].active().info().layers;
+    if (l.first != info.layers.first || l.last != info.layers.last) continue;
+    for (const auto& w : positions_[i].workers) {
+      if (w->info().name == info.name) throw StageError("worker " + info.name + " is in the pipeline already");
+    }
+    spdlog::info("stage {}: {} joins as a replica (layers {})", i, info.name, layers_text(info));
+    positions_[i].workers.push_back(std::move(stage));
+    return i;
+  }
+  throw StageError("worker " + info.name + " serves layers " + layers_text(info) +
+                   ", which are no stage's: a joining worker replicates a stage's range");
+}
+
+bool Pipeline::activate(size_t i, size_t k) {
+  Position& p = positions_.at(i);
+  if (k >= p.workers.size()) throw StageError("stage " + std::to_string(i) + " has no worker " + std::to_string(k));
+  if (k == p.current) return false;
+  if (!p.workers[k]->up()) throw StageError("worker " + p.workers[k]->info().name + " is not up");
+  spdlog::info("stage {}: worker {} takes layers {} from {}", i, p.workers[k]->info().name,
+               layers_text(p.workers[k]->info()), p.active().info().name);
+  p.current = k;
+  {
+    std::lock_guard lock(timings_mutex_);
+    describe(timings_.stages[i], p.active().info());
+  }
+  inflight_.clear();
+  plan_all();
+  return true;
+}
+
 void Pipeline::rejoin_standbys() {
   for (auto& p : positions_) {
     for (size_t k = 0; k < p.workers.size(); ++k) {

@@ -70,6 +70,17 @@ class Pipeline {
   bool fail_over();
   // Tries to get back lost replicas standing by (RemoteStage::rejoin; never throws).
   void rejoin_standbys();
+  // The workers at position i (the active one is workers(i)[active_worker(i)]).
+  std::vector<Stage*> workers(size_t i);
+  size_t active_worker(size_t i) const { return positions_.at(i).current; }
+  // A worker joining the running pipeline: a replica standing by at the position of its
+  // layers (returned). Throws StageError when it serves another model or a range that
+  // is no position's.
+  size_t add_replica(std::unique_ptr<Stage> stage, const protocol::ModelIdentity& expected);
+  // Makes worker k of position i the active one (it must be up) and plans every stage
+  // again; the steps in flight are abandoned and the caller replays its sequences, as
+  // after fail_over(). False when it was active already. Throws StageError otherwise.
+  bool activate(size_t i, size_t k);
 
   // Starts a step; returns its id. outputs: per batch row, what the last stage returns
   // for it when it wants logits (empty: full rows; see Stage::submit). chain: the last

@@ -135,5 +135,8 @@ awaitable<void> health(Session& s);
 awaitable<void> props(Session& s);
 awaitable<void> slots(Session& s);
 awaitable<void> metrics(Session& s);
+awaitable<void> cluster(Session& s);
+awaitable<void> cluster_join(Session& s);
+awaitable<void> cluster_replan(Session& s);
 
 }  // namespace pico::coordinator::http_api

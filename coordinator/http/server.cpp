@@ -275,6 +275,9 @@ const Route kRoutes[] = {
     {"/props", http::verb::get, props},
     {"/slots", http::verb::get, slots},
     {"/metrics", http::verb::get, metrics},
+    {"/cluster", http::verb::get, cluster},
+    {"/cluster/workers", http::verb::post, cluster_join},
+    {"/cluster/replan", http::verb::post, cluster_replan},
 };
 
 

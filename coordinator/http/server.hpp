@@ -12,6 +12,8 @@
 
 namespace pico::coordinator {
 
+class ClusterControl;
+
 struct ServerOptions {
   std::string host = "127.0.0.1";
   uint16_t port = 8080;
@@ -29,6 +31,7 @@ struct ServerOptions {
   std::string cors_origin;       // empty: no CORS headers; else Access-Control-Allow-Origin and preflight answers
   // Chat replies' reasoning (<think>...</think>) unless a request says otherwise.
   http_api::ReasoningFormat reasoning_format = http_api::ReasoningFormat::Deepseek;
+  ClusterControl* cluster = nullptr;  // /cluster (remote stages only; null: in-process)
 };
 
 // Serves until SIGINT or SIGTERM. Throws when the address cannot be bound.

@@ -16,6 +16,13 @@ CASE:
   no-replica  one worker per stage: the killed worker's requests (all 8) fail within
               2 s of the kill, naming it, and pico-coord goes on serving (/health names
               the lost stage).
+  join        a `--layers auto` worker added to the running cluster (POST
+              /cluster/workers) is given the range of a stage (GET /cluster shows it);
+              that stage's worker is drained mid-generation (POST /cluster/replan) and
+              the joined one takes its layers: 8 streams end with exactly the tokens of
+              the undisturbed run; the drained worker, then killed, costs nothing.
+              Refused, naming why: draining a worker without a replica, an unknown one,
+              a joining worker whose layers are no stage's.
 """
 import http.client
 import json
@@ -52,6 +59,12 @@ def start_coord(addresses):
         args += ["--worker", a]
     p = start(args, "coord.log")
     return p, int(wait_log("coord.log", r"listening on http://[^:]+:(\d+)", p).group(1))
+
+
+def start_auto_worker(address, log):
+    p = start([WORKER, "-m", MODEL, "--layers", "auto", "--listen", address, "-t", "1"], log)
+    wait_log(log, r"waits for its range", p)
+    return p
 
 
 def request(port, method, path, body=None):
@@ -239,6 +252,51 @@ try:
             fail("/health after the kill: %d %s" % (status, text))
         if coord.poll() is not None:
             fail("pico-coord exited")
+    elif case == "join":
+        addresses = ["tcp://127.0.0.1:%d" % free_port() for _ in range(3)]
+        workers = [start_worker(addresses[0], "0-1", "worker-0.log"), start_worker(addresses[1], "2-3", "worker-1.log")]
+        coord, port = start_coord(addresses[:2])
+        expected = undisturbed(port, greedy_only=False)
+        workers.append(start_auto_worker(addresses[2], "worker-2.log"))
+        status, text = request(port, "POST", "/cluster/workers", {"address": addresses[2]})
+        if status != 200:
+            fail("join: %d %s" % (status, text))
+        stage0 = json.loads(text)["stages"][0]
+        if [w["address"] for w in stage0["workers"]] != addresses[0:1] + addresses[2:3] or stage0["active"] != addresses[0]:
+            fail("join: stage 0 is not %s with %s standing by: %s" % (addresses[0], addresses[2], text))
+        if stage0["workers"][1]["decode_ms"] is None or not stage0["workers"][1]["up"]:
+            fail("join: the joined worker has no profile or is not up: %s" % text)
+        print("joined: %s stands by for stage 0 (layers %s)" % (addresses[2], stage0["layers"]))
+        drained = []
+
+        def drain():
+            drained.append(request(port, "POST", "/cluster/replan", {"drain": addresses[0]}))
+
+        streams = run_streams(port, False, drain)
+        status, text = drained[0]
+        if status != 200 or not json.loads(text)["moved"] or json.loads(text)["stages"][0]["active"] != addresses[2]:
+            fail("drain: %d %s" % (status, text))
+        check_same(streams, expected, "stage 0 moved to the joined worker mid-generation")
+        streams = run_streams(port, False, lambda: workers[0].send_signal(signal.SIGKILL))
+        check_same(streams, expected, "the drained worker killed")
+        if metric(port, "pico:failovers_total") != 0:
+            fail("a failover after the drained worker was killed")
+        for body, path, why in (({"drain": addresses[1]}, "/cluster/replan", "no live replica can take layers 2-3"),
+                                ({"drain": "tcp://127.0.0.1:1"}, "/cluster/replan", "no worker tcp://127.0.0.1:1"),
+                                ({}, "/cluster/workers", "'address'")):
+            status, text = request(port, "POST", path, body)
+            if status != 400 or why not in text:
+                fail("%s %s: %d %s" % (path, body, status, text))
+            print("refused: %s" % json.loads(text)["error"]["message"])
+        odd = "tcp://127.0.0.1:%d" % free_port()
+        workers.append(start_worker(odd, "1-2", "worker-odd.log"))
+        status, text = request(port, "POST", "/cluster/workers", {"address": odd})
+        if status != 400 or "which are no stage's" not in text:
+            fail("a worker of layers 1-2 joined: %d %s" % (status, text))
+        print("refused: %s" % json.loads(text)["error"]["message"])
+        status, text = request(port, "GET", "/cluster")
+        if status != 200 or json.loads(text)["stages"][1]["replicas"] != 0:
+            fail("/cluster: %d %s" % (status, text))
     else:
         print("unknown case", case)
         raise SystemExit(2)

@@ -1,0 +1,122 @@
+// /cluster: the pipeline's stages with their workers (active, replicas), health and
+// measures; POST /cluster/workers adds a worker at run time; POST /cluster/replan
+// moves stages to other workers (ClusterControl). The work waits for the engine thread
+// (and a joining worker may load its layers first), so it runs on a thread of its own
+// while the connection's coroutine waits on a timer.
+#include <functional>
+#include <future>
+#include <thread>
+
+#include "api.hpp"
+#include "cluster_control.hpp"
+
+namespace pico::coordinator::http_api {
+
+namespace {
+
+json to_json(const ClusterView& view) {
+  json stages = json::array();
+  for (size_t i = 0; i < view.stages.size(); ++i) {
+    const StageView& st = view.stages[i];
+    json workers = json::array();
+    std::string active;
+    for (const WorkerView& w : st.workers) {
+      if (w.active) active = w.name;
+      json j = {{"address", w.name},          {"up", w.up},
+                {"active", w.active},         {"backend", w.backend.empty() ? "cpu" : w.backend},
+                {"isa", w.isa},               {"device", w.device},
+                {"threads", w.threads},       {"memory_bytes", w.memory_bytes},
+                {"round_trip_ms", w.round_trip_seconds * 1e3}};
+      j["decode_ms"] = w.decode_seconds ? json(*w.decode_seconds * 1e3) : json(nullptr);
+      j["batch_ms_per_token"] = w.batch_seconds_per_token ? json(*w.batch_seconds_per_token * 1e3) : json(nullptr);
+      workers.push_back(std::move(j));
+    }
+    stages.push_back({{"stage", i},
+                      {"layers", std::to_string(st.layers.first) + "-" + std::to_string(st.layers.last - 1)},
+                      {"active", active},
+                      {"replicas", st.workers.size() - 1},
+                      {"workers", std::move(workers)}});
+  }
+  return {{"stages", std::move(stages)}, {"failovers", view.failovers}};
+}
+
+ClusterControl& control(Session& s) {
+  if (!s.state.options.cluster) {
+    throw ApiError(404, "this pico-coord runs its layers in-process: no cluster", "not_found_error");
+  }
+  return *s.state.options.cluster;
+}
+
+// Runs work on a thread of its own; the coroutine waits without holding an I/O thread.
+// (Callers pass a named std::function: GCC 12 destroys a lambda temporary with
+// captures inside a co_await expression twice.)
+awaitable<json> off_thread(std::function<json()> work) {
+  auto result = std::make_shared<std::promise<json>>();
+  std::future<json> done = result->get_future();
+  std::thread([result, work = std::move(work)]() mutable {
+    try {
+      result->set_value(work());
+    } catch (...) {
+      result->set_exception(std::current_exception());
+    }
+  }).detach();
+  asio::steady_timer timer(co_await asio::this_coro::executor);
+  while (done.wait_for(std::chrono::seconds(0)) != std::future_status::ready) {
+    timer.expires_after(std::chrono::milliseconds(20));
+    co_await timer.async_wait(asio::use_awaitable);
+  }
+  try {
+    co_return done.get();
+  } catch (const StageError& e) {
+    throw ApiError(400, e.what(), "invalid_request_error", "cluster_refused");
+  }
+}
+
+json body_of(Session& s) {
+  if (s.request.body().empty()) return json::object();
+  json body = json::parse(s.request.body(), nullptr, false);
+  if (!body.is_object()) throw ApiError(400, "the body is not a JSON object");
+  return body;
+}
+
+}  // namespace
+
+awaitable<void> cluster(Session& s) {
+  ClusterControl& c = control(s);
+  std::function<json()> work = [&c] { return to_json(c.view()); };
+  const json out = co_await off_thread(work);
+  co_await s.reply(200, out);
+}
+
+awaitable<void> cluster_join(Session& s) {
+  ClusterControl& c = control(s);
+  const json body = body_of(s);
+  if (!body.contains("address") || !body["address"].is_string() || body["address"].get<std::string>().empty()) {
+    throw ApiError(400, "'address' (the worker's, e.g. tcp://10.0.0.5:7701) is required", "invalid_request_error", {},
+                   "address");
+  }
+  const std::string address = body["address"].get<std::string>();
+  std::function<json()> work = [&c, address] { return to_json(c.join(address)); };
+  const json out = co_await off_thread(work);
+  co_await s.reply(200, out);
+}
+
+awaitable<void> cluster_replan(Session& s) {
+  ClusterControl& c = control(s);
+  const json body = body_of(s);
+  std::optional<std::string> drain;
+  if (body.contains("drain")) {
+    if (!body["drain"].is_string()) throw ApiError(400, "'drain' must be a worker's address", "invalid_request_error", {}, "drain");
+    drain = body["drain"].get<std::string>();
+  }
+  std::function<json()> work = [&c, drain] {
+    bool moved = false;
+    json j = to_json(c.replan(drain, &moved));
+    j["moved"] = moved;
+    return j;
+  };
+  const json out = co_await off_thread(work);
+  co_await s.reply(200, out);
+}
+
+}  // namespace pico::coordinator::http_api
