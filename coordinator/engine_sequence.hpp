@@ -1,0 +1,47 @@
+// The engine's record of one request (engine.cpp, engine_sequences.cpp): its sampler
+// and text state, and what its sequence holds on the stages.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "engine.hpp"
+
+namespace pico::coordinator {
+
+using Clock = std::chrono::steady_clock;
+
+struct Engine::Seq {
+  int32_t id = 0;     // the request's (Handle::id)
+  int32_t kv_id = 0;  // the sequence's on the stages (a kept one's when its prefix is reused)
+  OnlineRequest request;
+  Callbacks callbacks;
+  std::unique_ptr<sample::Sampler> sampler;
+  std::unique_ptr<tokenizer::StreamDecoder> decoder;
+  std::unique_ptr<StopMatcher> matcher;
+  size_t prefill_sent = 0;
+  int32_t n_past = 0;
+  int n_cached = 0;                  // prompt tokens reused from a kept sequence
+  std::vector<int32_t> kv_tokens;    // the token of each position sent (n_past of them)
+  std::vector<int32_t> checkpoints;  // positions its stages checkpointed (as they evict them)
+  int steps_inflight = 0;            // steps in flight holding tokens of this sequence
+  // After a failover: the tokens its lost KV held, sent again from position 0 (the
+  // last one asking for logits when its step was waiting for them); batch invariance
+  // makes the replayed KV and logits bit-identical to the lost ones.
+  std::vector<int32_t> replay;
+  size_t replay_sent = 0;
+  bool replay_logits = false;
+  bool argmax_only = false;          // the last stage returns its rows' arg max only
+  int n_decoded = 0;
+  std::optional<int32_t> pending;
+  bool awaiting = false;
+  bool cancelled = false;
+  bool done = false;
+  bool failed = false;  // its KV is closed, never kept
+  bool kv_released = false;
+  Clock::time_point t_start, t_first;
+};
+
+}  // namespace pico::coordinator

@@ -1,0 +1,288 @@
+// The sequences' KV on the stages: kept after a request for prompt-prefix reuse
+// (evicted least recently used first), recurrent-state checkpoints, closed once no step
+// holds its tokens; and when a stage is lost: failover to a replica and the replay of
+// every sequence there, or the failure of every request; pipeline work that must run
+// between steps (Engine::with_pipeline).
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+
+#include "engine.hpp"
+#include "engine_sequence.hpp"
+#include "state/recurrent_state.hpp"
+
+namespace pico::coordinator {
+
+void Engine::check_stages(bool idle) {
+  std::string lost;
+  auto find_lost = [&] {
+    for (size_t i = 0; i < pipeline_.size() && lost.empty(); ++i) {
+      if (!pipeline_.stage(i).up()) lost = "stage " + std::to_string(i) + " (" + pipeline_.stage(i).info().name + ")";
+    }
+  };
+  find_lost();
+  if (!lost.empty() && idle) {
+    // It comes back without the KV of the kept sequences, and a replica has none.
+    for (const auto& k : kept_) close_sequence(k.kv_id);
+    kept_.clear();
+    try {
+      pipeline_.fail_over();
+    } catch (const std::exception& e) {
+      spdlog::warn("failover: {}", e.what());
+    }
+    lost.clear();
+    find_lost();
+  }
+  if (idle) {
+    const auto now = Clock::now();
+    if (now - last_standby_rejoin_ >= std::chrono::milliseconds(rejoin_interval_ms)) {
+      last_standby_rejoin_ = now;
+      pipeline_.rejoin_standbys();
+    }
+  }
+  if (!lost.empty() && idle) {
+    const auto now = Clock::now();
+    if (now - last_rejoin_ >= std::chrono::milliseconds(rejoin_interval_ms)) {
+      last_rejoin_ = now;
+      try {
+        pipeline_.rejoin_lost();
+      } catch (const StageError& e) {
+        spdlog::debug("rejoin: {}", e.what());
+      }
+      lost.clear();
+      find_lost();
+    }
+  }
+  std::lock_guard lock(mutex_);
+  if (lost != lost_stage_) {
+    if (lost.empty()) {
+      spdlog::info("every stage is up");
+    } else {
+      spdlog::warn("{} is lost", lost);
+    }
+  }
+  lost_stage_ = std::move(lost);
+}
+
+void Engine::release_kv(Seq& s) {
+  if (s.kv_released) return;
+  s.kv_released = true;
+  if (!s.cancelled && !s.failed && options_.cache_sequences > 0) {
+    // Keep its KV for a later request with a common prefix (every step of it is done).
+    // The stages may hold one position more (a chained step past the end): a reuse cuts
+    // it, as it cuts any position after the common prefix.
+    kept_.push_back({s.kv_id, std::move(s.kv_tokens), ++use_tick_, std::move(s.checkpoints)});
+    evict_kept();
+  } else {
+    close_sequence(s.kv_id);
+  }
+}
+
+void Engine::close_sequence(int32_t kv_id) {
+  try {
+    pipeline_.close(kv_id);
+  } catch (const std::exception& e) {
+    spdlog::warn("closing sequence {}: {}", kv_id, e.what());
+  }
+}
+
+void Engine::evict_kept() {
+  // Every sequence that holds KV on the stages or is about to: a finished one whose last
+  // step is still in flight holds it until release_kv.
+  const auto running = std::count_if(active_.begin(), active_.end(), [](const auto& s) { return !s->kv_released; });
+  auto over = [&] {
+    if (kept_.empty()) return false;
+    if (static_cast<int>(kept_.size()) > options_.cache_sequences) return true;
+    if (options_.max_sequences > 0 && static_cast<int64_t>(kept_.size()) + running > options_.max_sequences) {
+      return true;
+    }
+    if (options_.cache_tokens > 0) {
+      int64_t held = 0;
+      for (const auto& k : kept_) held += static_cast<int64_t>(k.tokens.size());
+      if (held > options_.cache_tokens) return true;
+    }
+    return false;
+  };
+  while (over()) {
+    auto lru = std::min_element(kept_.begin(), kept_.end(),
+                                [](const Kept& a, const Kept& b) { return a.last_used < b.last_used; });
+    close_sequence(lru->kv_id);
+    kept_.erase(lru);
+  }
+}
+
+// Takes the kept sequence with the longest common prefix with s's prompt, if any: s
+// continues it from the end of that prefix and computes only the rest. At least the
+// last prompt token is always computed, for its logits. A prefix under a tenth of the
+// prompt is not worth the kept sequence it would cut (as llama.cpp's default slot
+// similarity): s then starts a fresh sequence.
+void Engine::reuse_prefix(Seq& s) {
+  const auto& prompt = s.request.prompt;
+  auto best = kept_.end();
+  size_t best_len = 0;
+  if (s.request.cache_prompt) {
+    for (auto it = kept_.begin(); it != kept_.end(); ++it) {
+      const size_t limit = std::min(it->tokens.size(), prompt.size() - 1);
+      size_t n = 0;
+      while (n < limit && it->tokens[n] == prompt[n]) ++n;
+      if (options_.recurrent) {
+        // The recurrent state goes back only to a checkpoint: the newest within the prefix.
+        size_t at = 0;
+        for (int32_t c : it->checkpoints) {
+          if (static_cast<size_t>(c) <= n) at = std::max(at, static_cast<size_t>(c));
+        }
+        n = at;
+      }
+      if (n > best_len && 10 * n > prompt.size()) best = it, best_len = n;
+    }
+  }
+  if (best == kept_.end()) {
+    s.kv_id = next_kv_id_++;
+    return;
+  }
+  // No truncate message: each stage cuts the sequence when its next token arrives at
+  // position best_len (StageEngine::forward). A message sent to every stage directly
+  // could reach a later stage after that token, which comes through the stages before.
+  s.kv_id = best->kv_id;
+  // The stages drop the checkpoints after the one they go back to.
+  for (int32_t c : best->checkpoints) {
+    if (static_cast<size_t>(c) <= best_len) s.checkpoints.push_back(c);
+  }
+  kept_.erase(best);
+  s.n_cached = static_cast<int>(best_len);
+  s.n_past = static_cast<int32_t>(best_len);
+  s.prefill_sent = best_len;
+  s.kv_tokens.assign(prompt.begin(), prompt.begin() + static_cast<std::ptrdiff_t>(best_len));
+}
+
+void Engine::mark_checkpoint(Seq& s, model::BatchToken& row, bool prompt_end) {
+  if (!options_.recurrent || options_.checkpoint_max <= 0) return;
+  const int64_t after = row.pos + 1;  // positions held after the row
+  const auto prompt = static_cast<int64_t>(s.request.prompt.size());
+  const bool wanted = after <= prompt ? (prompt_end || (options_.checkpoint_every > 0 && after % options_.checkpoint_every == 0))
+                                      : (options_.checkpoint_every_gen > 0 && (after - prompt) % options_.checkpoint_every_gen == 0);
+  if (!wanted) return;
+  const int keep = std::min(options_.checkpoint_max, 255);
+  row.checkpoint_keep = static_cast<uint8_t>(keep);
+  // The same bookkeeping as each stage's (state::RecurrentState::checkpoint).
+  auto& c = s.checkpoints;
+  while (!c.empty() && c.back() >= after) c.pop_back();
+  c.push_back(static_cast<int32_t>(after));
+  while (c.size() > static_cast<size_t>(keep)) {
+    const std::vector<int64_t> positions(c.begin(), c.end());
+    c.erase(c.begin() + static_cast<std::ptrdiff_t>(state::checkpoint_to_evict(positions)));
+  }
+}
+
+void Engine::fail_all(const std::string& message) {
+  // The stages' state is unknown after a failure: nothing kept is trusted either.
+  for (const auto& k : kept_) close_sequence(k.kv_id);
+  kept_.clear();
+  for (auto& s : active_) {
+    if (!s->kv_released) close_sequence(s->kv_id);
+    s->kv_released = true;
+    if (s->done) continue;
+    s->done = true;
+    if (s->callbacks.on_error) s->callbacks.on_error(message);
+  }
+  std::lock_guard lock(mutex_);
+  metrics_.requests_failed += active_.size();
+  active_.clear();
+  running_ = 0;
+}
+
+bool Engine::recover(const std::string& what) {
+  bool replaced = false;
+  try {
+    replaced = pipeline_.fail_over();
+  } catch (const std::exception& e) {
+    spdlog::error("failover: {}", e.what());
+  }
+  if (!replaced) {
+    fail_all(what);
+    return false;
+  }
+  replay_all();
+  return true;
+}
+
+void Engine::replay_all() {
+  // The replica holds none of the sequences, and the surviving stages hold them up to
+  // wherever the abandoned steps got: every sequence starts again from position 0,
+  // under a new id (the old one is closed everywhere, a lost worker told when it
+  // rejoins). Nothing kept is trusted either.
+  for (const auto& k : kept_) close_sequence(k.kv_id);
+  kept_.clear();
+  size_t replayed = 0, tokens = 0;
+  for (auto& sp : active_) {
+    Seq& s = *sp;
+    s.steps_inflight = 0;  // every step in flight is gone
+    if (!s.kv_released) close_sequence(s.kv_id);
+    if (s.done) {
+      s.kv_released = true;
+      continue;
+    }
+    if (s.cancelled) {
+      s.kv_released = true;
+      finish(s, "cancelled");
+      continue;
+    }
+    std::vector<int32_t> again = std::move(s.kv_tokens);
+    bool logits = s.awaiting;
+    if (s.replay_sent < s.replay.size()) {  // lost again while replaying
+      again.insert(again.end(), s.replay.begin() + static_cast<std::ptrdiff_t>(s.replay_sent), s.replay.end());
+      logits = s.replay_logits;
+    }
+    s.kv_id = next_kv_id_++;
+    s.kv_tokens.clear();
+    s.checkpoints.clear();
+    s.n_past = 0;
+    s.awaiting = false;
+    s.replay = std::move(again);
+    s.replay_sent = 0;
+    s.replay_logits = logits;
+    ++replayed;
+    tokens += s.replay.size();
+  }
+  spdlog::warn("failover: {} sequences replay {} tokens on the new chain", replayed, tokens);
+  std::lock_guard lock(mutex_);
+  metrics_.replayed_tokens += tokens;
+}
+
+std::future<bool> Engine::with_pipeline(std::function<bool(Pipeline&)> fn, bool drain) {
+  PipelineTask task{std::move(fn), drain, {}};
+  std::future<bool> result = task.done.get_future();
+  {
+    std::lock_guard lock(mutex_);
+    if (stopping_) throw std::runtime_error("the engine is stopping");
+    pipeline_tasks_.push_back(std::move(task));
+  }
+  cv_.notify_all();
+  return result;
+}
+
+bool Engine::run_pipeline_tasks(bool nothing_in_flight) {
+  std::deque<PipelineTask> due;
+  bool draining = false;
+  {
+    std::lock_guard lock(mutex_);
+    std::deque<PipelineTask> later;
+    for (auto& t : pipeline_tasks_) (t.drain && !nothing_in_flight ? later : due).push_back(std::move(t));
+    pipeline_tasks_.swap(later);
+    draining = !pipeline_tasks_.empty();
+  }
+  bool moved = false;
+  for (auto& t : due) {
+    try {
+      const bool result = t.fn(pipeline_);
+      moved = moved || (t.drain && result);
+      t.done.set_value(result);
+    } catch (...) {
+      t.done.set_exception(std::current_exception());
+    }
+  }
+  if (moved) replay_all();
+  return draining;
+}
+
+}  // namespace pico::coordinator
