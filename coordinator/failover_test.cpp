@@ -8,6 +8,7 @@
 #include <map>
 #include <mutex>
 
+#include "cluster_control.hpp"
 #include "engine.hpp"
 #include "fake_stage_test.hpp"
 
@@ -254,6 +255,52 @@ TEST(Replicas, AJoiningWorkerReplicatesAStagesRange) {
   EXPECT_THROW(
       r.pipeline->add_replica(std::make_unique<FakeStage>(model::LayerRange{0, 2}, other, 0, "w0c"), fake_identity()),
       StageError);
+}
+
+// A profile whose every layer takes `decode` seconds for one token (and a tenth of that
+// per token of a batch).
+worker::WorkerProfile uniform_profile(double decode) {
+  worker::WorkerProfile p;
+  p.layers.assign(4, {decode, decode / 10});
+  p.head = {decode, decode / 10};
+  return p;
+}
+
+// Replans choose by the workers' profiles: a stage moves to a worker at least 10 %
+// faster, a drained worker's stage to its fastest live replica.
+TEST(ClusterControl, MovesStagesToFasterWorkersByTheirProfiles) {
+  FakeModel m;
+  m.r.first->info_for_test().profile = uniform_profile(1e-3);
+  m.r.a->info_for_test().profile = uniform_profile(1e-3);
+  m.r.b->info_for_test().profile = uniform_profile(0.95e-3);  // 5 % faster: not worth a move
+  const auto tok = tiny_tokenizer();
+  Engine engine(*m.r.pipeline, *tok, small_steps());
+  ClusterControl control(engine, fake_identity(), {});
+  bool moved = true;
+  ClusterView view = control.replan(std::nullopt, &moved);
+  EXPECT_FALSE(moved);
+  ASSERT_EQ(view.stages.size(), 2u);
+  ASSERT_EQ(view.stages[1].workers.size(), 2u);
+  EXPECT_TRUE(view.stages[1].workers[0].active);
+  // Stage 1 is the last: its time counts the head (2 layers + head, 3 ms).
+  EXPECT_DOUBLE_EQ(*view.stages[1].workers[0].decode_seconds, 3e-3);
+  EXPECT_DOUBLE_EQ(*view.stages[0].workers[0].decode_seconds, 2e-3);
+  m.r.b->info_for_test().profile = uniform_profile(0.8e-3);
+  view = control.replan(std::nullopt, &moved);
+  EXPECT_TRUE(moved);
+  EXPECT_TRUE(view.stages[1].workers[1].active);
+  EXPECT_EQ(&m.r.pipeline->stage(1), m.r.b);
+  // Draining: the stage goes back to "w1a"; draining it again has no replica left
+  // alive, and nothing moves.
+  view = control.replan(std::string("w1b"), &moved);
+  EXPECT_TRUE(moved);
+  EXPECT_EQ(&m.r.pipeline->stage(1), m.r.a);
+  m.r.b->is_up = false;
+  m.r.b->comes_back = false;
+  EXPECT_THROW(control.replan(std::string("w1a")), StageError);
+  EXPECT_THROW(control.replan(std::string("w9")), StageError);
+  EXPECT_EQ(&m.r.pipeline->stage(1), m.r.a);
+  EXPECT_FALSE(control.view().stages[1].workers[1].up);
 }
 
 }  // namespace

@@ -26,6 +26,7 @@ class FakeStage final : public Stage {
     info_.identity = id;
   }
   const StageInfo& info() const override { return info_; }
+  StageInfo& info_for_test() { return info_; }
   void plan(Stage*, Stage* chain, size_t, size_t) override {
     ++plans;
     chain_to = chain;
