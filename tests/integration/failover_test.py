@@ -37,7 +37,8 @@ from processes import Processes, free_port
 build, models, case = sys.argv[1], sys.argv[2], sys.argv[3]
 WORKER = os.path.join(build, "worker", "pico-worker")
 COORD = os.path.join(build, "coordinator", "pico-coord")
-MODEL = os.path.join(models, "llama.gguf")
+# PICO_FAILOVER_MODEL: another 4-layer model, for measuring the stall on a larger one.
+MODEL = os.environ.get("PICO_FAILOVER_MODEL") or os.path.join(models, "llama.gguf")
 PROMPTS = ["The quick brown fox jumps over the lazy dog, and then",
            "Once upon a time, in a land far away,",
            "The capital of France is",
@@ -97,6 +98,7 @@ class Stream(threading.Thread):
         super().__init__(daemon=True)
         self.port, self.body = port, body
         self.tokens, self.error, self.error_time, self.finished = [], None, None, False
+        self.times = []  # arrival of each token
 
     def run(self):
         try:
@@ -115,6 +117,7 @@ class Stream(threading.Thread):
                     self.error, self.error_time = json.dumps(event["error"]), time.time()
                     return
                 self.tokens += event.get("tokens", [])
+                self.times += [time.time()] * len(event.get("tokens", []))
                 if event.get("stop"):
                     self.finished = True
             c.close()
@@ -137,12 +140,20 @@ def run_streams(port, greedy_only, disturb=None):
         if any(s.finished for s in streams):
             fail("a stream finished before the disturbance")
         at = [len(s.tokens) for s in streams]
+        disturbed_at = time.time()
         disturb()
         print("disturbed with %s tokens received" % at)
     for s in streams:
         s.join(90)
         if s.is_alive():
             fail("a stream did not end")
+    if disturb and all(s.finished for s in streams):
+        # The longest wait for a token from the disturbance on, against the median gap.
+        gaps = sorted(b - a for s in streams for a, b in zip(s.times, s.times[1:]))
+        after = [t for s in streams for t in s.times if t > disturbed_at]
+        first = min(after) - disturbed_at if after else 0
+        print("first token %.0f ms after the disturbance; median gap between tokens %.1f ms, longest %.0f ms" %
+              (first * 1e3, gaps[len(gaps) // 2] * 1e3, gaps[-1] * 1e3))
     return streams
 
 
