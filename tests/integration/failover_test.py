@@ -32,7 +32,7 @@ import sys
 import threading
 import time
 
-from processes import Processes, free_port
+from processes import Processes, free_port, request
 
 build, models, case = sys.argv[1], sys.argv[2], sys.argv[3]
 WORKER = os.path.join(build, "worker", "pico-worker")
@@ -66,16 +66,6 @@ def start_auto_worker(address, log):
     p = start([WORKER, "-m", MODEL, "--layers", "auto", "--listen", address, "-t", "1"], log)
     wait_log(log, r"waits for its range", p)
     return p
-
-
-def request(port, method, path, body=None):
-    c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-    c.request(method, path, body=json.dumps(body) if body is not None else None,
-              headers={"Content-Type": "application/json"})
-    r = c.getresponse()
-    text = r.read().decode()
-    c.close()
-    return r.status, text
 
 
 def bodies(greedy_only):

@@ -1,6 +1,8 @@
 """The processes of an integration test script (server_test.py, security_test.py): a
 temporary folder for their logs, processes started with their stderr in a log there,
 waiting for a line in a log, and the cleanup (every process killed, the folder gone)."""
+import http.client
+import json
 import os
 import re
 import shutil
@@ -14,6 +16,17 @@ def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def request(port, method, path, body=None):
+    """One HTTP exchange with a local pico-coord: (status, body text)."""
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    c.request(method, path, body=json.dumps(body) if body is not None else None,
+              headers={"Content-Type": "application/json"})
+    r = c.getresponse()
+    text = r.read().decode()
+    c.close()
+    return r.status, text
 
 
 class Processes:

@@ -16,14 +16,13 @@ CASE:
            tokens, logits transfer), in-process (transfers 0) and with 2 workers, and
            they grow with every request.
 """
-import http.client
 import json
 import os
 import signal
 import sys
 import time
 
-from processes import Processes, free_port
+from processes import Processes, free_port, request
 
 build, models, case = sys.argv[1], sys.argv[2], sys.argv[3]
 WORKER = os.path.join(build, "worker", "pico-worker")
@@ -51,16 +50,6 @@ def start_coord(workers):
         args += ["--worker", w]
     p = start(args, "coord.log")
     return p, int(wait_log("coord.log", r"listening on http://[^:]+:(\d+)", p).group(1))
-
-
-def request(port, method, path, body=None):
-    c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-    c.request(method, path, body=json.dumps(body) if body is not None else None,
-              headers={"Content-Type": "application/json"})
-    r = c.getresponse()
-    text = r.read().decode()
-    c.close()
-    return r.status, text
 
 
 def complete(port):
