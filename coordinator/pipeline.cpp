@@ -110,6 +110,8 @@ bool Pipeline::fail_over() {
     Position& p = positions_[i];
     spdlog::warn("stage {}: worker {} is lost; its replica {} takes layers {}", i, p.active().info().name,
                  p.workers[k]->info().name, layers_text(p.workers[k]->info()));
+    p.holds_closed.resize(p.workers.size());
+    p.holds_closed[p.current] = true;
     p.current = k;
     std::lock_guard lock(timings_mutex_);
     describe(timings_.stages[i], p.active().info());
@@ -169,7 +171,8 @@ void Pipeline::rejoin_standbys() {
       Stage& s = *p.workers[k];
       if (k == p.current || s.up()) continue;
       try {
-        s.rejoin();
+        s.rejoin();  // sends the closes it missed
+        if (k < p.holds_closed.size()) p.holds_closed[k] = false;
         spdlog::info("replica {} is back and stands by", s.info().name);
       } catch (const StageError& e) {
         spdlog::debug("replica {}: {}", s.info().name, e.what());
@@ -282,6 +285,9 @@ StepOutput Pipeline::wait(int timeout_ms) {
           }
           account(*out, done.tokens, wait_start);
           inflight_.pop_front();
+          // Submitted after any failover, so after the caller closed what the replaced
+          // workers held: later sequences never reached them.
+          for (auto& p : positions_) p.holds_closed.clear();
           // The step the last stage started is the next to finish.
           if (out->chained) inflight_.push_front({done.step + 1, done.tokens, done.chain_steps - 1, true});
           return std::move(*out);
@@ -347,14 +353,13 @@ PipelineTimings Pipeline::timings() const {
 }
 
 void Pipeline::close(int32_t seq_id) {
-  // Every stage, even when one fails: the others must not keep the sequence. A lost
-  // replica standing by (a worker that was active when it was lost, maybe only hung)
-  // gets it when it rejoins.
+  // Every stage, even when one fails: the others must not keep the sequence. A worker
+  // replaced while lost (maybe only hung) gets it when it rejoins.
   std::optional<StageError> first;
   for (auto& p : positions_) {
     for (size_t k = 0; k < p.workers.size(); ++k) {
       Stage& s = *p.workers[k];
-      if (k != p.current && s.up()) continue;
+      if (k != p.current && !(k < p.holds_closed.size() && p.holds_closed[k])) continue;
       try {
         s.close(seq_id);
       } catch (const StageError& e) {
