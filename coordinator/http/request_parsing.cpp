@@ -317,13 +317,9 @@ const Field kGenerationFields[] = {
        p.n = integer(n, v, 1, p.ctx.max_choices);
        if (p.n > 1 && p.endpoint == Endpoint::LlamaCompletion) unsupported(n);  // one completion per request here
      }},
-    {"model", kAll,
-     [](Parse& p, const std::string& n, const json& v) {
-       const std::string& name = string(n, v);
-       if (p.endpoint == Endpoint::LlamaCompletion || name.empty()) return;
-       if (name == p.ctx.model_name || name == p.ctx.model_path) return;
-       throw ApiError(404, "the model '" + name + "' does not exist", "invalid_request_error", "model_not_found", n);
-     }},
+    // Any name: the one model serves it, as llama-server does (clients send their own
+    // default, e.g. "gpt-3.5-turbo").
+    {"model", kAll, [](Parse&, const std::string& n, const json& v) { string(n, v); }},
     {"user", kOpenAI, [](Parse&, const std::string& n, const json& v) { string(n, v); }},  // for abuse tracking: no effect
     // Log probabilities.
     {"n_probs", kLlama,

@@ -102,7 +102,6 @@ TEST(RequestParsing, EachInvalidFieldIsRefusedByName) {
       {6, "n", 17, "n"},
       {7, "n", "two", "n"},
       {1, "n", 2, "n"},
-      {6, "model", "gpt-nope", "gpt-nope", 404},
       {7, "model", 5, "model"},
       {7, "logit_bias", 5, "logit_bias"},
       {7, "logit_bias", {{"6", 1}}, "logit_bias"},      // outside [0, 6)
@@ -205,6 +204,16 @@ TEST(RequestParsing, EachInvalidFieldIsRefusedByName) {
         EXPECT_NE(std::string(err.what()).find(row.named), std::string::npos) << what << ": " << err.what();
       }
     }
+  }
+}
+
+// As llama-server: whatever model a client names, the one model serves it.
+TEST(RequestParsing, AnyModelNameIsServed) {
+  Fixture f;
+  for (Endpoint e : {Endpoint::LlamaCompletion, Endpoint::Completions, Endpoint::ChatCompletions}) {
+    json body = base(e);
+    body["model"] = "gpt-3.5-turbo";
+    EXPECT_EQ(parse_generation_request(f.ctx, e, body).choices.size(), 1u) << endpoint_name(e);
   }
 }
 

@@ -616,7 +616,6 @@ def main():
         ("POST", "/v1/completions", {"prompt": "hi", "n": 17}, 400),
         ("POST", "/v1/completions", {"prompt": "hi", "n": "two"}, 400),
         ("POST", "/completion", {"prompt": "hi", "cache_prompt": 1}, 400),
-        ("POST", "/v1/chat/completions", {"messages": msgs, "model": "gpt-nope"}, 404),
         ("POST", "/v1/completions", {"prompt": 5}, 400),
         ("POST", "/v1/completions", {"prompt": []}, 400),
         ("POST", "/v1/completions", {"max_tokens": 4}, 400),
