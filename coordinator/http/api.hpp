@@ -127,6 +127,7 @@ int64_t unix_time();
 awaitable<void> chat_completions(Session& s);
 awaitable<void> completions(Session& s);
 awaitable<void> models(Session& s);
+awaitable<void> model_by_id(Session& s);  // /v1/models/{id}
 awaitable<void> llama_completion(Session& s);
 awaitable<void> apply_template(Session& s);
 awaitable<void> tokenize(Session& s);

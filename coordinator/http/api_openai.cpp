@@ -1,6 +1,9 @@
 // OpenAI endpoints: /v1/chat/completions, /v1/completions, /v1/models.
 #include <boost/asio/this_coro.hpp>
 #include <algorithm>
+#include <cctype>
+#include <string>
+#include <string_view>
 
 #include "http/api.hpp"
 
@@ -238,13 +241,40 @@ awaitable<void> completions(Session& s) {
   co_await generate(s, parse_generation_request(s.state.parse, Endpoint::Completions, parse_body(s.request)), false);
 }
 
+namespace {
+json model_object(const Session& s, const std::string& id) {
+  return {{"id", id},
+          {"object", "model"},
+          {"created", std::chrono::duration_cast<std::chrono::seconds>(s.state.started.time_since_epoch()).count()},
+          {"owned_by", "pico"}};
+}
+
+// %XX escapes of a path segment (a model id may hold a '/').
+std::string percent_decoded(std::string_view text) {
+  std::string out;
+  for (size_t i = 0; i < text.size(); ++i) {
+    auto hex = [](char c) { return std::isxdigit(static_cast<unsigned char>(c)) != 0; };
+    if (text[i] == '%' && i + 2 < text.size() && hex(text[i + 1]) && hex(text[i + 2])) {
+      out += static_cast<char>(std::stoi(std::string(text.substr(i + 1, 2)), nullptr, 16));
+      i += 2;
+    } else {
+      out += text[i];
+    }
+  }
+  return out;
+}
+}  // namespace
+
 awaitable<void> models(Session& s) {
-  json model = {{"id", s.state.options.model_name},
-                {"object", "model"},
-                {"created", std::chrono::duration_cast<std::chrono::seconds>(s.state.started.time_since_epoch()).count()},
-                {"owned_by", "pico"}};
-  const json list = {{"object", "list"}, {"data", json::array({model})}};
+  const json list = {{"object", "list"}, {"data", json::array({model_object(s, s.state.options.model_name)})}};
   co_await s.reply(200, list);
+}
+
+awaitable<void> model_by_id(Session& s) {
+  // Any id names the one model, as any `model` of a request does.
+  const std::string_view target(s.request.target().data(), s.request.target().size());
+  const std::string_view path = target.substr(0, target.find('?'));
+  co_await s.reply(200, model_object(s, percent_decoded(path.substr(path.find("/models/") + 8))));
 }
 
 }  // namespace pico::coordinator::http_api

@@ -266,6 +266,8 @@ const Route kRoutes[] = {
     {"/completions", http::verb::post, completions},
     {"/v1/models", http::verb::get, models},
     {"/models", http::verb::get, models},
+    {"/v1/models/*", http::verb::get, model_by_id},
+    {"/models/*", http::verb::get, model_by_id},
     {"/completion", http::verb::post, llama_completion},
     {"/apply-template", http::verb::post, apply_template},
     {"/tokenize", http::verb::post, tokenize},
@@ -312,7 +314,11 @@ awaitable<void> dispatch(Session& s) {
   const Route* route = nullptr;
   bool path_known = false;
   for (const auto& r : kRoutes) {
-    if (target != r.path) continue;
+    // "PREFIX*": any non-empty rest of the path (a model's id).
+    const std::string_view pattern = r.path;
+    const bool prefix = pattern.ends_with('*');
+    const std::string_view head = prefix ? pattern.substr(0, pattern.size() - 1) : pattern;
+    if (prefix ? !(target.size() > head.size() && target.starts_with(head)) : target != head) continue;
     path_known = true;
     if (s.request.method() == r.method) route = &r;
   }

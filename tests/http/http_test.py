@@ -486,6 +486,9 @@ def main():
     check(s == 200 and b["status"] == "ok", "/health")
     s, b = api.json("GET", "/v1/models")
     check(s == 200 and b["object"] == "list" and b["data"][0]["id"] == "M", "/v1/models lists M")
+    for path, name in (("/v1/models/M", "M"), ("/v1/models/gpt-4o", "gpt-4o"), ("/models/a%2Fb", "a/b")):
+        s, b = api.json("GET", path)
+        check(s == 200 and b["object"] == "model" and b["id"] == name, "%s is served (any name)" % path)
     s, b = api.json("GET", "/props")
     check(s == 200 and b["default_generation_settings"]["n_ctx"] == CTX and b["chat_template"] == "qwen3" and
           b["total_slots"] == (8 if MODE == "cluster" else 4), "/props")
