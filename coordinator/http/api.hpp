@@ -39,6 +39,10 @@ using HttpRequest = http::request<http::string_body>;
 
 json error_body(int status, const std::string& message, const std::string& type, const std::string& code,
                const std::string& param = {});
+// llama-server's "timings" of one request (prompt and predicted: n, ms, per token, per second).
+json timings_json(const Usage& u);
+// What build answered (OpenAI's system_fingerprint).
+inline const char* system_fingerprint() { return "pico-" PICO_VERSION; }
 
 struct ServerState {
   Engine& engine;

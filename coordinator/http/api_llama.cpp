@@ -24,21 +24,6 @@ std::string label_value(std::string_view text) {
   return out;
 }
 
-json timings_json(const Usage& u) {
-  auto per_token = [](double ms, int n) { return n > 0 ? ms / n : 0.0; };
-  auto per_second = [](double ms, int n) { return ms > 0 ? 1e3 * n / ms : 0.0; };
-  // llama.cpp's names: cache_n prompt tokens reused, prompt_n computed.
-  const int computed = u.prompt_tokens - u.cached_tokens;
-  return {{"cache_n", u.cached_tokens},
-          {"prompt_n", computed},
-          {"prompt_ms", u.prompt_ms},
-          {"prompt_per_token_ms", per_token(u.prompt_ms, computed)},
-          {"prompt_per_second", per_second(u.prompt_ms, computed)},
-          {"predicted_n", u.completion_tokens},
-          {"predicted_ms", u.predicted_ms},
-          {"predicted_per_token_ms", per_token(u.predicted_ms, u.completion_tokens)},
-          {"predicted_per_second", per_second(u.predicted_ms, u.completion_tokens)}};
-}
 
 json samplers_json(const sample::SamplingParams& sp) {
   json names = json::array();
@@ -98,6 +83,22 @@ json token_probs(const tokenizer::Tokenizer& tok, const TokenEvent& ev) {
 }
 
 }  // namespace
+
+json timings_json(const Usage& u) {
+  auto per_token = [](double ms, int n) { return n > 0 ? ms / n : 0.0; };
+  auto per_second = [](double ms, int n) { return ms > 0 ? 1e3 * n / ms : 0.0; };
+  // llama.cpp's names: cache_n prompt tokens reused, prompt_n computed.
+  const int computed = u.prompt_tokens - u.cached_tokens;
+  return {{"cache_n", u.cached_tokens},
+          {"prompt_n", computed},
+          {"prompt_ms", u.prompt_ms},
+          {"prompt_per_token_ms", per_token(u.prompt_ms, computed)},
+          {"prompt_per_second", per_second(u.prompt_ms, computed)},
+          {"predicted_n", u.completion_tokens},
+          {"predicted_ms", u.predicted_ms},
+          {"predicted_per_token_ms", per_token(u.predicted_ms, u.completion_tokens)},
+          {"predicted_per_second", per_second(u.predicted_ms, u.completion_tokens)}};
+}
 
 awaitable<void> llama_completion(Session& s) {
   const json body = parse_body(s.request);

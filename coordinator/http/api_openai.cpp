@@ -82,7 +82,12 @@ awaitable<void> generate(Session& s, ParsedGeneration parsed, bool chat) {
   const char* object = chat ? "chat.completion.chunk" : "text_completion";
   auto chunk = [&](json choice, size_t index) {
     choice["index"] = index;
-    return json{{"id", id}, {"object", object}, {"created", created}, {"model", model}, {"choices", json::array({choice})}};
+    return json{{"id", id},
+                {"object", object},
+                {"created", created},
+                {"model", model},
+                {"system_fingerprint", system_fingerprint()},
+                {"choices", json::array({choice})}};
   };
 
   Generation gen(s.state.engine, co_await asio::this_coro::executor, s.socket, std::move(parsed.choices));
@@ -148,8 +153,9 @@ awaitable<void> generate(Session& s, ParsedGeneration parsed, bool chat) {
         }
       }
       if (stream) {
-        const json last = chat ? chunk({{"delta", json::object()}, {"logprobs", nullptr}, {"finish_reason", c.reason}}, ev.choice)
-                               : chunk({{"text", ""}, {"logprobs", nullptr}, {"finish_reason", c.reason}}, ev.choice);
+        json last = chat ? chunk({{"delta", json::object()}, {"logprobs", nullptr}, {"finish_reason", c.reason}}, ev.choice)
+                         : chunk({{"text", ""}, {"logprobs", nullptr}, {"finish_reason", c.reason}}, ev.choice);
+        last["timings"] = timings_json(c.usage);  // as llama-server, on the chunk that ends the choice
         const std::string last_text = last.dump();
         if (!co_await s.stream_data(last_text)) {
           gen.cancel();
@@ -214,15 +220,18 @@ awaitable<void> generate(Session& s, ParsedGeneration parsed, bool chat) {
                        {"object", chat ? "chat.completion" : "text_completion"},
                        {"created", created},
                        {"model", model},
+                       {"system_fingerprint", system_fingerprint()},
                        {"choices", list},
-                       {"usage", usage_json(usages)}};
+                       {"usage", usage_json(usages)},
+                       {"timings", timings_json(choices.front().usage)}};
     co_await s.reply(200, full);
     co_return;
   }
   bool ok = true;
   if (include_usage) {
     const json u = {{"id", id},       {"object", object},         {"created", created},
-                    {"model", model}, {"choices", json::array()}, {"usage", usage_json(usages)}};
+                    {"model", model}, {"system_fingerprint", system_fingerprint()},
+                    {"choices", json::array()}, {"usage", usage_json(usages)}};
     const std::string usage_text = u.dump();
     ok = co_await s.stream_data(usage_text);
   }

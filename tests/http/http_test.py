@@ -486,6 +486,18 @@ def main():
     check(s == 200 and b["status"] == "ok", "/health")
     s, b = api.json("GET", "/v1/models")
     check(s == 200 and b["object"] == "list" and b["data"][0]["id"] == "M", "/v1/models lists M")
+    # llama-server's system_fingerprint and timings on chat replies, streamed or not.
+    hi = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "temperature": 0}
+    s, b = api.json("POST", "/v1/chat/completions", hi)
+    check(s == 200 and b["system_fingerprint"].startswith("pico-") and
+          b["timings"]["predicted_n"] == b["usage"]["completion_tokens"] and
+          b["timings"]["prompt_n"] + b["timings"]["cache_n"] == b["usage"]["prompt_tokens"],
+          "chat: system_fingerprint and timings")
+    s, ev = api.stream("/v1/chat/completions", dict(hi, stream=True))
+    chunks = [json.loads(e) for e in ev if e != "[DONE]"]
+    ends = [c for c in chunks if c["choices"] and c["choices"][0]["finish_reason"]]
+    check(s == 200 and chunks and all(c["system_fingerprint"].startswith("pico-") for c in chunks) and len(ends) == 1 and
+          ends[0]["timings"]["predicted_n"] == b["usage"]["completion_tokens"], "chat stream: fingerprint, timings at the end")
     for path, name in (("/v1/models/M", "M"), ("/v1/models/gpt-4o", "gpt-4o"), ("/models/a%2Fb", "a/b")):
         s, b = api.json("GET", path)
         check(s == 200 and b["object"] == "model" and b["id"] == name, "%s is served (any name)" % path)
