@@ -369,7 +369,11 @@ void Engine::loop() {
   bool stats_stale = options_.stage_stats;
   // Fills the pipeline with the next tokens of the active sequences; false when the
   // pipeline failed (every request then failed and active_ is empty).
+  // A with_pipeline task that moves layers waits for the steps in flight to finish; no
+  // step starts meanwhile, not even the next one of a token just sampled.
+  bool draining = false;
   auto fill = [&]() -> bool {
+    if (draining) return true;
     // The last stage starts the next steps of a greedy chain itself.
     if (pipeline_.chain_running()) return true;
     // Decoding sequences are split into one group per stage (up to max_inflight), so
@@ -503,9 +507,8 @@ void Engine::loop() {
     stats_stale = options_.stage_stats;  // a cancel may have closed a sequence without a step
     erase_finished();
 
-    // A task that moves layers waits for the steps in flight to finish, and no new
-    // step starts meanwhile.
-    if (!run_pipeline_tasks(inflight.empty())) fill();
+    draining = run_pipeline_tasks(inflight.empty());
+    fill();
     update_slots();
     if (inflight.empty()) continue;
 

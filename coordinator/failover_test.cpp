@@ -3,10 +3,12 @@
 // so that each request ends with the tokens it would have had without the failure.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <condition_variable>
 #include <functional>
 #include <map>
 #include <mutex>
+#include <thread>
 
 #include "cluster_control.hpp"
 #include "engine.hpp"
@@ -106,11 +108,19 @@ TEST(Replicas, NoLiveReplicaChangesNothing) {
 struct FakeModel {
   ReplicatedPipeline r;
   std::map<FakeStage*, std::map<int32_t, std::vector<int32_t>>> kv;
-  int submits = 0, kill_at = 0;
+  std::atomic<int> submits = 0;
+  int kill_at = 0;
+  // The submit at which the engine thread waits until `resume` (a test queues work
+  // for the engine meanwhile, so that it lands mid-run).
+  int pause_at = 0;
+  std::atomic<bool> resume = false;
   FakeModel() {
     r.first->on_submit = [this](uint64_t step, std::span<const model::BatchToken> batch) {
       FakeStage* last = static_cast<FakeStage*>(&r.pipeline->stage(1));
-      if (++submits == kill_at) {
+      if (++submits == pause_at) {
+        while (!resume) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+      if (submits == kill_at) {
         r.a->is_up = false;
         r.a->comes_back = false;
         r.a->answers.push_front([]() -> StepOutput { throw StageError("worker w1a: connection lost"); });
@@ -223,13 +233,23 @@ TEST(Failover, AStageMovedWhileRequestsRunKeepsEveryToken) {
   FakeModel calm;
   const std::vector<std::string> expected = calm.run(small_steps());
   FakeModel m;
+  m.pause_at = 12;
   bool moved = false;
   const auto got = m.run(small_steps(), [&](Engine& engine) {
-    moved = engine.with_pipeline([&](Pipeline& p) { return p.activate(1, 1); }, true).get();
+    while (m.submits < m.pause_at) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    auto done = engine.with_pipeline([&](Pipeline& p) { return p.activate(1, 1); }, true);
+    m.resume = true;
+    moved = done.get();
   });
+  EXPECT_GT(m.submits, 12);
   EXPECT_TRUE(moved);
   EXPECT_EQ(got, expected);
   EXPECT_EQ(&m.r.pipeline->stage(1), m.r.b);
+  // The worker moved away from keeps no sequence: each one it held was closed there.
+  ASSERT_FALSE(m.kv[m.r.a].empty());
+  for (const auto& [seq, tokens] : m.kv[m.r.a]) {
+    EXPECT_NE(std::find(m.r.a->closes.begin(), m.r.a->closes.end(), seq), m.r.a->closes.end()) << seq;
+  }
   EXPECT_FALSE(m.kv[m.r.b].empty());
   EXPECT_EQ(m.r.pipeline->timings().failovers, 0u);
   // A worker that is not up cannot take a stage; nothing moves.

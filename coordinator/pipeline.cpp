@@ -155,6 +155,8 @@ bool Pipeline::activate(size_t i, size_t k) {
   if (!p.workers[k]->up()) throw StageError("worker " + p.workers[k]->info().name + " is not up");
   spdlog::info("stage {}: worker {} takes layers {} from {}", i, p.workers[k]->info().name,
                layers_text(p.workers[k]->info()), p.active().info().name);
+  p.holds_closed.resize(p.workers.size());
+  p.holds_closed[p.current] = true;  // the caller's replay closes its sequences there too
   p.current = k;
   {
     std::lock_guard lock(timings_mutex_);

@@ -120,8 +120,9 @@ class Pipeline {
   struct Position {
     std::vector<std::unique_ptr<Stage>> workers;  // the same layers; workers[current] runs them
     size_t current = 0;
-    // Replaced while lost, it may still hold sequences (a hung one): the closes of the
-    // caller's replay are kept for its rejoin; none after the first step on the replica.
+    // Replaced (lost, maybe only hung, or moved away from), it may still hold sequences:
+    // the closes of the caller's replay reach it (a lost one when it rejoins); none after
+    // the first step on the replica.
     std::vector<bool> holds_closed;
     Stage& active() const { return *workers[current]; }
   };

@@ -115,6 +115,9 @@ class Stream(threading.Thread):
             self.error, self.error_time = "%s: %s" % (type(e).__name__, e), time.time()
 
 
+running_after = []  # per stream of the last disturbed run: still running when disturb() returned
+
+
 def run_streams(port, greedy_only, disturb=None):
     """Runs the 8 streams; disturb() is called once every stream has 8 tokens (and none
     has finished). Returns the streams."""
@@ -132,7 +135,9 @@ def run_streams(port, greedy_only, disturb=None):
         at = [len(s.tokens) for s in streams]
         disturbed_at = time.time()
         disturb()
-        print("disturbed with %s tokens received" % at)
+        running_after[:] = [not s.finished and not s.error for s in streams]
+        print("disturbed with %s tokens received; %d streams still running once it returned" %
+              (at, sum(running_after)))
     for s in streams:
         s.join(90)
         if s.is_alive():
@@ -278,6 +283,8 @@ try:
         if status != 200 or not json.loads(text)["moved"] or json.loads(text)["stages"][0]["active"] != addresses[2]:
             fail("drain: %d %s" % (status, text))
         check_same(streams, expected, "stage 0 moved to the joined worker mid-generation")
+        if not any(running_after):
+            fail("the drain returned only once every stream had ended: it did not move mid-generation")
         streams = run_streams(port, False, lambda: workers[0].send_signal(signal.SIGKILL))
         check_same(streams, expected, "the drained worker killed")
         if metric(port, "pico:failovers_total") != 0:
