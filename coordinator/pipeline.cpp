@@ -92,29 +92,39 @@ std::vector<Stage*> Pipeline::all_stages() {
   return all;
 }
 
+std::optional<size_t> Pipeline::live_replica(size_t i) {
+  Position& p = positions_[i];
+  for (size_t k = 0; k < p.workers.size(); ++k) {
+    if (k != p.current && p.workers[k]->up()) return k;
+  }
+  return std::nullopt;
+}
+
+void Pipeline::switch_to(size_t i, size_t k) {
+  Position& p = positions_[i];
+  p.holds_closed.resize(p.workers.size());
+  p.holds_closed[p.current] = true;  // the caller's replay closes its sequences there too
+  p.current = k;
+  std::lock_guard lock(timings_mutex_);
+  describe(timings_.stages[i], p.active().info());
+}
+
 bool Pipeline::fail_over() {
   // First whether every lost worker has a live replica: otherwise nothing changes.
   std::vector<std::pair<size_t, size_t>> swaps;  // position, replica
   for (size_t i = 0; i < positions_.size(); ++i) {
-    Position& p = positions_[i];
-    if (p.active().up()) continue;
-    size_t live = p.workers.size();
-    for (size_t k = 0; k < p.workers.size() && live == p.workers.size(); ++k) {
-      if (k != p.current && p.workers[k]->up()) live = k;
-    }
-    if (live == p.workers.size()) return false;
-    swaps.emplace_back(i, live);
+    if (positions_[i].active().up()) continue;
+    const auto live = live_replica(i);
+    if (!live) return false;
+    swaps.emplace_back(i, *live);
   }
   if (swaps.empty()) return false;
   for (const auto& [i, k] : swaps) {
     Position& p = positions_[i];
     spdlog::warn("stage {}: worker {} is lost; its replica {} takes layers {}", i, p.active().info().name,
                  p.workers[k]->info().name, layers_text(p.workers[k]->info()));
-    p.holds_closed.resize(p.workers.size());
-    p.holds_closed[p.current] = true;
-    p.current = k;
+    switch_to(i, k);
     std::lock_guard lock(timings_mutex_);
-    describe(timings_.stages[i], p.active().info());
     ++timings_.failovers;
   }
   inflight_.clear();
@@ -155,13 +165,7 @@ bool Pipeline::activate(size_t i, size_t k) {
   if (!p.workers[k]->up()) throw StageError("worker " + p.workers[k]->info().name + " is not up");
   spdlog::info("stage {}: worker {} takes layers {} from {}", i, p.workers[k]->info().name,
                layers_text(p.workers[k]->info()), p.active().info().name);
-  p.holds_closed.resize(p.workers.size());
-  p.holds_closed[p.current] = true;  // the caller's replay closes its sequences there too
-  p.current = k;
-  {
-    std::lock_guard lock(timings_mutex_);
-    describe(timings_.stages[i], p.active().info());
-  }
+  switch_to(i, k);
   inflight_.clear();
   plan_all();
   return true;
@@ -226,8 +230,7 @@ void Pipeline::rejoin_lost() {
   for (size_t i = 0; i < positions_.size(); ++i) {
     Stage& s = positions_[i].active();
     if (s.up()) continue;
-    const auto& workers = positions_[i].workers;
-    if (std::any_of(workers.begin(), workers.end(), [&](const auto& w) { return w.get() != &s && w->up(); })) {
+    if (live_replica(i)) {
       // A live replica takes over (fail_over) rather than waiting for this one.
       inflight_.clear();
       throw StageError("worker " + s.info().name + " (stage " + std::to_string(i) + ") is lost");

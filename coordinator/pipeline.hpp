@@ -13,6 +13,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <vector>
 
 #include "stage.hpp"
@@ -115,6 +116,10 @@ class Pipeline {
 
  private:
   void plan_all();
+  // A live worker of position i other than the active one (the first such).
+  std::optional<size_t> live_replica(size_t i);
+  // Makes worker k of position i active; the one it replaces gets the replay's closes.
+  void switch_to(size_t i, size_t k);
   void account(const StepOutput& out, size_t tokens, uint64_t wait_start);
 
   struct Position {
