@@ -276,7 +276,7 @@ void Engine::admit() {
     // memory here fails alone, before it holds any KV.
     try {
       s->sampler = std::make_unique<sample::Sampler>(s->request.sampling);
-      for (int32_t t : s->request.prompt) s->sampler->accept(t);
+      for (int32_t t : s->request.prompt) s->sampler->remember(t);
       s->decoder = std::make_unique<tokenizer::StreamDecoder>(tok_);
       s->matcher = std::make_unique<StopMatcher>(s->request.stop);
     } catch (const std::exception& e) {

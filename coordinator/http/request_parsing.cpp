@@ -1,5 +1,7 @@
 #include "http/request_parsing.hpp"
 
+#include "http/json_schema_grammar.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -70,6 +72,7 @@ struct Parse {
   tokenizer::ChatOptions chat;
   bool no_thinking = false;  // reasoning_effort "none"
   std::vector<std::string> dry_breakers = {"\n", ":", "\"", "*"};  // llama.cpp's default
+  std::string grammar_field;  // the field that gave the grammar (one per request)
 };
 
 // A generation endpoint reads a field when its bit is set.
@@ -228,16 +231,70 @@ void parse_tool_choice(Parse& p, const std::string& name, const json& v) {
   unsupported(name);  // a named function: pico has no tools
 }
 
-void parse_response_format(Parse&, const std::string& name, const json& v) {
+// The request's one grammar, from GBNF text (grammar, or a converted JSON Schema); the
+// sampler applies it where llama.cpp does (sample/sampler.hpp).
+void set_grammar(Parse& p, const std::string& name, const std::string& gbnf) {
+  if (!p.grammar_field.empty()) {
+    invalid(name, "cannot be given with '" + p.grammar_field + "': a request has one grammar");
+  }
+  p.grammar_field = name;
+  try {
+    p.req.sampling.grammar = sample::Grammar::parse(gbnf);
+  } catch (const sample::GrammarError& e) {
+    // A converted schema fails only by a limit (its grammar too large to follow).
+    invalid(name, std::string(name == "grammar" ? "is not a valid GBNF grammar: " : "makes a grammar pico refuses: ") +
+                      e.what());
+  }
+  p.req.sampling.grammar_vocabulary =
+      p.ctx.grammar_vocabulary ? p.ctx.grammar_vocabulary->get() : make_grammar_vocabulary(p.ctx.tok);
+}
+
+// JSON Schema → GBNF. The schema's keys arrive sorted (the body is parsed into a map), so
+// optional properties come in name order where llama-server keeps the schema's order:
+// the same documents validate either way.
+void set_schema_grammar(Parse& p, const std::string& name, const json& schema) {
+  if (!schema.is_object() && !schema.is_boolean()) invalid(name, "must be a JSON Schema (an object)");
+  std::string gbnf;
+  try {
+    gbnf = json_schema_to_grammar(nlohmann::ordered_json::parse(schema.dump()));
+  } catch (const SchemaError& e) {
+    invalid(name, std::string("cannot be turned into a grammar: ") + e.what());
+  }
+  set_grammar(p, name, gbnf);
+}
+
+void parse_grammar(Parse& p, const std::string& name, const json& v) {
+  const std::string& text = string(name, v);
+  if (!text.empty()) set_grammar(p, name, text);  // "": none, as llama.cpp
+}
+
+// OpenAI's response_format, as llama-server reads it: json_object (with an optional
+// "schema") or json_schema ({"json_schema": {"schema": ..., "strict": ...}}).
+void parse_response_format(Parse& p, const std::string& name, const json& v) {
   if (!v.is_object() || !v.contains("type") || !v["type"].is_string()) {
     invalid(name, "must be an object with a 'type'");
   }
   const std::string& type = v["type"].get_ref<const std::string&>();
   if (type == "text") return;
-  if (type == "json_schema" && (!v.contains("json_schema") || !v["json_schema"].is_object())) {
-    invalid(name, "of type 'json_schema' needs a 'json_schema' object");
+  if (type == "json_object") {
+    if (auto it = v.find("schema"); it != v.end() && !it->is_null()) {
+      set_schema_grammar(p, name + ".schema", *it);
+    } else {
+      set_grammar(p, name, json_object_grammar());
+    }
+    return;
   }
-  if (type == "json_object" || type == "json_schema") unsupported(name + "' of type '" + type);
+  if (type == "json_schema") {
+    auto wrapper = v.find("json_schema");
+    if (wrapper == v.end() || !wrapper->is_object()) invalid(name, "of type 'json_schema' needs a 'json_schema' object");
+    if (auto strict = wrapper->find("strict"); strict != wrapper->end() && !strict->is_null()) {
+      boolean(name + ".json_schema.strict", *strict);  // the output always follows the schema
+    }
+    auto schema = wrapper->find("schema");
+    set_schema_grammar(p, name + ".json_schema.schema",
+                       schema == wrapper->end() || schema->is_null() ? json::object() : *schema);
+    return;
+  }
   invalid(name, "type must be 'text', 'json_object' or 'json_schema'");
 }
 
@@ -429,8 +486,8 @@ const Field kGenerationFields[] = {
      [](Parse&, const std::string& n, const json& v) { neutral_only(n, v, [](const json& x) { return x.is_number() && x.get<double>() < 0; }); }},
     // Parameters of those samplers: no effect while the sampler is off, so any number.
     {"adaptive_decay", kAll, [](Parse&, const std::string& n, const json& v) { number(n, v, 0, 0.99); }},
-    {"grammar", kAll, [](Parse&, const std::string& n, const json& v) { neutral_only(n, v, is_empty_text); }},
-    {"json_schema", kAll, [](Parse&, const std::string& n, const json&) { unsupported(n); }},
+    {"grammar", kAll, parse_grammar},
+    {"json_schema", kAll, set_schema_grammar},
     {"grammar_lazy", kAll, [](Parse&, const std::string& n, const json& v) { neutral_only(n, v, is_false); }},
     {"grammar_triggers", kAll, [](Parse&, const std::string& n, const json& v) { neutral_only(n, v, is_empty_list); }},
     {"preserved_tokens", kAll, [](Parse&, const std::string& n, const json& v) { neutral_only(n, v, is_empty_list); }},
@@ -570,6 +627,24 @@ sample::DryBreakers dry_breakers_of(const tokenizer::Tokenizer& tok, const std::
 }
 }  // namespace
 
+std::shared_ptr<const sample::GrammarVocabulary> make_grammar_vocabulary(const tokenizer::Tokenizer& tok) {
+  const auto n = static_cast<int32_t>(tok.vocab_size());
+  std::vector<std::string> pieces;
+  std::vector<bool> end_of_generation;
+  pieces.reserve(static_cast<size_t>(n));
+  end_of_generation.reserve(static_cast<size_t>(n));
+  for (int32_t id = 0; id < n; ++id) {
+    pieces.push_back(tok.piece(id, true));
+    end_of_generation.push_back(tok.is_eog(id));
+  }
+  return std::make_shared<const sample::GrammarVocabulary>(std::move(pieces), std::move(end_of_generation));
+}
+
+std::shared_ptr<const sample::GrammarVocabulary> GrammarVocabularyCache::get() {
+  std::call_once(once_, [&] { vocabulary_ = make_grammar_vocabulary(tok_); });
+  return vocabulary_;
+}
+
 std::shared_ptr<const sample::DryBreakers> DryBreakerCache::get(const std::vector<std::string>& breakers) {
   constexpr size_t kLists = 16;
   std::lock_guard lock(mutex_);
@@ -588,7 +663,7 @@ std::shared_ptr<const sample::DryBreakers> DryBreakerCache::get(const std::vecto
 
 ParsedGeneration parse_generation_request(const ParseContext& ctx, Endpoint endpoint, const json& body) {
   if (!body.is_object()) throw ApiError(400, "the request body must be a JSON object");
-  Parse p{ctx, endpoint, body, {}, {}, 1, std::nullopt, {}, false};
+  Parse p{ctx, endpoint, body, {}, {}, 1, std::nullopt, {}, false, {}, {}};
   p.out.reasoning.format = ctx.reasoning_format;
   // Defaults: llama.cpp's n_predict -1 (until end of generation or the context);
   // OpenAI's max_tokens 16 for completions, none for chat.

@@ -5,7 +5,7 @@
 //
 // Each endpoint has one table of the fields it reads (request_parsing.cpp), after
 // llama-server's schema (tools/server/server-schema.cpp: names, aliases, limits) and
-// OpenAI's documented ranges. A field pico does not implement (tools, grammar, ...) is
+// OpenAI's documented ranges. A field pico does not implement (tools, ...) is
 // accepted only at its neutral value, else refused with "'X' is not
 // supported"; a name in no table is ignored, as llama-server ignores it.
 #pragma once
@@ -22,6 +22,7 @@
 #include "engine.hpp"
 #include "http/reasoning.hpp"
 #include "sample/dry.hpp"
+#include "sample/grammar.hpp"
 #include "tokenizer/chat_template.hpp"
 #include "tokenizer/tokenizer.hpp"
 
@@ -58,6 +59,20 @@ class DryBreakerCache {
   std::vector<std::pair<std::vector<std::string>, std::shared_ptr<const sample::DryBreakers>>> lists_;  // newest last
 };
 
+// The grammar matcher's view of the vocabulary (each token's bytes, specials as their
+// text, and which tokens end generation): built on first use, shared by every request.
+std::shared_ptr<const sample::GrammarVocabulary> make_grammar_vocabulary(const tokenizer::Tokenizer& tok);
+class GrammarVocabularyCache {
+ public:
+  explicit GrammarVocabularyCache(const tokenizer::Tokenizer& tok) : tok_(tok) {}
+  std::shared_ptr<const sample::GrammarVocabulary> get();
+
+ private:
+  const tokenizer::Tokenizer& tok_;
+  std::once_flag once_;
+  std::shared_ptr<const sample::GrammarVocabulary> vocabulary_;
+};
+
 // What the parsers need to know of the server.
 struct ParseContext {
   const tokenizer::Tokenizer& tok;
@@ -69,6 +84,7 @@ struct ParseContext {
   size_t max_stop_length = 256;                   // 'stop': bytes of each
   ReasoningFormat reasoning_format = ReasoningFormat::Deepseek;  // 'reasoning_format' unless given
   DryBreakerCache* dry_breakers = nullptr;                        // null: built per request
+  GrammarVocabularyCache* grammar_vocabulary = nullptr;           // null: built per request
 };
 
 enum class Endpoint { LlamaCompletion, Completions, ChatCompletions };

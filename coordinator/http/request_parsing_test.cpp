@@ -134,8 +134,11 @@ TEST(RequestParsing, EachInvalidFieldIsRefusedByName) {
       {7, "xtc_threshold", -0.1, "xtc_threshold"},
       {7, "dynatemp_range", -0.5, "dynatemp_range"},
       {7, "top_n_sigma", "1", "top_n_sigma"},
-      {7, "grammar", "root ::= \"a\"", "grammar"},
-      {7, "json_schema", json::object(), "json_schema"},
+      {7, "grammar", "root ::= \"a", "grammar"},
+      {7, "grammar", "start ::= \"a\"", "grammar"},
+      {7, "grammar", 5, "grammar"},
+      {7, "json_schema", 5, "json_schema"},
+      {7, "json_schema", {{"$ref", "https://example.com/schema.json"}}, "json_schema"},
       {7, "lora", json::array({{{"id", 0}, {"scale", 1}}}), "lora"},
       {7, "n_keep", 4, "n_keep"},
       {7, "id_slot", 2, "id_slot"},
@@ -153,7 +156,8 @@ TEST(RequestParsing, EachInvalidFieldIsRefusedByName) {
       {7, "min_keep", -1, "min_keep"},
       {7, "response_format", "text", "response_format"},
       {7, "response_format", {{"type", "xml"}}, "response_format"},
-      {7, "response_format", {{"type", "json_object"}}, "response_format"},
+      {7, "response_format", {{"type", "json_object"}, {"schema", "x"}}, "response_format.schema"},
+      {7, "response_format", {{"type", "json_schema"}, {"json_schema", {{"strict", 1}}}}, "response_format.json_schema.strict"},
       {7, "response_format", {{"type", "json_schema"}}, "response_format"},
       {4, "tools", json::array({{{"type", "function"}, {"function", {{"name", "f"}}}}}), "tools"},
       {4, "tools", "none", "tools"},
@@ -231,6 +235,56 @@ TEST(RequestParsing, APromptOverTheContextGetsLlamaServersError) {
   }
   body["prompt"] = json(std::vector<int>(63, 3));
   EXPECT_EQ(parse_generation_request(f.ctx, Endpoint::Completions, body).choices[0].prompt.size(), 63u);
+}
+
+// grammar, json_schema and response_format give the sampler its grammar (with the
+// vocabulary's pieces); one per request; errors name the field and the position.
+TEST(RequestParsing, GrammarsReachTheSampler) {
+  Fixture f;
+  const json object_schema = {{"type", "object"}, {"properties", {{"x", {{"type", "integer"}}}}}};
+  for (Endpoint e : {Endpoint::LlamaCompletion, Endpoint::Completions, Endpoint::ChatCompletions}) {
+    for (const json& extra : {json{{"grammar", "root ::= \"a\" [b-c]*"}}, json{{"json_schema", object_schema}},
+                              json{{"response_format", {{"type", "json_object"}}}},
+                              json{{"response_format", {{"type", "json_schema"},
+                                                        {"json_schema", {{"strict", true}, {"schema", object_schema}}}}}}}) {
+      json body = base(e);
+      body.update(extra);
+      const sample::SamplingParams sp = parse_generation_request(f.ctx, e, body).choices.at(0).sampling;
+      ASSERT_NE(sp.grammar, nullptr) << endpoint_name(e) << " " << extra.dump();
+      ASSERT_NE(sp.grammar_vocabulary, nullptr);
+      EXPECT_EQ(sp.grammar_vocabulary->size(), f.tok->vocab_size());
+      EXPECT_FALSE(sp.argmax_suffices());
+      EXPECT_NO_THROW(sample::Sampler{sp});
+    }
+  }
+  json body = base(Endpoint::LlamaCompletion);
+  body["grammar"] = "";  // llama.cpp: no grammar
+  EXPECT_EQ(parse_generation_request(f.ctx, Endpoint::LlamaCompletion, body).choices[0].sampling.grammar, nullptr);
+  body["grammar"] = "root ::= \"a\"\nother ::= [a";
+  try {
+    parse_generation_request(f.ctx, Endpoint::LlamaCompletion, body);
+    ADD_FAILURE() << "an unterminated class was accepted";
+  } catch (const ApiError& e) {
+    EXPECT_EQ(e.param, "grammar");
+    EXPECT_NE(std::string(e.what()).find("line 2, column"), std::string::npos) << e.what();
+  }
+  body["grammar"] = "root ::= \"a\"";
+  body["json_schema"] = object_schema;
+  try {
+    parse_generation_request(f.ctx, Endpoint::LlamaCompletion, body);
+    ADD_FAILURE() << "two grammars were accepted";
+  } catch (const ApiError& e) {
+    EXPECT_EQ(e.status, 400);
+    EXPECT_NE(std::string(e.what()).find("one grammar"), std::string::npos) << e.what();
+  }
+  // The vocabulary is built once per server.
+  GrammarVocabularyCache cache(*f.tok);
+  ParseContext cached = f.ctx;
+  cached.grammar_vocabulary = &cache;
+  body.erase("json_schema");
+  const auto first = parse_generation_request(cached, Endpoint::LlamaCompletion, body).choices[0].sampling;
+  const auto again = parse_generation_request(cached, Endpoint::LlamaCompletion, body).choices[0].sampling;
+  EXPECT_EQ(first.grammar_vocabulary, again.grammar_vocabulary);
 }
 
 TEST(RequestParsing, NeutralValuesOfUnsupportedFieldsAreAccepted) {

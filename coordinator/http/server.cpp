@@ -512,6 +512,8 @@ void serve_http(Engine& engine, const tokenizer::Tokenizer& tok, const tokenizer
                      options.max_stop_strings, options.max_stop_length, options.reasoning_format};
   DryBreakerCache dry_breakers(tok);
   parse.dry_breakers = &dry_breakers;
+  GrammarVocabularyCache grammar_vocabulary(tok);
+  parse.grammar_vocabulary = &grammar_vocabulary;
   ServerState state{engine, tok, chat, options, parse};
   state.parse.chat = &state.chat;
   const int threads = std::max(1, options.threads);

@@ -43,7 +43,9 @@ SamplingParams SamplingParams::greedy() {
   return p;
 }
 
-bool SamplingParams::argmax_suffices() const {
+bool SamplingParams::argmax_suffices() const { return free_pick_is_argmax() && !grammar; }
+
+bool SamplingParams::free_pick_is_argmax() const {
   const bool penalties =
       penalty_last_n != 0 && (repeat_penalty != 1.0f || frequency_penalty != 0.0f || presence_penalty != 0.0f);
   const bool xtc = xtc_probability > 0.0f && xtc_threshold <= 0.5f;
@@ -318,7 +320,7 @@ Sampler::Sampler(SamplingParams params)
       penalties_(params_.penalty_last_n),
       dry_(params_.dry_penalty_last_n),
       mu_(2.0f * params_.mirostat_tau),
-      plain_greedy_(params_.argmax_suffices()) {
+      plain_greedy_(params_.free_pick_is_argmax()) {
   if (!std::isfinite(params_.repeat_penalty) || params_.repeat_penalty <= 0.0f) {
     throw std::invalid_argument("repeat_penalty must be finite and greater than 0");
   }
@@ -338,6 +340,10 @@ Sampler::Sampler(SamplingParams params)
   if (!std::isfinite(params_.dynatemp_range) || !std::isfinite(params_.dynatemp_exponent) ||
       !std::isfinite(params_.top_n_sigma)) {
     throw std::invalid_argument("dynatemp_range, dynatemp_exponent and top_n_sigma must be finite");
+  }
+  if (params_.grammar) {
+    if (!params_.grammar_vocabulary) throw std::invalid_argument("a grammar needs the vocabulary's pieces");
+    grammar_.emplace(params_.grammar, params_.grammar_vocabulary);
   }
 }
 
@@ -373,6 +379,27 @@ Candidates Sampler::filter(std::span<const float> logits, Random* xtc_random) co
 }
 
 int32_t Sampler::sample(std::span<const float> logits) {
+  if (!grammar_) return sample_unconstrained(logits);
+  const Random random = random_, xtc_random = xtc_random_;
+  const float mu = mu_;
+  const int32_t free_pick = sample_unconstrained(logits);
+  if (grammar_->allows(free_pick)) return free_pick;
+  random_ = random;
+  xtc_random_ = xtc_random;
+  mu_ = mu;
+  std::vector<float> constrained(logits.begin(), logits.end());
+  std::vector<int32_t> ids(constrained.size());
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>(i);
+  grammar_->constrain(ids, constrained);
+  if (std::none_of(constrained.begin(), constrained.end(), [](float x) { return x != -INFINITY; })) {
+    throw std::runtime_error("the grammar allows no token of the vocabulary here");
+  }
+  const int32_t pick = sample_unconstrained(constrained);
+  if (!grammar_->allows(pick)) throw std::runtime_error("the grammar refused every token the samplers kept");
+  return pick;
+}
+
+int32_t Sampler::sample_unconstrained(std::span<const float> logits) {
   if (plain_greedy_ && !logits.empty()) {
     random_.uniform();  // the same one draw per token as the full path
     // The first of equal maxima, as the candidates' order (logit, then id) picks.
@@ -423,6 +450,11 @@ int32_t Sampler::sample_mirostat(std::span<const float> logits) {
 }
 
 void Sampler::accept(int32_t token) {
+  if (grammar_) grammar_->accept(token);
+  remember(token);
+}
+
+void Sampler::remember(int32_t token) {
   penalties_.accept(token);
   dry_.accept(token);
 }
@@ -433,6 +465,7 @@ void Sampler::reset() {
   random_ = Random(seed_);
   xtc_random_ = Random(xtc_seed(seed_));
   mu_ = 2.0f * params_.mirostat_tau;
+  if (params_.grammar) grammar_.emplace(params_.grammar, params_.grammar_vocabulary);
 }
 
 }  // namespace pico::sample

@@ -7,6 +7,12 @@
 // temperature, dist; the logit bias comes first), and each stage computes what
 // llama.cpp's does (src/llama-sampler.cpp).
 //
+// A grammar (GBNF) constrains the pick as llama.cpp's common sampler does: the pick is
+// made freely and kept when the grammar allows it; otherwise the logits of every token
+// the grammar refuses become -infinity and the pick is made again, with the random
+// state it had (so a refused pick leaves no trace). llama.cpp's own trade: a
+// constrained token costs one check in the common case, not a pass over the vocabulary.
+//
 // Seeded sampling is deterministic everywhere: the generator is std::mt19937 (fully
 // specified by the standard) and its output is turned into a uniform double here,
 // not by std::uniform_real_distribution (whose algorithm each library chooses).
@@ -20,9 +26,11 @@
 #include <string_view>
 #include <unordered_map>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "sample/dry.hpp"
+#include "sample/grammar.hpp"
 
 namespace pico::sample {
 
@@ -63,6 +71,8 @@ struct SamplingParams {
   int32_t dry_allowed_length = 2;   // ... repeats up to this long are free
   int32_t dry_penalty_last_n = 64;  // ... the accepted tokens it scans; 0: off
   std::shared_ptr<const DryBreakers> dry_breakers;  // ... its sequence breakers (none: null)
+  std::shared_ptr<const Grammar> grammar;                        // null: none
+  std::shared_ptr<const GrammarVocabulary> grammar_vocabulary;  // needed with a grammar
   std::vector<Stage> stages = {Stage::Penalties, Stage::Dry, Stage::TopNSigma, Stage::TopK, Stage::TypicalP,
                                Stage::TopP,      Stage::MinP, Stage::Xtc,       Stage::Temperature};
 
@@ -71,8 +81,10 @@ struct SamplingParams {
   // Whether the pick is always the arg max of the raw logits (the first of equal ones),
   // so that the distribution need not be built: temperature 0 and no stage that can
   // move the best candidate (logit bias, penalties, DRY, typical-p, XTC, dynamic
-  // temperature, mirostat).
+  // temperature, mirostat, a grammar).
   bool argmax_suffices() const;
+  // The same before a grammar: the pick made freely is the arg max.
+  bool free_pick_is_argmax() const;
 };
 
 struct Candidate {
@@ -145,9 +157,14 @@ class Sampler {
   // Picks the next token from the logits of the whole vocabulary. Does not record it:
   // call accept() with the token actually used.
   int32_t sample(std::span<const float> logits);
-  // Records a token (generated or from the prompt) for the repetition penalties.
+  // Records a generated token: the repetition penalties' history, and the grammar's
+  // position (throws std::runtime_error when the grammar does not allow it).
   void accept(int32_t token);
-  // Forgets the accepted tokens and restarts the generator from the seed.
+  // Records a token of the prompt: the penalties' history only (llama.cpp's grammar
+  // starts at the reply).
+  void remember(int32_t token);
+  // Forgets the accepted tokens, restarts the generator from the seed and the grammar
+  // from its start.
   void reset();
 
   // The candidates left after every stage, before the draw (for inspection and tests;
@@ -161,6 +178,7 @@ class Sampler {
  private:
   // xtc_random: XTC's chance comes from it (null: XTC acts whenever it is on).
   Candidates filter(std::span<const float> logits, Random* xtc_random) const;
+  int32_t sample_unconstrained(std::span<const float> logits);
   int32_t sample_mirostat(std::span<const float> logits);
 
   SamplingParams params_;
@@ -171,6 +189,7 @@ class Sampler {
   DryHistory dry_;
   float mu_ = 0.0f;
   bool plain_greedy_ = false;  // sample() takes the arg max directly
+  std::optional<GrammarMatcher> grammar_;
 };
 
 }  // namespace pico::sample

@@ -437,5 +437,115 @@ TEST(Sampler, RejectsBadPenalties) {
   EXPECT_THROW(Sampler{p}, std::invalid_argument);
 }
 
+// Grammar-constrained sampling (llama.cpp's common sampler: the free pick when the
+// grammar allows it, else a pick over the logits the grammar leaves).
+std::shared_ptr<const GrammarVocabulary> letters_vocabulary() {
+  // 4: the end of generation (no text)
+  return std::make_shared<const GrammarVocabulary>(std::vector<std::string>{"a", "b", "c", "ab", ""},
+                                                   std::vector<bool>{false, false, false, false, true});
+}
+
+SamplingParams with_grammar(SamplingParams p, std::string_view gbnf) {
+  p.grammar = Grammar::parse(gbnf);
+  p.grammar_vocabulary = letters_vocabulary();
+  return p;
+}
+
+TEST(GrammarSampling, GreedyPicksTheBestAllowedToken) {
+  // "a" is best, but only b's then the end are allowed.
+  Sampler s(with_grammar(SamplingParams::greedy(), "root ::= \"b\" \"b\"?"));
+  const std::vector<float> logits = {5, 1, 3, 4, 0};
+  EXPECT_EQ(s.sample(logits), 1);
+  s.accept(1);
+  EXPECT_EQ(s.sample(logits), 1);  // "b" again: still better than the end
+  s.accept(1);
+  EXPECT_EQ(s.sample(logits), 4);  // only the end is left
+  s.accept(4);
+}
+
+TEST(GrammarSampling, NeedsFullLogitsAndRefusesATokenOutsideIt) {
+  const SamplingParams p = with_grammar(SamplingParams::greedy(), "root ::= \"c\"");
+  EXPECT_FALSE(p.argmax_suffices());  // the arg max may be refused
+  EXPECT_TRUE(p.free_pick_is_argmax());
+  Sampler s(p);
+  EXPECT_THROW(s.accept(0), std::exception);
+  SamplingParams no_vocabulary = p;
+  no_vocabulary.grammar_vocabulary = nullptr;
+  EXPECT_THROW(Sampler{no_vocabulary}, std::invalid_argument);
+}
+
+TEST(GrammarSampling, AnAllowedFreePickKeepsTheUnconstrainedDraws) {
+  // A grammar that allows every letter changes nothing: the same seeded picks.
+  SamplingParams free;
+  free.seed = 42;
+  free.temperature = 1.0f;
+  free.top_k = 0;
+  free.top_p = 1.0f;
+  free.min_p = 0.0f;
+  Sampler plain(free), constrained(with_grammar(free, "root ::= [a-c]*"));
+  const std::vector<float> logits = {1.0f, 1.2f, 0.8f, 0.9f, -50.0f};
+  for (int i = 0; i < 40; ++i) {
+    const int32_t a = plain.sample(logits), b = constrained.sample(logits);
+    ASSERT_EQ(a, b) << "pick " << i;
+    plain.accept(a);
+    constrained.accept(b);
+  }
+}
+
+TEST(GrammarSampling, ARefusedPickIsMadeAgainWithTheSameDraw) {
+  // Only "c", "ab" or "a" (the start of "ab") may come, not "b" or the end. The pick is the free one when allowed; when refused, it is
+  // what a sampler without grammar makes, in the same random state, from logits where
+  // the refused tokens are -infinity: the refused pick left no trace.
+  SamplingParams free;
+  free.seed = 7;
+  free.temperature = 1.0f;
+  free.top_k = 0;
+  free.top_p = 1.0f;
+  free.min_p = 0.0f;
+  const std::vector<float> logits = {0.5f, 2.5f, 0.6f, 0.4f, 1.0f};
+  std::vector<float> allowed = logits;
+  allowed[1] = allowed[4] = -INFINITY;
+  std::set<int32_t> picks;
+  int redrawn = 0;
+  for (int i = 0; i < 30; ++i) {
+    Sampler constrained(with_grammar(free, "root ::= (\"c\" | \"ab\")+"));
+    Sampler free_reference(free), allowed_reference(free);
+    for (int k = 0; k < i; ++k) {  // each generator advances alike (allowed picks: one draw)
+      constrained.sample(allowed);
+      free_reference.sample(allowed);
+      allowed_reference.sample(allowed);
+    }
+    const int32_t free_pick = free_reference.sample(logits);
+    const bool refused = free_pick == 1 || free_pick == 4;
+    redrawn += refused;
+    const int32_t pick = constrained.sample(logits);
+    EXPECT_EQ(pick, refused ? allowed_reference.sample(allowed) : free_pick) << "pick " << i;
+    picks.insert(pick);
+  }
+  EXPECT_EQ(picks, (std::set<int32_t>{0, 2, 3}));
+  EXPECT_GT(redrawn, 10);  // the case under test came up
+}
+
+TEST(GrammarSampling, PromptTokensDoNotMoveTheGrammar) {
+  Sampler s(with_grammar(SamplingParams::greedy(), "root ::= \"a\""));
+  s.remember(1);  // a prompt's "b": the penalties' history only
+  EXPECT_EQ(s.sample(std::vector<float>{0, 9, 0, 0, 0}), 0);
+}
+
+TEST(GrammarSampling, NoAllowedTokenIsAnError) {
+  Sampler s(with_grammar(SamplingParams::greedy(), "root ::= \"z\""));
+  EXPECT_THROW(s.sample(std::vector<float>{1, 2, 3, 4, 5}), std::runtime_error);
+}
+
+TEST(GrammarSampling, ResetRestartsTheGrammar) {
+  Sampler s(with_grammar(SamplingParams::greedy(), "root ::= \"a\" \"b\""));
+  const std::vector<float> logits = {1, 2, 0, 0, 0};
+  EXPECT_EQ(s.sample(logits), 0);
+  s.accept(0);
+  EXPECT_EQ(s.sample(logits), 1);
+  s.reset();
+  EXPECT_EQ(s.sample(logits), 0);
+}
+
 }  // namespace
 }  // namespace pico::sample

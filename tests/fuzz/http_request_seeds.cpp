@@ -32,6 +32,16 @@ int main(int argc, char** argv) {
             R"("reasoning_content":"t6"}],"chat_template_kwargs":{"enable_thinking":false},)"
             R"("reasoning_format":"deepseek-legacy","stream":true})"},
         {6, R"({"messages":[{"role":"user","content":"t3"}],"chat_template_kwargs":{"enable_thinking":true}})"},
+        // Grammars: GBNF (rules, classes, repetitions, escapes) and JSON Schemas.
+        {0, R"({"prompt":"t3","n_predict":4,"grammar":"root ::= item{1,3} (\"t4\" | [a-z\\x41-\\u00ff]+)? # c\nitem ::= (\"t5\" | .)* \"\\n\""})"},
+        {1, R"({"prompt":"t3","max_tokens":3,"json_schema":{"type":"object","properties":{"a":{"type":"integer",)"
+            R"("minimum":-5,"maximum":120},"b":{"type":"array","items":{"$ref":"#/$defs/s"},"minItems":1,"maxItems":3},)"
+            R"("c":{"anyOf":[{"type":"null"},{"enum":["x",1,true]}]},"d":{"type":"string","pattern":"^[a-c]+(x|y)?$"},)"
+            R"("e":{"type":"string","format":"date-time"}},"required":["a"],"additionalProperties":false,)"
+            R"("$defs":{"s":{"type":"string","maxLength":4}}}})"},
+        {2, R"({"messages":[{"role":"user","content":"t3"}],"response_format":{"type":"json_schema",)"
+            R"("json_schema":{"name":"n","strict":true,"schema":{"type":"object","properties":{"t":{"$ref":"#"}}}}}})"},
+        {2, R"({"messages":[{"role":"user","content":"t3"}],"response_format":{"type":"json_object"}})"},
     };
     for (size_t i = 0; i < seeds.size(); ++i) {
       const auto& [endpoint, body] = seeds[i];

@@ -169,7 +169,7 @@ def stages_hold_only_kept(api):
     return wait_until(ok, 20)
 
 
-def cleanup():
+def cleanup(show_logs=False):
     for p in procs:
         p.terminate()
     for p in procs:
@@ -177,6 +177,12 @@ def cleanup():
             p.wait(10)
         except subprocess.TimeoutExpired:
             p.kill()
+    if show_logs:  # the processes' own account of a failure, before their folder goes
+        for name in sorted(os.listdir(tmp)):
+            if name.endswith(".log"):
+                lines = open(os.path.join(tmp, name), errors="replace").read().splitlines()
+                print("--- %s (last %d of %d lines)" % (name, min(40, len(lines)), len(lines)))
+                print("\n".join(lines[-40:]))
     shutil.rmtree(tmp, ignore_errors=True)
 
 
@@ -613,6 +619,7 @@ def main():
     prefix_reuse_tests(api)
     n_choices_tests(api, ref, greedy)
     sampler_tests(api, ref, greedy)
+    grammar_tests(api)
     cancel_tests(api, port, slots_total)
 
     # Malformed requests: status and an OpenAI-style error object, and the server lives on.
@@ -821,6 +828,105 @@ def sampler_tests(api, ref, greedy):
     check(s == 200 and b["choices"][0]["text"] != ref, "XTC at temperature 0 excludes the greedy pick")
 
 
+# A schema whose documents are bounded (strings, integers and arrays have limits), so a
+# model writing gibberish still closes them within max_tokens.
+PERSON_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 6},
+        "age": {"type": "integer", "minimum": 0, "maximum": 150},
+        "role": {"enum": ["admin", "user", 7]},
+        "tags": {"type": "array", "items": {"$ref": "#/$defs/tag"}, "maxItems": 2},
+        "ok": {"type": "boolean"},
+        "pet": {"anyOf": [{"type": "null"}, {"$ref": "#/$defs/pet"}]},
+    },
+    "required": ["name", "age", "role"],
+    "additionalProperties": False,
+    "$defs": {
+        "tag": {"type": "string", "enum": ["a", "b\"c"]},
+        "pet": {"type": "object", "properties": {"legs": {"type": "integer", "minimum": 0, "maximum": 8}},
+                "required": ["legs"], "additionalProperties": False},
+    },
+}
+
+
+def person_errors(doc):
+    """What makes `doc` invalid against PERSON_SCHEMA (written by hand: no validator
+    package is needed); an empty list when it validates."""
+    errors = []
+    if not isinstance(doc, dict):
+        return ["not an object"]
+    for key in ("name", "age", "role"):
+        if key not in doc:
+            errors.append("no " + key)
+    errors += ["unknown key " + k for k in doc if k not in PERSON_SCHEMA["properties"]]
+    if "name" in doc and not (isinstance(doc["name"], str) and len(doc["name"]) <= 6):
+        errors.append("name")
+    if "age" in doc and not (type(doc["age"]) is int and 0 <= doc["age"] <= 150):
+        errors.append("age")
+    if "role" in doc and not (doc["role"] in ("admin", "user") or (type(doc["role"]) is int and doc["role"] == 7)):
+        errors.append("role")
+    if "tags" in doc and not (isinstance(doc["tags"], list) and len(doc["tags"]) <= 2 and
+                              all(t in ("a", 'b"c') for t in doc["tags"])):
+        errors.append("tags")
+    if "ok" in doc and type(doc["ok"]) is not bool:
+        errors.append("ok")
+    if "pet" in doc and doc["pet"] is not None:
+        pet = doc["pet"]
+        if not (isinstance(pet, dict) and set(pet) == {"legs"} and type(pet["legs"]) is int and 0 <= pet["legs"] <= 8):
+            errors.append("pet")
+    return errors
+
+
+def grammar_tests(api):
+    """Grammar-constrained sampling: GBNF on /completion and chat, JSON Schema through
+    json_schema and response_format; what comes back always parses and validates (the
+    model writes gibberish: only the constraint can make it so)."""
+    yes_no = 'root ::= ("yes" | "no") "." # a comment\n'
+    for seed in range(4):
+        s, b = api.json("POST", "/completion", {"prompt": "Is it?", "n_predict": 16, "grammar": yes_no,
+                                                "temperature": 1.5, "seed": seed})
+        check(s == 200 and b["content"] in ("yes.", "no.") and b["stop_type"] == "eos",
+              "grammar yes/no (seed %d): %r" % (seed, b.get("content") if s == 200 else b))
+    s, b = api.json("POST", "/completion", {"prompt": "Is it?", "n_predict": 8, "grammar": 'root ::= "a" | "b'})
+    check(s == 400 and b["error"]["param"] == "grammar" and "line 1, column" in b["error"]["message"],
+          "an invalid grammar is 400 naming the position (%s)" % b)
+    s, b = api.json("POST", "/completion", {"prompt": "x", "grammar": 'root ::= "a"', "json_schema": {}})
+    check(s == 400, "grammar and json_schema together: 400 (%d)" % s)
+    docs = []
+    for seed in range(6):
+        body = {"messages": [{"role": "user", "content": "Who?"}], "max_tokens": 400, "temperature": 1.0,
+                "seed": seed, "response_format": {"type": "json_schema",
+                                                  "json_schema": {"name": "person", "strict": True,
+                                                                  "schema": PERSON_SCHEMA}}}
+        s, b = api.json("POST", "/v1/chat/completions", body)
+        content = b["choices"][0]["message"]["content"] if s == 200 else None
+        try:
+            doc = json.loads(content)
+        except (TypeError, ValueError):
+            doc = None
+        check(s == 200 and b["choices"][0]["finish_reason"] == "stop" and doc is not None and not person_errors(doc),
+              "response_format json_schema (seed %d): valid (%r, %s)" % (seed, content, doc and person_errors(doc)))
+        docs.append(content)
+    check(len(set(docs)) > 1, "the constrained documents differ by seed")
+    s, b = api.json("POST", "/completion", {"prompt": "{", "n_predict": 400, "json_schema": PERSON_SCHEMA, "seed": 3,
+                                            "temperature": 1.0})
+    check(s == 200 and not person_errors(json.loads(b["content"])), "json_schema on /completion: valid")
+    s, ev = api.stream("/v1/chat/completions", {"messages": [{"role": "user", "content": "Who?"}], "max_tokens": 400,
+                                                "seed": 5, "temperature": 1.0, "stream": True, "response_format": {
+                                                    "type": "json_schema", "json_schema": {"schema": PERSON_SCHEMA}}})
+    text = "".join(json.loads(e)["choices"][0]["delta"].get("content", "") for e in ev
+                   if e != "[DONE]" and json.loads(e)["choices"])
+    check(s == 200 and docs[5] == text, "streamed: the same document as unstreamed (%r)" % text)
+    s, b = api.json("POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "max_tokens": 8,
+                                                     "response_format": {"type": "json_object"}})
+    check(s == 200 and b["choices"][0]["message"]["content"].startswith("{"), "json_object: an object starts")
+    s, b = api.json("POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
+                                                     "response_format": {"type": "json_schema", "json_schema": {
+                                                         "schema": {"$ref": "https://example.com/s.json"}}}})
+    check(s == 400 and "json_schema" in b["error"]["param"], "a remote $ref is 400 (%s)" % b)
+
+
 def cancel_tests(api, port, slots_total):
     """Clients that disconnect while their request waits in the queue, or without streaming:
     the request is cancelled and its sequence freed on every stage."""
@@ -853,10 +959,12 @@ def cancel_tests(api, port, slots_total):
     check(stages_hold_only_kept(api), "no stage keeps a cancelled sequence")
 
 
+completed = False
 try:
     main()
+    completed = True
 finally:
-    cleanup()
+    cleanup(show_logs=bool(failures) or not completed)
 if failures:
     print("%d FAILED" % len(failures))
     sys.exit(1)

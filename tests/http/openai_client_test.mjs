@@ -1,5 +1,5 @@
 // The official openai client (tests/conformance/node_modules) against pico-coord:
-// chat, streaming chat (with usage), completions, models, an error.
+// chat, streaming chat (with usage), completions, models, structured output (.parse).
 //   node openai_client_test.mjs PORT REF_TEXT_FILE
 import { readFileSync } from 'node:fs';
 import { dirname, join } from 'node:path';
@@ -37,4 +37,14 @@ check(comp.choices[0].text === ref, 'completions.create greedy equals pico run')
 // Any model name is served by the one model, as llama-server does.
 const other = await client.chat.completions.create({ model: 'gpt-3.5-turbo', messages, max_tokens: 4, temperature: 0 });
 check(other.choices.length === 1 && other.usage.completion_tokens > 0, 'another model name is served');
+// Structured output: .parse() with a JSON schema (what zod's helpers produce, written out).
+const schema = { type: 'object', additionalProperties: false, required: ['city', 'rank'],
+                 properties: { city: { type: 'string', maxLength: 5 }, rank: { type: 'integer', minimum: 1, maximum: 9 } } };
+const parsed = await client.chat.completions.parse({ model: 'M', messages, max_tokens: 300, temperature: 1, seed: 2,
+                                                     response_format: { type: 'json_schema',
+                                                                        json_schema: { name: 'place', strict: true, schema } } });
+const place = parsed.choices[0].message.parsed;
+check(place && Object.keys(place).sort().join() === 'city,rank' && typeof place.city === 'string' &&
+      place.city.length <= 5 && Number.isInteger(place.rank) && place.rank >= 1 && place.rank <= 9,
+      `chat.completions.parse with a json_schema: ${JSON.stringify(place)}`);
 process.exit(failed ? 1 : 0);

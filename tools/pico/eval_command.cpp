@@ -105,7 +105,7 @@ void run_generate(const RunOptions& o) {
   if (ids.empty()) throw std::invalid_argument("the prompt tokenizes to nothing");
   const int64_t ctx = context_length(s, o.ctx);
   sample::Sampler sampler(o.sampling);
-  for (int32_t id : ids) sampler.accept(id);
+  for (int32_t id : ids) sampler.remember(id);
   std::vector<float> last;
   std::vector<int32_t> cached;
   const auto t0 = std::chrono::steady_clock::now();
