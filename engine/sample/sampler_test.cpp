@@ -27,6 +27,17 @@ SamplingParams only(std::vector<Stage> stages) {
   return p;
 }
 
+// Every candidate kept (no top-k, top-p or min-p): the draw sees the whole distribution.
+SamplingParams whole_distribution(uint32_t seed, float temperature = 1.0f) {
+  SamplingParams p;
+  p.seed = seed;
+  p.temperature = temperature;
+  p.top_k = 0;
+  p.top_p = 1.0f;
+  p.min_p = 0.0f;
+  return p;
+}
+
 TEST(Candidates, SoftmaxSortsAndNormalizes) {
   auto c = Candidates::from_logits(log_probs({0.1f, 0.4f, 0.2f, 0.3f}));
   c.softmax();
@@ -144,12 +155,7 @@ TEST(Xtc, ItsChanceIsIndependentOfTheDraw) {
   // p = 0.6, 0.3, 0.1, threshold 0.25, probability 0.5: the best is picked only when XTC
   // does not act (half the time) and then with 0.6: 30 % in all. Were XTC's chance the
   // draw itself, the best would come only from draws in (0.5, 0.6): 10 %.
-  SamplingParams p;
-  p.seed = 21;
-  p.temperature = 1.0f;
-  p.top_k = 0;
-  p.top_p = 1.0f;
-  p.min_p = 0.0f;
+  SamplingParams p = whole_distribution(21);
   p.xtc_probability = 0.5f;
   p.xtc_threshold = 0.25f;
   Sampler s(p);
@@ -356,12 +362,7 @@ TEST(Random, IsTheSameEverywhere) {
 TEST(Sampler, SameSeedSameTokens) {
   std::vector<float> logits(50);
   for (size_t i = 0; i < logits.size(); ++i) logits[i] = std::sin(static_cast<float>(i)) * 3.0f;
-  SamplingParams p;
-  p.seed = 42;
-  p.temperature = 1.5f;
-  p.top_k = 0;
-  p.top_p = 1.0f;
-  p.min_p = 0.0f;
+  SamplingParams p = whole_distribution(42, 1.5f);
   auto run = [&](uint32_t seed) {
     p.seed = seed;
     Sampler s(p);
@@ -383,12 +384,7 @@ TEST(Sampler, SameSeedSameTokens) {
 
 TEST(Sampler, DrawsFollowTheDistribution) {
   const auto logits = log_probs({0.5f, 0.3f, 0.15f, 0.05f});
-  SamplingParams p;
-  p.seed = 9;
-  p.temperature = 1.0f;
-  p.top_k = 0;
-  p.top_p = 1.0f;
-  p.min_p = 0.0f;
+  SamplingParams p = whole_distribution(9);
   Sampler s(p);
   std::map<int32_t, int> counts;
   const int n = 20000;
@@ -476,12 +472,7 @@ TEST(GrammarSampling, NeedsFullLogitsAndRefusesATokenOutsideIt) {
 
 TEST(GrammarSampling, AnAllowedFreePickKeepsTheUnconstrainedDraws) {
   // A grammar that allows every letter changes nothing: the same seeded picks.
-  SamplingParams free;
-  free.seed = 42;
-  free.temperature = 1.0f;
-  free.top_k = 0;
-  free.top_p = 1.0f;
-  free.min_p = 0.0f;
+  SamplingParams free = whole_distribution(42);
   Sampler plain(free), constrained(with_grammar(free, "root ::= [a-c]*"));
   const std::vector<float> logits = {1.0f, 1.2f, 0.8f, 0.9f, -50.0f};
   for (int i = 0; i < 40; ++i) {
@@ -493,15 +484,11 @@ TEST(GrammarSampling, AnAllowedFreePickKeepsTheUnconstrainedDraws) {
 }
 
 TEST(GrammarSampling, ARefusedPickIsMadeAgainWithTheSameDraw) {
-  // Only "c", "ab" or "a" (the start of "ab") may come, not "b" or the end. The pick is the free one when allowed; when refused, it is
-  // what a sampler without grammar makes, in the same random state, from logits where
-  // the refused tokens are -infinity: the refused pick left no trace.
-  SamplingParams free;
-  free.seed = 7;
-  free.temperature = 1.0f;
-  free.top_k = 0;
-  free.top_p = 1.0f;
-  free.min_p = 0.0f;
+  // Only "c", "ab" or "a" (the start of "ab") may come, not "b" or the end. The pick is
+  // the free one when allowed; when refused, it is what a sampler without grammar makes,
+  // in the same random state, from logits where the refused tokens are -infinity: the
+  // refused pick left no trace.
+  SamplingParams free = whole_distribution(7);
   const std::vector<float> logits = {0.5f, 2.5f, 0.6f, 0.4f, 1.0f};
   std::vector<float> allowed = logits;
   allowed[1] = allowed[4] = -INFINITY;
