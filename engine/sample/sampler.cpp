@@ -387,6 +387,12 @@ int32_t Sampler::sample(std::span<const float> logits) {
   random_ = random;
   xtc_random_ = xtc_random;
   mu_ = mu;
+  if (plain_greedy_) {
+    if (const auto best = best_allowed_of_the_top(logits)) {
+      random_.uniform();  // the one draw per token of the greedy path
+      return *best;
+    }
+  }
   std::vector<float> constrained(logits.begin(), logits.end());
   std::vector<int32_t> ids(constrained.size());
   for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>(i);
@@ -397,6 +403,38 @@ int32_t Sampler::sample(std::span<const float> logits) {
   const int32_t pick = sample_unconstrained(constrained);
   if (!grammar_->allows(pick)) throw std::runtime_error("the grammar refused every token the samplers kept");
   return pick;
+}
+
+// Greedy under a grammar picks the arg max of the constrained logits: the best allowed
+// token. It is most often among the best few, found by one pass over the row, which
+// saves the pass of the grammar over the whole vocabulary. The order is the
+// candidates' (logit descending, then id), so ties resolve as first_argmax does.
+std::optional<int32_t> Sampler::best_allowed_of_the_top(std::span<const float> logits) const {
+  constexpr size_t kLook = 64;
+  using Entry = std::pair<float, int32_t>;
+  const auto better = [](const Entry& a, const Entry& b) {
+    return a.first > b.first || (a.first == b.first && a.second < b.second);
+  };
+  std::vector<Entry> top;  // a heap whose front is the worst kept
+  top.reserve(kLook);
+  for (size_t i = 0; i < logits.size(); ++i) {
+    const Entry e{logits[i], static_cast<int32_t>(i)};
+    if (std::isnan(e.first)) return std::nullopt;  // first_argmax's NaN rules: the full path
+    if (top.size() < kLook) {
+      top.push_back(e);
+      std::push_heap(top.begin(), top.end(), better);
+    } else if (better(e, top.front())) {
+      std::pop_heap(top.begin(), top.end(), better);
+      top.back() = e;
+      std::push_heap(top.begin(), top.end(), better);
+    }
+  }
+  std::sort(top.begin(), top.end(), better);
+  for (const auto& [logit, id] : top) {
+    if (logit == -INFINITY) break;
+    if (grammar_->allows(id)) return id;
+  }
+  return std::nullopt;
 }
 
 int32_t Sampler::sample_unconstrained(std::span<const float> logits) {

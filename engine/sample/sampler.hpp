@@ -179,6 +179,7 @@ class Sampler {
   // xtc_random: XTC's chance comes from it (null: XTC acts whenever it is on).
   Candidates filter(std::span<const float> logits, Random* xtc_random) const;
   int32_t sample_unconstrained(std::span<const float> logits);
+  std::optional<int32_t> best_allowed_of_the_top(std::span<const float> logits) const;
   int32_t sample_mirostat(std::span<const float> logits);
 
   SamplingParams params_;

@@ -513,6 +513,38 @@ TEST(GrammarSampling, ARefusedPickIsMadeAgainWithTheSameDraw) {
   EXPECT_GT(redrawn, 10);  // the case under test came up
 }
 
+// Greedy under a grammar is the arg max over the allowed tokens (the first of equal
+// ones), whether the best allowed token is among the best few logits (found without a
+// pass of the grammar over the vocabulary) or far below them.
+TEST(GrammarSampling, GreedyIsTheArgMaxOfTheAllowedTokens) {
+  std::vector<std::string> pieces;
+  for (int i = 0; i < 2000; ++i) pieces.emplace_back(static_cast<size_t>(1 + (i / 26) % 3), static_cast<char>('a' + i % 26));
+  pieces.emplace_back();
+  std::vector<bool> end(pieces.size(), false);
+  end.back() = true;
+  SamplingParams p = SamplingParams::greedy();
+  p.grammar = Grammar::parse("root ::= [x-z]+");
+  p.grammar_vocabulary = std::make_shared<const GrammarVocabulary>(pieces, end);
+  for (float allowed_boost : {3.0f, 0.0f, -3.0f}) {  // the best allowed: near the top, mid-way, low
+    std::vector<float> logits(pieces.size());
+    for (size_t i = 0; i < logits.size(); ++i) {
+      logits[i] = std::sin(static_cast<float>(i) * 0.7f) * 2.0f + (pieces[i].front() >= 'x' ? allowed_boost : 0.0f);
+    }
+    logits[23 + 26 * 40] = logits[23 + 26 * 41] = 9.0f;  // two equal best allowed ("x" pieces): the first
+    for (int round = 0; round < 2; ++round) {
+      Sampler s(p);
+      int32_t expected = -1;
+      for (size_t i = 0; i < logits.size(); ++i) {
+        const bool allowed = !end[i] && pieces[i].front() >= 'x';
+        if (allowed && (expected < 0 || logits[i] > logits[static_cast<size_t>(expected)])) expected = static_cast<int32_t>(i);
+      }
+      EXPECT_EQ(s.sample(logits), expected) << "boost " << allowed_boost << " round " << round;
+      logits[static_cast<size_t>(expected)] = -INFINITY;  // the next best, for the next round
+      logits[23 + 26 * 41] = logits[23 + 26 * 40] == -INFINITY ? -1.0f : logits[23 + 26 * 41];
+    }
+  }
+}
+
 TEST(GrammarSampling, PromptTokensDoNotMoveTheGrammar) {
   Sampler s(with_grammar(SamplingParams::greedy(), "root ::= \"a\""));
   s.remember(1);  // a prompt's "b": the penalties' history only
