@@ -32,7 +32,8 @@ std::string StopMatcher::push(const std::string& text) {
   size_t first = std::string::npos;
   for (const auto& stop : stops_) {
     if (stop.empty()) continue;
-    first = std::min(first, held_.find(stop));
+    const size_t at = held_.find(stop);
+    if (at < first) first = at, word_ = stop;  // the earliest; of those at one place, the first listed
   }
   if (first != std::string::npos) {
     matched_ = true;
@@ -187,6 +188,7 @@ void Engine::finish(Seq& s, const std::string& reason) {
     std::lock_guard lock(mutex_);
     ++metrics_.requests_cancelled;
   }
+  u.stopping_word = s.matcher->word();
   if (s.callbacks.on_done) s.callbacks.on_done(s.matcher->matched() ? "stop_string" : reason, u);
 }
 
@@ -299,7 +301,9 @@ void Engine::admit() {
       std::lock_guard lock(mutex_);
       ++metrics_.requests_cancelled;
     }
-    if (s->callbacks.on_done) s->callbacks.on_done("cancelled", Usage{static_cast<int>(s->request.prompt.size())});
+    Usage u;
+    u.prompt_tokens = static_cast<int>(s->request.prompt.size());
+    if (s->callbacks.on_done) s->callbacks.on_done("cancelled", u);
   }
   for (int32_t id : cancels) {
     for (auto& s : active_) {

@@ -54,6 +54,7 @@ struct Usage {
   int kv_tokens = 0;          // positions the sequence's KV held at the end
   double prompt_ms = 0.0;     // first submit to first sampled token
   double predicted_ms = 0.0;  // first sampled token to the end
+  std::string stopping_word;  // the stop string that ended it ("" for none)
 };
 
 struct OnlineRequest {
@@ -242,10 +243,12 @@ class StopMatcher {
   std::string push(const std::string& text);
   std::string flush() { return std::exchange(held_, std::string()); }
   bool matched() const { return matched_; }
+  const std::string& word() const { return word_; }  // the stop string matched ("" before)
 
  private:
   std::vector<std::string> stops_;
   std::string held_;
+  std::string word_;
   bool matched_ = false;
 };
 

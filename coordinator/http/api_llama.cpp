@@ -139,6 +139,7 @@ awaitable<void> llama_completion(Session& s) {
                   {"tokens_cached", ev.usage.kv_tokens},
                   {"generation_settings", settings},
                   {"stop_type", stop_type},
+                  {"stopping_word", ev.usage.stopping_word},
                   {"truncated", false},
                   {"timings", timings_json(ev.usage)}};
       if (n_probs > 0 && !stream) out["completion_probabilities"] = probs;
