@@ -70,7 +70,8 @@ class Session {
   awaitable<void> reply_text(int status, const std::string& content_type, std::string body);
   // Server-sent events over a chunked response; each returns false once the client is gone.
   awaitable<bool> stream_begin();
-  awaitable<bool> stream_data(const std::string& data);  // writes "data: DATA\n\n"
+  // Writes "data: DATA\n\n", after "event: EVENT\n" when one is named (Anthropic's stream).
+  awaitable<bool> stream_data(const std::string& data, std::string_view event = {});
   awaitable<void> stream_end();
 
  private:
@@ -140,6 +141,8 @@ awaitable<void> health(Session& s);
 awaitable<void> props(Session& s);
 awaitable<void> slots(Session& s);
 awaitable<void> metrics(Session& s);
+awaitable<void> anthropic_messages(Session& s);      // /v1/messages
+awaitable<void> anthropic_count_tokens(Session& s);  // /v1/messages/count_tokens
 awaitable<void> cluster(Session& s);
 awaitable<void> cluster_join(Session& s);
 awaitable<void> cluster_replan(Session& s);

@@ -1,5 +1,6 @@
 #include "http/request_parsing.hpp"
 
+#include "http/anthropic.hpp"
 #include "http/json_schema_grammar.hpp"
 
 #include <algorithm>
@@ -765,6 +766,10 @@ void parse_request(const ParseContext& ctx, std::string_view path, std::string_v
     parse_generation_request(ctx, Endpoint::Completions, body());
   } else if (path == "/v1/chat/completions" || path == "/chat/completions") {
     parse_generation_request(ctx, Endpoint::ChatCompletions, body());
+  } else if (path == "/v1/messages") {
+    parse_generation_request(ctx, Endpoint::ChatCompletions, chat_request_from_messages(body()));
+  } else if (path == "/v1/messages/count_tokens") {
+    parse_generation_request(ctx, Endpoint::ChatCompletions, chat_request_from_messages(body(), true));
   } else if (path == "/apply-template") {
     parse_apply_template_request(ctx, body());
   } else if (path == "/tokenize") {

@@ -3,6 +3,8 @@
 // naming that field.
 #include "http/request_parsing.hpp"
 
+#include "http/anthropic.hpp"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -285,6 +287,33 @@ TEST(RequestParsing, GrammarsReachTheSampler) {
   const auto first = parse_generation_request(cached, Endpoint::LlamaCompletion, body).choices[0].sampling;
   const auto again = parse_generation_request(cached, Endpoint::LlamaCompletion, body).choices[0].sampling;
   EXPECT_EQ(first.grammar_vocabulary, again.grammar_vocabulary);
+}
+
+// Anthropic's Messages request becomes the chat request with the same meaning.
+TEST(RequestParsing, AnthropicMessagesBecomeAChatRequest) {
+  const json messages = json::parse(R"({"model": "claude", "max_tokens": 7, "system": [{"type": "text", "text": "S"}],
+    "messages": [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+                 {"role": "assistant", "content": "c"}],
+    "stop_sequences": ["x"], "temperature": 0.5, "top_k": 3, "stream": true, "metadata": {"user_id": "u"},
+    "thinking": {"type": "disabled"}})");
+  const json expected = json::parse(R"({"messages": [{"role": "system", "content": [{"type": "text", "text": "S"}]},
+    {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+    {"role": "assistant", "content": "c"}], "max_tokens": 7, "stop": ["x"], "temperature": 0.5, "top_k": 3,
+    "stream": true, "chat_template_kwargs": {"enable_thinking": false}})");
+  EXPECT_EQ(chat_request_from_messages(messages), expected);
+  Fixture f;
+  ParseContext roomy = f.ctx;
+  roomy.ctx = 4096;  // the tiny tokenizer spends a token per character
+  const ParsedGeneration g = parse_generation_request(roomy, Endpoint::ChatCompletions, chat_request_from_messages(messages));
+  EXPECT_EQ(g.choices.at(0).max_tokens, 7);
+  EXPECT_EQ(g.choices[0].stop, std::vector<std::string>{"x"});
+  EXPECT_EQ(anthropic_stop_reason("length"), "max_tokens");
+  EXPECT_EQ(anthropic_stop_reason("stop_string"), "stop_sequence");
+  EXPECT_EQ(anthropic_stop_reason("stop"), "end_turn");
+  json counting = messages;
+  counting.erase("max_tokens");
+  EXPECT_THROW(chat_request_from_messages(counting), ApiError);
+  EXPECT_FALSE(chat_request_from_messages(counting, true).contains("max_tokens"));
 }
 
 TEST(RequestParsing, NeutralValuesOfUnsupportedFieldsAreAccepted) {

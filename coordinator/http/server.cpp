@@ -110,9 +110,11 @@ awaitable<bool> Session::stream_begin() {
   co_return !broken_;
 }
 
-awaitable<bool> Session::stream_data(const std::string& data) {
+awaitable<bool> Session::stream_data(const std::string& data, std::string_view event_name) {
   if (broken_) co_return false;
-  const std::string event = "data: " + data + "\n\n";
+  std::string event;
+  if (!event_name.empty()) event.append("event: ").append(event_name).append("\n");
+  event.append("data: ").append(data).append("\n\n");
   beast::error_code ec;
   {
     WriteDeadline deadline(co_await asio::this_coro::executor, socket, state.options.write_timeout_s);
@@ -277,6 +279,8 @@ const Route kRoutes[] = {
     {"/props", http::verb::get, props},
     {"/slots", http::verb::get, slots},
     {"/metrics", http::verb::get, metrics},
+    {"/v1/messages", http::verb::post, anthropic_messages},
+    {"/v1/messages/count_tokens", http::verb::post, anthropic_count_tokens},
     {"/cluster", http::verb::get, cluster},
     {"/cluster/workers", http::verb::post, cluster_join},
     {"/cluster/replan", http::verb::post, cluster_replan},
@@ -304,7 +308,9 @@ bool authorized(const ServerState& state, const HttpRequest& request) {
   const std::string path = path_of(request.target());
   if (key.empty() || path == "/health" || path == "/v1/health") return true;
   if (request.method() == http::verb::options && !state.options.cors_origin.empty()) return true;  // preflight
-  return same_secret(view(request[http::field::authorization]), "Bearer " + key);
+  // OpenAI's clients send "Authorization: Bearer KEY", Anthropic's "x-api-key: KEY".
+  return same_secret(view(request[http::field::authorization]), "Bearer " + key) ||
+         same_secret(view(request["x-api-key"]), key);
 }
 
 awaitable<void> dispatch(Session& s) {
@@ -323,12 +329,12 @@ awaitable<void> dispatch(Session& s) {
     if (s.request.method() == r.method) route = &r;
   }
   if (!authorized(s.state, s.request)) {
-    status = 401, message = "invalid or missing API key (Authorization: Bearer KEY)", code = "invalid_api_key";
+    status = 401, message = "invalid or missing API key (Authorization: Bearer KEY, or x-api-key: KEY)", code = "invalid_api_key";
     type = "authentication_error";
   } else if (path_known && s.request.method() == http::verb::options && !s.state.options.cors_origin.empty()) {
     // CORS preflight.
     s.extra_headers = {{http::field::access_control_allow_methods, "GET, POST, OPTIONS"},
-                       {http::field::access_control_allow_headers, "Authorization, Content-Type"},
+                       {http::field::access_control_allow_headers, "Authorization, Content-Type, x-api-key, anthropic-version"},
                        {http::field::access_control_max_age, "600"}};
     co_await s.reply_text(204, "", "");
     co_return;
@@ -418,7 +424,7 @@ awaitable<void> connection(ServerState& state, tcp::socket socket) {
         *reading = false;
         idle.cancel();
         co_await refuse(state, socket, 401,
-                        error_body(401, "invalid or missing API key (Authorization: Bearer KEY)",
+                        error_body(401, "invalid or missing API key (Authorization: Bearer KEY, or x-api-key: KEY)",
                                    "authentication_error", "invalid_api_key"),
                         1);
         answered = true;

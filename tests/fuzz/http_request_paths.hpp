@@ -6,8 +6,8 @@
 
 namespace pico::fuzz {
 
-inline constexpr std::array<std::string_view, 7> kHttpRequestPaths = {
-    "/completion", "/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize", "/no-such-route",
-    "/apply-template"};
+inline constexpr std::array<std::string_view, 9> kHttpRequestPaths = {
+    "/completion",  "/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize", "/no-such-route",
+    "/apply-template", "/v1/messages", "/v1/messages/count_tokens"};
 
 }  // namespace pico::fuzz

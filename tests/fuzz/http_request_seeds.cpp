@@ -42,6 +42,11 @@ int main(int argc, char** argv) {
         {2, R"({"messages":[{"role":"user","content":"t3"}],"response_format":{"type":"json_schema",)"
             R"("json_schema":{"name":"n","strict":true,"schema":{"type":"object","properties":{"t":{"$ref":"#"}}}}}})"},
         {2, R"({"messages":[{"role":"user","content":"t3"}],"response_format":{"type":"json_object"}})"},
+        // Anthropic's Messages API.
+        {7, R"({"model":"m","max_tokens":5,"system":[{"type":"text","text":"t4"}],"messages":[{"role":"user",)"
+            R"("content":[{"type":"text","text":"t3"}]},{"role":"assistant","content":"t5"}],"stop_sequences":["t6"],)"
+            R"("temperature":0.5,"top_k":3,"stream":true,"thinking":{"type":"disabled"}})"},
+        {8, R"({"system":"t4","messages":[{"role":"user","content":"t3 t4"}]})"},
     };
     for (size_t i = 0; i < seeds.size(); ++i) {
       const auto& [endpoint, body] = seeds[i];

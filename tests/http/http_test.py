@@ -484,6 +484,11 @@ def main():
         check(s == 200 and b["usage"]["completion_tokens"] == 2, "right key: 200 (%d)" % s)
         s, _ = anon.json("GET", "/health")
         check(s == 200, "/health needs no key (%d)" % s)
+        msg = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+        s, b = anon.json("POST", "/v1/messages", msg, headers={"x-api-key": KEY})
+        check(s == 200 and b["usage"]["output_tokens"] == 2, "Anthropic's x-api-key: 200 (%d)" % s)
+        s, b = anon.json("POST", "/v1/messages", msg, headers={"x-api-key": "wrong"})
+        check(s == 401, "a wrong x-api-key: 401 (%d)" % s)
         return
 
     api = Client(port)
@@ -534,6 +539,11 @@ def main():
     s, b = api.json("POST", "/completion", {"prompt": PROMPT, "n_predict": N, "temperature": 0})
     check(s == 200 and b["content"] == ref and b["timings"]["predicted_n"] == N and b["stop_type"] == "limit",
           "/completion text, timings")
+    word = ref[len(ref) // 2:len(ref) // 2 + 3]  # a stop string the greedy text holds
+    s, b = api.json("POST", "/completion", {"prompt": PROMPT, "n_predict": N, "temperature": 0,
+                                            "stop": ["\u0001never", word]})
+    check(s == 200 and b["content"] == ref[:ref.find(word)] and b["stop_type"] == "word" and b["stopping_word"] == word,
+          "/completion: stop_type word, stopping_word %r (%r)" % (word, b.get("stopping_word")))
     s, t = api.json("POST", "/tokenize", {"content": PROMPT, "add_special": True})
     check(s == 200 and len(t["tokens"]) > 5, "/tokenize")
     s, b = api.json("POST", "/completion", {"prompt": t["tokens"], "n_predict": N, "temperature": 0})
@@ -620,6 +630,7 @@ def main():
     n_choices_tests(api, ref, greedy)
     sampler_tests(api, ref, greedy)
     grammar_tests(api)
+    anthropic_tests(api, port)
     cancel_tests(api, port, slots_total)
 
     # Malformed requests: status and an OpenAI-style error object, and the server lives on.
@@ -925,6 +936,62 @@ def grammar_tests(api):
                                                      "response_format": {"type": "json_schema", "json_schema": {
                                                          "schema": {"$ref": "https://example.com/s.json"}}}})
     check(s == 400 and "json_schema" in b["error"]["param"], "a remote $ref is 400 (%s)" % b)
+
+
+def anthropic_stream(port, body, headers=None):
+    """(status, [(event name, data)]) of a streamed /v1/messages."""
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    c.request("POST", "/v1/messages", body=json.dumps(body).encode(),
+              headers=dict({"Content-Type": "application/json"}, **(headers or {})))
+    r = c.getresponse()
+    events, name = [], None
+    for line in r.read().decode("utf-8", "replace").split("\n"):
+        if line.startswith("event: "):
+            name = line[7:]
+        elif line.startswith("data: "):
+            events.append((name, json.loads(line[6:])))
+            name = None
+    c.close()
+    return r.status, events
+
+
+def anthropic_tests(api, port):
+    """Anthropic's Messages API: the reply of the chat endpoint in Anthropic's shape, its
+    stream's events in Anthropic's order, stop reasons, token counting, refusals."""
+    msgs = [{"role": "user", "content": [{"type": "text", "text": "Tell me"}]}]
+    s, chat = api.json("POST", "/v1/chat/completions", {"messages": [{"role": "system", "content": "Be brief"},
+                                                                   {"role": "user", "content": "Tell me"}],
+                                                      "max_tokens": 12, "temperature": 0})
+    text = chat["choices"][0]["message"]["content"]
+    body = {"model": "claude-sonnet-4-5", "system": "Be brief", "messages": msgs, "max_tokens": 12, "temperature": 0}
+    s, b = api.json("POST", "/v1/messages", body)
+    check(s == 200 and b["type"] == "message" and b["role"] == "assistant" and b["id"].startswith("msg_") and
+          b["content"][-1] == {"type": "text", "text": text} and b["stop_reason"] == "max_tokens" and
+          b["stop_sequence"] is None and b["usage"]["output_tokens"] == 12 and
+          b["usage"]["input_tokens"] == chat["usage"]["prompt_tokens"], "/v1/messages: the chat reply (%s)" % b)
+    s, ev = anthropic_stream(port, dict(body, stream=True))
+    names = [n for n, _ in ev]
+    streamed = "".join(d["delta"]["text"] for n, d in ev if n == "content_block_delta" and d["delta"]["type"] == "text_delta")
+    check(s == 200 and names[0] == "message_start" and names[-2:] == ["message_delta", "message_stop"] and
+          all(n == d["type"] for n, d in ev) and streamed == text and
+          ev[-2][1]["delta"]["stop_reason"] == "max_tokens" and ev[-2][1]["usage"]["output_tokens"] == 12 and
+          names.count("content_block_start") == names.count("content_block_stop") >= 1,
+          "/v1/messages stream: events in order, the same text (%s)" % names[:4])
+    if len(text) > 4:
+        word = text[2:4]
+        s, b = api.json("POST", "/v1/messages", dict(body, stop_sequences=["\u0001x", word]))
+        check(s == 200 and b["stop_reason"] == "stop_sequence" and b["stop_sequence"] == word and
+              b["content"][-1]["text"] == text[:text.find(word)], "/v1/messages: stop_sequence (%s)" % b)
+    s, b = api.json("POST", "/v1/messages/count_tokens", {"model": "x", "system": "Be brief", "messages": msgs})
+    check(s == 200 and b == {"input_tokens": chat["usage"]["prompt_tokens"]}, "/v1/messages/count_tokens (%s)" % b)
+    for bad, param in (({"messages": msgs}, "max_tokens"),
+                       ({"messages": [], "max_tokens": 4}, "messages"),
+                       ({"messages": [{"role": "tool", "content": "x"}], "max_tokens": 4}, "messages[0].role"),
+                       ({"messages": [{"role": "user", "content": [{"type": "image"}]}], "max_tokens": 4},
+                        "messages[0].content[0]"),
+                       ({"messages": msgs, "max_tokens": 4, "tools": [{"name": "f", "input_schema": {}}]}, "tools")):
+        s, b = api.json("POST", "/v1/messages", bad)
+        check(s == 400 and b["error"]["param"] == param, "/v1/messages refuses %s (%d %s)" % (param, s, b))
 
 
 def cancel_tests(api, port, slots_total):
