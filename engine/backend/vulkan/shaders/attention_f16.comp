@@ -1,4 +1,5 @@
 #version 450
+#extension GL_GOOGLE_include_directive : require
 // Attention of one query head over its sequence's F16 KV cache: one workgroup per
 // (query, head). K and V rows are n_kv_heads heads wide and live in pages of
 // 2^page_shift positions; a query's page table (its sequence's pages, in position
@@ -24,7 +25,7 @@ layout(push_constant) uniform Push {
 } p;
 shared float partial[WG];
 
-float to_f16(float x) { return unpackHalf2x16(packHalf2x16(vec2(x, 0.0))).x; }
+#include "float_rounding.glsl"
 
 uint row_of(uint table, uint key) {
   return pages[table + (key >> p.page_shift)] + (key & ((1u << p.page_shift) - 1u));
@@ -46,7 +47,7 @@ void main() {
   for (uint j = lid; j < n_keys; j += WG) {
     const uint kr = row_of(table, uint(first) + j) * p.k_row + kvh * p.dk;
     float s = 0.0;
-    for (uint d = 0; d < p.dk; ++d) s += to_f16(q[qi + d]) * float(k[kr + d]);
+    for (uint d = 0; d < p.dk; ++d) s += round_to_half(q[qi + d]) * float(k[kr + d]);
     s *= p.scale;
     if (p.softcap > 0.0) s = p.softcap * tanh(s / p.softcap);
     scores[base + j] = s;
@@ -79,7 +80,7 @@ void main() {
     float acc = 0.0;
     for (uint j = 0; j < n_keys; ++j) {
       const uint vr = row_of(table, uint(first) + j) * p.v_row + kvh * p.dv;
-      acc += to_f16(scores[base + j] * inverse) * float(v[vr + d]);
+      acc += round_to_half(scores[base + j] * inverse) * float(v[vr + d]);
     }
     y[yi + d] = acc;
   }

@@ -1,4 +1,5 @@
 #version 450
+#extension GL_GOOGLE_include_directive : require
 // y = f(x) elementwise, f chosen by `op` (the values of enum UnaryOp, vulkan_ops.cpp):
 // 0 SiLU, 1 sigmoid, 2 softplus (x itself above 20), 3 GELU (tanh form, through F16
 // as the CPU's table: the input and the result rounded to F16), 4 GELU with erf,
@@ -9,7 +10,7 @@ layout(std430, binding = 0) readonly buffer Input { float x[]; };
 layout(std430, binding = 1) writeonly buffer Output { float y[]; };
 layout(push_constant) uniform Push { uint count; uint op; float factor; } p;
 
-float to_f16(float v) { return unpackHalf2x16(packHalf2x16(vec2(v, 0.0))).x; }
+#include "float_rounding.glsl"
 
 // erf by Abramowitz and Stegun 7.1.26 (absolute error below 1.5e-7).
 float erf_approx(float v) {
@@ -30,8 +31,8 @@ void main() {
     case 3: {
       if (v <= -10.0) { r = 0.0; break; }
       if (v >= 10.0) { r = v; break; }
-      const float h = to_f16(v);
-      r = to_f16(0.5 * h * (1.0 + tanh(0.79788456080286535588 * h * (1.0 + 0.044715 * h * h))));
+      const float h = round_to_half(v);
+      r = round_to_half(0.5 * h * (1.0 + tanh(0.79788456080286535588 * h * (1.0 + 0.044715 * h * h))));
       break;
     }
     case 4: r = 0.5 * v * (1.0 + erf_approx(v * 0.70710678118654752440)); break;
