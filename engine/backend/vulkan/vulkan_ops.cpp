@@ -274,12 +274,12 @@ void Ops::round_rows(BufferRange x, int64_t n, int64_t rows, GgmlType weight_typ
   }
   const int64_t block = type_traits(*partner).block_size;
   if (n % block != 0) throw std::invalid_argument("vulkan: round_rows: rows of " + std::to_string(n) + " values are not whole blocks");
-  const int64_t blocks = n / block * rows;
+  constexpr uint64_t kRoundGroupValues = 256;  // round_rows.comp's values per workgroup: whole blocks
   const struct {
-    uint32_t blocks, kind;
-  } push{checked_u32(blocks, "blocks"), kind};
+    uint32_t count, kind;
+  } push{checked_u32(n * rows, "values"), kind};
   const BufferRange bindings[] = {floats(x, 0, n * rows)};
-  const auto [gx, gy] = grid((static_cast<uint64_t>(blocks) + kWorkgroupSize - 1) / kWorkgroupSize);
+  const auto [gx, gy] = grid((static_cast<uint64_t>(n * rows) + kRoundGroupValues - 1) / kRoundGroupValues);
   device_.dispatch(Shader::round_rows, bindings, &push, sizeof push, gx, gy);
 }
 

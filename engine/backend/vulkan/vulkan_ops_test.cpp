@@ -5,7 +5,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <random>
 #include <string>
@@ -155,8 +157,9 @@ INSTANTIATE_TEST_SUITE_P(Types, MatmulTypes,
 
 // round_rows against the CPU matmul's own activation rounding (quantize, dequantize),
 // per dot partner: F16, BF16, Q8_0, Q8_1, Q8_K; F32 left alone. Rows with a zero block,
-// ties of the largest magnitude and values that round half-way. A device may round a
-// division or the F16 scale differently in the last bit; lavapipe matches bit for bit.
+// ties of the largest magnitude and values that round half-way. Every device matches
+// bit for bit: the shader divides and rounds to F16 in integers (float_rounding.glsl),
+// not with the device's own division and packHalf2x16 (NVIDIA's rounds differently).
 TEST(VulkanOps, RoundRowsMatchesTheCpuMatmulsActivations) {
   REQUIRE_DEVICE(device);
   Ops ops(*device);
@@ -188,8 +191,52 @@ TEST(VulkanOps, RoundRowsMatchesTheCpuMatmulsActivations) {
     for (size_t i = 0; i < x.size(); ++i) differ += got[i] == want[i] ? 0 : 1;  // -0 == +0
     EXPECT_EQ(differ, 0u) << "of " << x.size() << " values";
   }
+  // Rows of 96 values (3 blocks of 32): a last workgroup of 256 values only partly
+  // filled (288 values), for the types whose blocks allow it.
+  const int64_t short_n = 96, short_rows = 3;
+  const std::vector<float> y = random_floats(static_cast<size_t>(short_n * short_rows), 23);
+  for (const GgmlType w_type : {GgmlType::F16, GgmlType::BF16, GgmlType::Q8_0}) {
+    SCOPED_TRACE("rows of 96, " + std::string(type_traits(w_type).name));
+    const GgmlType a_type = cpu::activation_type(w_type);
+    const size_t row_bytes = cpu::activation_row_bytes(w_type, short_n);
+    std::vector<uint8_t> codes(row_bytes * static_cast<size_t>(short_rows));
+    cpu::quantize_activations(pool, w_type, y.data(), short_n, short_rows, codes.data());
+    std::vector<float> want(y.size());
+    for (int64_t r = 0; r < short_rows; ++r) dequantize_row(a_type, codes.data() + r * row_bytes, want.data() + r * short_n, short_n);
+    const Buffer dy = to_device(*device, y);
+    ops.round_rows(all(dy), short_n, short_rows, w_type);
+    device->submit();
+    EXPECT_EQ(from_device(*device, dy, y.size()), want);
+  }
   const Buffer dx = to_device(*device, x);
   EXPECT_THROW(ops.round_rows(all(dx), 100, 1, GgmlType::Q4_K), std::invalid_argument);  // not whole blocks
+}
+
+// $PICO_VULKAN_PROFILE: a device opened with it times each dispatch by shader (what
+// a GPU run reads to find the costly shaders); one opened without it times nothing.
+TEST(VulkanOps, ProfileCountsEachShadersDispatches) {
+  REQUIRE_DEVICE(plain);
+  EXPECT_FALSE(plain->profiling());
+  ::setenv("PICO_VULKAN_PROFILE", "1", 1);
+  std::unique_ptr<Device> device = Device::open(plain->info().index);
+  ::unsetenv("PICO_VULKAN_PROFILE");
+  if (!device->profiling()) GTEST_SKIP() << "the device's compute queue has no timestamps";
+  Ops ops(*device);
+  const std::vector<float> a = random_floats(4096, 1), b = random_floats(4096, 2);
+  const Buffer da = to_device(*device, a), db = to_device(*device, b);
+  Buffer dy = device->allocate(a.size() * sizeof(float));
+  for (int i = 0; i < 3; ++i) ops.add(all(da), all(db), 4096, 1, 1, all(dy));
+  ops.silu(all(dy), 4096, all(dy));
+  device->submit();
+  ops.silu(all(dy), 4096, all(dy));  // a second submission adds to the first's
+  device->submit();
+  std::map<std::string, uint64_t> dispatches;
+  for (const Device::ShaderTime& t : device->profile()) {
+    dispatches[t.shader] = t.dispatches;
+    EXPECT_GE(t.milliseconds, 0.0) << t.shader;
+  }
+  EXPECT_EQ(dispatches, (std::map<std::string, uint64_t>{{"add", 3}, {"unary", 2}}));
+  EXPECT_TRUE(plain->profile().empty());
 }
 
 TEST(VulkanOps, MatrixLargerThanOneBindingGoesInChunks) {

@@ -2,8 +2,9 @@
 // BLOCK_VALUES and float block_value(uint base, uint j), value j of the block at byte
 // base of w): one workgroup per output row and tile of TOKEN_TILE tokens (MATMUL_TILED,
 // for batches: each weight value decoded once for the tile; else one token); each
-// invocation takes whole blocks, a token's products of a block summed in order; then a
-// fixed tree over the workgroup per token. Both shaders give every output the same
+// invocation takes chunks of up to 32 values (whole blocks, or parts of a K-quant's),
+// a token's products of a chunk summed in order, its chunks in order; then a fixed tree
+// over the workgroup per token. Both shaders give every output the same
 // operations in the same order, `precise` (nothing contracted into a multiply-add):
 // a token alone or in a batch, in any place of a tile, gets the same bits.
 //
@@ -28,6 +29,11 @@ layout(push_constant) uniform Push { uint cols; uint rows; uint y_stride; uint r
 layout(push_constant) uniform Push { uint cols; uint rows; uint y_stride; uint row_offset; uint tokens; } p;
 #endif
 shared float partial[TOKEN_TILE * WG];
+#if BLOCK_VALUES > 32
+#define CHUNK 32
+#else
+#define CHUNK BLOCK_VALUES
+#endif
 
 void main() {
   const uint r = gl_WorkGroupID.x + gl_WorkGroupID.z * gl_NumWorkGroups.x;
@@ -49,20 +55,26 @@ void main() {
   const uint weight_row = r;
   const uint x_row = t0;
 #endif
+  // Chunks of CHUNK values (a block, or a 32-value part of a K-quant's 256) spread
+  // over the invocations, so that a row of a few large blocks still keeps them busy.
+  const uint chunks_per_block = BLOCK_VALUES / CHUNK;
+  const uint chunks = blocks * chunks_per_block;
   precise float sum[TOKEN_TILE];
   for (uint i = 0; i < TOKEN_TILE; ++i) sum[i] = 0.0;
-  for (uint b = lid; b < blocks; b += WG) {
+  for (uint c = lid; c < chunks; c += WG) {
+    const uint b = c / chunks_per_block;
+    const uint first = (c % chunks_per_block) * CHUNK;
     const uint base = (weight_row * blocks + b) * BLOCK_BYTES;
     const uint xi = x_row * p.cols + b * BLOCK_VALUES;
-    precise float block[TOKEN_TILE];
-    for (uint i = 0; i < TOKEN_TILE; ++i) block[i] = 0.0;
-    for (uint j = 0; j < BLOCK_VALUES; ++j) {
+    precise float chunk[TOKEN_TILE];
+    for (uint i = 0; i < TOKEN_TILE; ++i) chunk[i] = 0.0;
+    for (uint j = first; j < first + CHUNK; ++j) {
       const float value = block_value(base, j);
       for (uint i = 0; i < TOKEN_TILE; ++i) {
-        if (i < n_tokens) block[i] += value * x[xi + i * p.cols + j];
+        if (i < n_tokens) chunk[i] += value * x[xi + i * p.cols + j];
       }
     }
-    for (uint i = 0; i < TOKEN_TILE; ++i) sum[i] += block[i];
+    for (uint i = 0; i < TOKEN_TILE; ++i) sum[i] += chunk[i];
   }
   for (uint i = 0; i < TOKEN_TILE; ++i) partial[i * WG + lid] = sum[i];
   barrier();

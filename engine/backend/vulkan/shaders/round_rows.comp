@@ -1,18 +1,30 @@
 #version 450
+#extension GL_GOOGLE_include_directive : require
 // Rounds floats in place to the values of a weight type's dot partner, as the CPU
 // backend's matmul quantizes its activations (cpu::quantize_activations, then
-// dequantized): F16 and BF16 one invocation per value; Q8_0 / Q8_1 one per block of 32
-// (d = amax / 127 kept in F16, codes x * 127 / amax rounded half to even); Q8_K one per
-// block of 256 (the signed value of largest magnitude m, codes -127 / m * x rounded half
-// to even and at most 127, d = 1 / (-127 / m)). A device's rounding of a division or of
-// the F16 conversion may differ from the CPU's in the last bit.
+// dequantized): F16 and BF16 value by value; Q8_0 / Q8_1 per block of 32 (d = amax /
+// 127 kept in F16, codes x * 127 / amax rounded half to even); Q8_K per block of 256
+// (the signed value of largest magnitude m, the first one in order, codes -127 / m * x
+// rounded half to even and at most 127, d = 1 / (-127 / m)). The divisions and the F16
+// rounding are float_rounding.glsl's exact ones, so every device gives the CPU's bits.
+//
+// One workgroup per 256 values (whole blocks of either size), each invocation a few of
+// them: a block's largest magnitude and its first index come from trees over shared
+// memory (max and min are exact in any order), so the result is the same as a serial
+// pass; a pass value by value in one invocation per block left most of a GPU idle.
 layout(local_size_x_id = 0) in;
 layout(constant_id = 0) const uint WG = 64;
 layout(std430, binding = 0) buffer Values { float x[]; };
-layout(push_constant) uniform Push { uint blocks; uint kind; } p;
+layout(push_constant) uniform Push { uint count; uint kind; } p;
 const uint kF16 = 0, kBF16 = 1, kQ8_0 = 2, kQ8_K = 3;  // vulkan_ops.cpp's RoundKind
+const uint kGroupValues = 256;                         // vulkan_ops.cpp's kRoundGroupValues
+const uint kNone = 0xffffffffu;
 
-float to_half(float v) { return unpackHalf2x16(packHalf2x16(vec2(v, 0.0))).x; }
+#include "float_rounding.glsl"
+
+shared float value[kGroupValues];     // the values of this group
+shared float magnitude[kGroupValues]; // the tree of largest magnitudes, then each block's scale d
+shared uint first[kGroupValues];      // the tree of first indices, then each block's multiplier
 
 // Round to nearest even; NaN kept, made quiet (quant/float_convert.hpp's fp32_to_bf16).
 float to_bfloat(float v) {
@@ -22,40 +34,61 @@ float to_bfloat(float v) {
 }
 
 void main() {
-  const uint block = gl_GlobalInvocationID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x * WG;
-  if (block >= p.blocks) return;
-  if (p.kind == kF16 || p.kind == kBF16) {  // a "block" of one value
-    x[block] = p.kind == kF16 ? to_half(x[block]) : to_bfloat(x[block]);
+  const uint start = (gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x) * kGroupValues;
+  const uint lid = gl_LocalInvocationID.x;
+  if (start >= p.count) return;  // the whole workgroup
+  if (p.kind == kF16 || p.kind == kBF16) {
+    for (uint i = lid; i < kGroupValues && start + i < p.count; i += WG)
+      x[start + i] = p.kind == kF16 ? round_to_half(x[start + i]) : to_bfloat(x[start + i]);
     return;
   }
   const uint size = p.kind == kQ8_0 ? 32 : 256;
-  const uint base = block * size;
-  float amax = 0.0;
-  for (uint j = base; j < base + size; ++j) amax = max(amax, abs(x[j]));
-  if (p.kind == kQ8_0) {
-    precise const float d = to_half(amax / 127.0);
-    precise const float id = amax != 0.0 ? 127.0 / amax : 0.0;
-    for (uint j = base; j < base + size; ++j) {
-      precise const float scaled = x[j] * id;
-      x[j] = roundEven(scaled) * d;
+  for (uint i = lid; i < kGroupValues; i += WG) {
+    value[i] = start + i < p.count ? x[start + i] : 0.0;  // past the end: whole blocks, never written
+    magnitude[i] = abs(value[i]);
+  }
+  barrier();
+  // Pairwise within each block: after the step of stride s, index i (a multiple of 2s)
+  // holds the largest of i .. i + 2s - 1; at the end each block's first index holds it.
+  for (uint s = 1; s < size; s <<= 1) {
+    for (uint i = lid; i < kGroupValues; i += WG) {
+      if ((i & (2 * s - 1)) == 0) magnitude[i] = max(magnitude[i], magnitude[i + s]);
     }
-    return;
+    barrier();
   }
-  if (amax == 0.0) {
-    for (uint j = base; j < base + size; ++j) x[j] = 0.0;
-    return;
-  }
-  float largest = 0.0;
-  for (uint j = base; j < base + size; ++j) {
-    if (abs(x[j]) == amax) {
-      largest = x[j];
-      break;
+  if (p.kind == kQ8_K) {
+    // The first index of each block whose magnitude is its largest.
+    for (uint i = lid; i < kGroupValues; i += WG) first[i] = abs(value[i]) == magnitude[i - i % size] ? i : kNone;
+    barrier();
+    for (uint s = 1; s < size; s <<= 1) {
+      for (uint i = lid; i < kGroupValues; i += WG) {
+        if ((i & (2 * s - 1)) == 0) first[i] = min(first[i], first[i + s]);
+      }
+      barrier();
     }
   }
-  precise const float iscale = -127.0 / largest;
-  precise const float d = 1.0 / iscale;
-  for (uint j = base; j < base + size; ++j) {
-    precise const float scaled = iscale * x[j];
-    x[j] = min(roundEven(scaled), 127.0) * d;
+  // Each block's scale d (in magnitude[]) and multiplier (in first[], as bits), once.
+  for (uint i = lid; i < kGroupValues; i += WG) {
+    if (i % size != 0) continue;
+    const float amax = magnitude[i];
+    if (p.kind == kQ8_0) {
+      magnitude[i] = round_to_half(divide_exact(amax, 127.0));
+      first[i] = floatBitsToUint(amax != 0.0 ? divide_exact(127.0, amax) : 0.0);
+    } else if (amax == 0.0) {
+      magnitude[i] = 0.0;
+      first[i] = floatBitsToUint(0.0);
+    } else {
+      const float iscale = divide_exact(-127.0, value[first[i]]);
+      magnitude[i] = divide_exact(1.0, iscale);
+      first[i] = floatBitsToUint(iscale);
+    }
+  }
+  barrier();
+  for (uint i = lid; i < kGroupValues && start + i < p.count; i += WG) {
+    const uint block = i - i % size;
+    const float d = magnitude[block];
+    const float multiplier = uintBitsToFloat(first[block]);
+    precise const float scaled = value[i] * multiplier;
+    x[start + i] = (p.kind == kQ8_0 ? roundEven(scaled) : min(roundEven(scaled), 127.0)) * d;
   }
 }
