@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <array>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <stdexcept>
 #include <utility>
@@ -209,6 +211,14 @@ struct Device::Impl {
   std::vector<Buffer> pending_staging;  // write()'s until submitted, then spare for the next ones
   std::vector<Buffer> spare_staging;
   std::vector<Buffer> retired;  // retire()'s, until the work recorded before it has run
+  // $PICO_VULKAN_PROFILE: a timestamp at the start of each command buffer and after
+  // each dispatch (up to kProfileQueries a submission); the shader of each interval.
+  static constexpr uint32_t kProfileQueries = 16384;
+  VkQueryPool queries = VK_NULL_HANDLE;
+  double nanoseconds_per_tick = 0;
+  uint32_t queries_used = 0;
+  std::vector<Shader> timed;
+  std::array<ShaderTime, static_cast<size_t>(Shader::count)> times{};
 
   Pipeline& pipeline(Device& owner, Shader shader);
   void begin();
@@ -277,12 +287,30 @@ std::unique_ptr<Device> Device::open(uint32_t index) {
   check(vkAllocateCommandBuffers(m.device, &allocate, &m.commands), "allocating a command buffer");
   VkFenceCreateInfo fence = make<VkFenceCreateInfo>(VK_STRUCTURE_TYPE_FENCE_CREATE_INFO);
   check(vkCreateFence(m.device, &fence, nullptr, &m.fence), "creating a fence");
+  const char* profile = std::getenv("PICO_VULKAN_PROFILE");
+  if (profile && *profile && family[m.queue_family].timestampValidBits > 0) {
+    VkQueryPoolCreateInfo pool_info = make<VkQueryPoolCreateInfo>(VK_STRUCTURE_TYPE_QUERY_POOL_CREATE_INFO);
+    pool_info.queryType = VK_QUERY_TYPE_TIMESTAMP;
+    pool_info.queryCount = Impl::kProfileQueries;
+    check(vkCreateQueryPool(m.device, &pool_info, nullptr, &m.queries), "creating a timestamp query pool");
+    VkPhysicalDeviceProperties properties;
+    vkGetPhysicalDeviceProperties(m.physical, &properties);
+    m.nanoseconds_per_tick = properties.limits.timestampPeriod;
+    for (size_t i = 0; i < m.times.size(); ++i) m.times[i].shader = shader_name(static_cast<Shader>(i));
+  }
   return d;
 }
 
 Device::~Device() {
   Impl& m = *impl_;
   if (m.device) vkDeviceWaitIdle(m.device);
+  if (m.queries) {
+    std::fprintf(stderr, "vulkan profile (%s): shader, dispatches, GPU ms, us per dispatch\n", info_.name.c_str());
+    for (const ShaderTime& t : profile())
+      std::fprintf(stderr, "  %-22s %10llu %12.3f %10.2f\n", t.shader, static_cast<unsigned long long>(t.dispatches),
+                   t.milliseconds, 1000.0 * t.milliseconds / static_cast<double>(t.dispatches));
+    vkDestroyQueryPool(m.device, m.queries, nullptr);
+  }
   m.staging = Buffer();
   m.pending_staging.clear();
   m.spare_staging.clear();
@@ -461,6 +489,12 @@ void Device::Impl::begin() {
   begin.flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT;
   check(vkBeginCommandBuffer(commands, &begin), "beginning a command buffer");
   recording = true;
+  if (queries) {
+    vkCmdResetQueryPool(commands, queries, 0, kProfileQueries);
+    vkCmdWriteTimestamp(commands, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, queries, 0);
+    queries_used = 1;
+    timed.clear();
+  }
 }
 
 Device::Impl::Pipeline& Device::Impl::pipeline(Device& owner, Shader shader) {
@@ -545,6 +579,10 @@ void Device::dispatch(Shader shader, std::span<const BufferRange> buffers, const
   if (push_bytes) std::memcpy(constants.data(), push, push_bytes);
   vkCmdPushConstants(m.commands, p.layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, kPushConstantBytes, constants.data());
   vkCmdDispatch(m.commands, groups_x, groups_y, groups_z);
+  if (m.queries && m.queries_used < Impl::kProfileQueries) {
+    vkCmdWriteTimestamp(m.commands, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, m.queries, m.queries_used++);
+    m.timed.push_back(shader);
+  }
   // Each dispatch sees what the ones before it wrote.
   VkMemoryBarrier barrier = make<VkMemoryBarrier>(VK_STRUCTURE_TYPE_MEMORY_BARRIER);
   barrier.srcAccessMask = VK_ACCESS_SHADER_WRITE_BIT;
@@ -566,6 +604,17 @@ void Device::submit() {
   submit.pCommandBuffers = &m.commands;
   check(vkQueueSubmit(m.queue, 1, &submit, m.fence), "submitting");
   check(vkWaitForFences(m.device, 1, &m.fence, VK_TRUE, UINT64_MAX), "waiting for the device");
+  if (m.queries && m.queries_used > 1) {
+    std::vector<uint64_t> ticks(m.queries_used);
+    check(vkGetQueryPoolResults(m.device, m.queries, 0, m.queries_used, ticks.size() * sizeof(uint64_t), ticks.data(),
+                                sizeof(uint64_t), VK_QUERY_RESULT_64_BIT | VK_QUERY_RESULT_WAIT_BIT),
+          "reading timestamps");
+    for (size_t i = 0; i < m.timed.size(); ++i) {
+      ShaderTime& t = m.times[static_cast<size_t>(m.timed[i])];
+      ++t.dispatches;
+      t.milliseconds += static_cast<double>(ticks[i + 1] - ticks[i]) * m.nanoseconds_per_tick * 1e-6;
+    }
+  }
   check(vkResetFences(m.device, 1, &m.fence), "resetting a fence");
   check(vkResetCommandBuffer(m.commands, 0), "resetting a command buffer");
   // Kept for the next writes (at most a few: a step's largest host results).
@@ -580,6 +629,17 @@ void Device::retire(Buffer buffer) {
   Impl& m = *impl_;
   if (!m.recording) return;  // nothing recorded can still use it
   m.retired.push_back(std::move(buffer));
+}
+
+bool Device::profiling() const { return impl_->queries != VK_NULL_HANDLE; }
+
+std::vector<Device::ShaderTime> Device::profile() const {
+  std::vector<ShaderTime> out;
+  for (const ShaderTime& t : impl_->times) {
+    if (t.dispatches > 0) out.push_back(t);
+  }
+  std::sort(out.begin(), out.end(), [](const ShaderTime& a, const ShaderTime& b) { return a.milliseconds > b.milliseconds; });
+  return out;
 }
 
 }  // namespace pico::backend::vulkan

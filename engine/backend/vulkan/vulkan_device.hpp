@@ -193,6 +193,19 @@ class Device {
   uint64_t dispatches() const { return dispatches_; }
   uint64_t submissions() const { return submissions_; }
 
+  // GPU time per shader, when the device was opened with $PICO_VULKAN_PROFILE set (and
+  // its queue has timestamps): each dispatch's time from the end of the work before it
+  // to its own end (its launch, the barrier before it and any transfer recorded in
+  // between included), read back at each submission. On destruction the table goes to
+  // stderr, the costliest first. Empty when not profiling.
+  struct ShaderTime {
+    const char* shader = nullptr;
+    uint64_t dispatches = 0;
+    double milliseconds = 0;
+  };
+  std::vector<ShaderTime> profile() const;
+  bool profiling() const;
+
  private:
   friend class Buffer;
   struct Impl;
