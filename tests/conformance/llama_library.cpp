@@ -3,6 +3,7 @@
 #include <dlfcn.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstddef>
 #include <cstdio>
 #include <cstdlib>
@@ -159,6 +160,7 @@ class Loaded {
   Loaded(const LlamaLibrary::Api& api, const fs::path& path, const LlamaEvalOptions& o, bool need_context) : api_(api) {
     LlamaModelParams model_params = api.model_default_params();
     model_params.use_extra_bufts = o.repack;
+    model_params.n_gpu_layers = o.gpu_layers;
     model_ = api.model_load_from_file(path.c_str(), model_params);
     if (!model_) throw std::runtime_error("llama.cpp cannot load " + path.string());
     if (!need_context) return;
@@ -322,6 +324,33 @@ std::vector<int32_t> LlamaLibrary::greedy(const fs::path& model, const std::vect
     last = 0;
   }
   return generated;
+}
+
+LlamaSpeed LlamaLibrary::speed(const fs::path& model, int prompt, int generate, int repeat,
+                               LlamaEvalOptions options) const {
+  options.n_ctx = static_cast<uint32_t>((prompt + generate + 16 + 255) / 256 * 256);
+  options.batch = static_cast<uint32_t>(prompt);
+  using Clock = std::chrono::steady_clock;
+  const auto seconds = [](Clock::time_point since) { return std::chrono::duration<double>(Clock::now() - since).count(); };
+  LlamaSpeed best;
+  for (int run = 0; run < repeat; ++run) {
+    Loaded m(*api_, model, options, true);
+    const int64_t nv = m.n_vocab();
+    std::vector<int32_t> ids;
+    for (int i = 0; i < prompt; ++i) ids.push_back(static_cast<int32_t>(1000 + (static_cast<int64_t>(i) * 7919) % (nv - 2000)));
+    auto start = Clock::now();
+    m.decode(ids, 0, ids.size(), false);
+    int32_t next = argmax_row(m.logits(ids.size() - 1), nv);  // reading the logits waits for the device
+    best.prefill_tps = std::max(best.prefill_tps, prompt / seconds(start));
+    start = Clock::now();
+    for (int i = 0; i < generate; ++i) {
+      ids.push_back(next);
+      m.decode(ids, ids.size() - 1, 1, false);
+      next = argmax_row(m.logits(0), nv);
+    }
+    best.decode_tps = std::max(best.decode_tps, generate / seconds(start));
+  }
+  return best;
 }
 
 int32_t argmax_row(const float* row, int64_t n) {

@@ -53,6 +53,14 @@ struct LlamaEvalOptions {
   bool repack = true;
   LlamaEvalCallback eval_callback = nullptr;
   void* eval_user_data = nullptr;
+  // Layers on the library's GPU backend (a Vulkan build's device; 0: none, -1: all).
+  int32_t gpu_layers = 0;
+};
+
+// llama.cpp's speed on a file, measured as `pico bench` measures pico's (LlamaLibrary::speed).
+struct LlamaSpeed {
+  double prefill_tps = 0;
+  double decode_tps = 0;
 };
 
 // The logits after every token of a prompt: rows of n_vocab floats.
@@ -85,6 +93,13 @@ class LlamaLibrary {
   // lowest id on ties), one decode per token.
   std::vector<int32_t> greedy(const std::filesystem::path& model, const std::vector<int32_t>& ids, int count,
                               const LlamaEvalOptions& options = {}) const;
+
+  // The prefill of a `prompt`-token prompt in one batch (token i = 1000 + i * 7919 mod
+  // (n_vocab - 2000), pico bench's prompt), then `generate` greedy tokens one decode
+  // each; options.n_ctx and batch are set to fit. Each figure is the best of `repeat`
+  // runs, each on a fresh context; the time of a step includes reading its logits back.
+  LlamaSpeed speed(const std::filesystem::path& model, int prompt, int generate, int repeat,
+                   LlamaEvalOptions options) const;
 
   struct Api;  // the library's functions (llama_library.cpp)
 
