@@ -416,6 +416,15 @@ TEST(DeviceStep, WaitsOnlyWhereTheHostNeedsAResult) {
     // The KV cache and the recurrent state are device memory, read and updated there:
     // the one wait is for the logits.
     EXPECT_EQ(m.be->submissions() - before, 1u) << arch;
+    // Then decoding token by token, the context growing a position a step: still one
+    // wait a step, past the prompt step's 6 x 6 attention scores (the scratch grows
+    // without freeing a buffer under recorded work).
+    for (int32_t pos = static_cast<int32_t>(ids.size()); pos < static_cast<int32_t>(ids.size()) + 40; ++pos) {
+      const std::vector<BatchToken> one = {{0, pos, ids[static_cast<size_t>(pos) % ids.size()]}};
+      const uint64_t step_before = m.be->submissions();
+      m.model->forward(*m.be, one, nullptr, m.model->all_layers(), cache);
+      EXPECT_EQ(m.be->submissions() - step_before, 1u) << arch << " at position " << pos;
+    }
   }
 }
 
