@@ -93,6 +93,16 @@ Engine::Handle Engine::submit(OnlineRequest request, Callbacks callbacks) {
   }
   auto s = std::make_unique<Seq>();
   s->request = std::move(request);
+  {
+    auto settings = std::make_shared<OnlineRequest>();
+    settings->max_tokens = s->request.max_tokens;
+    settings->sampling = s->request.sampling;
+    settings->stop = s->request.stop;
+    settings->ignore_eos = s->request.ignore_eos;
+    settings->logprobs = s->request.logprobs;
+    settings->cache_prompt = s->request.cache_prompt;
+    s->settings = std::move(settings);
+  }
   s->callbacks = std::move(callbacks);
   std::lock_guard lock(mutex_);
   if (stopping_) throw std::runtime_error("the engine is stopping");
@@ -151,11 +161,13 @@ void Engine::emit_token(Seq& s, int32_t id, std::span<const float> logits) {
     }
   }
   ev.text = s.matcher->push(s.decoder->push(id));
+  if (ev.text.find('\n') != std::string::npos) s.has_new_line = true;
   if (s.callbacks.on_token) s.callbacks.on_token(ev);
 }
 
 void Engine::release(Seq& s, const std::string& text) {
   if (text.empty() || !s.callbacks.on_token) return;
+  if (text.find('\n') != std::string::npos) s.has_new_line = true;
   TokenEvent ev;
   ev.text = text;
   ev.id = -1;
@@ -213,14 +225,15 @@ void Engine::update_slots() {
     if (s->done) continue;
     slots.push_back({s->kv_id, s->id, static_cast<int>(s->request.prompt.size()), s->n_cached, s->n_decoded,
                      s->n_past, true, s->prefill_sent < s->request.prompt.size(), s->checkpoints,
-                     s->checkpoints.size() * options_.checkpoint_bytes});
+                     s->checkpoints.size() * options_.checkpoint_bytes, s->settings, s->has_new_line});
     positions += s->n_past;
   }
   const int active = static_cast<int>(slots.size());
   int64_t kept_positions = 0;
   for (const auto& k : kept_) {
     const int n = static_cast<int>(k.tokens.size());
-    slots.push_back({k.kv_id, 0, 0, 0, 0, n, false, false, k.checkpoints, k.checkpoints.size() * options_.checkpoint_bytes});
+    slots.push_back({k.kv_id, 0, 0, 0, 0, n, false, false, k.checkpoints, k.checkpoints.size() * options_.checkpoint_bytes,
+                     nullptr, false});
     kept_positions += n;
   }
   int64_t checkpoints = 0;

@@ -90,6 +90,10 @@ struct SlotInfo {
   bool prefill = true;
   std::vector<int32_t> checkpoints;  // positions of its recurrent-state checkpoints (hybrid models)
   uint64_t checkpoint_bytes = 0;     // what they take over every stage
+  // An active request's settings (its OnlineRequest without the prompt; null for a
+  // kept sequence), and whether its released text has had a newline.
+  std::shared_ptr<const OnlineRequest> settings;
+  bool has_new_line = false;
 };
 
 struct EngineMetrics {

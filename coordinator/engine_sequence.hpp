@@ -17,6 +17,8 @@ struct Engine::Seq {
   int32_t id = 0;     // the request's (Handle::id)
   int32_t kv_id = 0;  // the sequence's on the stages (a kept one's when its prefix is reused)
   OnlineRequest request;
+  std::shared_ptr<const OnlineRequest> settings;  // request without its prompt, for /slots
+  bool has_new_line = false;                      // a newline among the text released so far
   Callbacks callbacks;
   std::unique_ptr<sample::Sampler> sampler;
   std::unique_ptr<tokenizer::StreamDecoder> decoder;

@@ -139,6 +139,7 @@ awaitable<void> tokenize(Session& s);
 awaitable<void> detokenize(Session& s);
 awaitable<void> health(Session& s);
 awaitable<void> props(Session& s);
+awaitable<void> set_props(Session& s);
 awaitable<void> slots(Session& s);
 awaitable<void> metrics(Session& s);
 awaitable<void> anthropic_messages(Session& s);      // /v1/messages

@@ -65,6 +65,19 @@ json settings_json(const ServerState& state, const OnlineRequest* r) {
           {"cache_prompt", r ? r->cache_prompt : true}};
 }
 
+// A request's sampling and generation parameters as llama-server's slots and /props
+// show them ("params"): the settings above without the server's n_ctx and model, with
+// max_tokens, n_probs and the reasoning format.
+json params_json(const ServerState& state, const OnlineRequest* r) {
+  json params = settings_json(state, r);
+  params.erase("n_ctx");
+  params.erase("model");
+  params["max_tokens"] = params["n_predict"];
+  params["n_probs"] = r ? std::max(r->logprobs, 0) : 0;
+  params["reasoning_format"] = std::string(reasoning_format_name(state.parse.reasoning_format));
+  return params;
+}
+
 // llama-server's completion_probabilities entry of one token (post_sampling_probs
 // false: log-probabilities of the raw logits).
 json token_probs(const tokenizer::Tokenizer& tok, const TokenEvent& ev) {
@@ -206,8 +219,8 @@ awaitable<void> health(Session& s) {
 }
 
 awaitable<void> props(Session& s) {
-  json settings = settings_json(s.state, nullptr);
-  settings["reasoning_format"] = std::string(reasoning_format_name(s.state.parse.reasoning_format));
+  // As llama-server: the server's context and the parameters a request starts from.
+  const json settings = {{"n_ctx", s.state.engine.options().ctx}, {"params", params_json(s.state, nullptr)}};
   const json out = {{"default_generation_settings", settings},
                          {"total_slots", s.state.engine.options().max_sequences},
                          {"prompt_cache_slots", s.state.engine.options().cache_sequences},
@@ -218,6 +231,14 @@ awaitable<void> props(Session& s) {
   co_await s.reply(200, out);
 }
 
+// llama-server takes POST /props only with --props, and then changes nothing: refused
+// as it refuses it without the flag (nothing here could be changed at run time).
+awaitable<void> set_props(Session& s) {
+  (void)s;
+  throw ApiError(501, "This server does not support changing global properties", "not_supported_error");
+  co_return;
+}
+
 awaitable<void> slots(Session& s) {
   json out = json::array();
   // Every sequence holding KV: the requests' (is_processing) and the ones kept idle for
@@ -225,6 +246,7 @@ awaitable<void> slots(Session& s) {
   for (const auto& slot : s.state.engine.slots()) {
     json j = {{"id", slot.id},
               {"n_ctx", s.state.engine.options().ctx},
+              {"speculative", false},
               {"is_processing", slot.processing},
               {"state", !slot.processing ? "idle" : slot.prefill ? "prefill" : "decode"},
               {"n_past", slot.n_past}};
@@ -238,7 +260,16 @@ awaitable<void> slots(Session& s) {
       j["id_task"] = slot.task;
       j["n_prompt_tokens"] = slot.n_prompt;
       j["n_prompt_tokens_cache"] = slot.n_cached;
+      j["n_prompt_tokens_processed"] = slot.n_prompt - slot.n_cached;
       j["n_decoded"] = slot.n_decoded;
+      // The request's parameters and where its generation stands, as llama-server's slot.
+      const OnlineRequest* settings = slot.settings.get();
+      j["params"] = params_json(s.state, settings);
+      const int max_tokens = settings ? settings->max_tokens : -1;
+      j["next_token"] = json::array({{{"has_next_token", true},
+                                      {"has_new_line", slot.has_new_line},
+                                      {"n_remain", max_tokens < 0 ? -1 : std::max(0, max_tokens - slot.n_decoded)},
+                                      {"n_decoded", slot.n_decoded}}});
     }
     out.push_back(j);
   }

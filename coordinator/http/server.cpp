@@ -277,6 +277,7 @@ const Route kRoutes[] = {
     {"/health", http::verb::get, health},
     {"/v1/health", http::verb::get, health},
     {"/props", http::verb::get, props},
+    {"/props", http::verb::post, set_props},
     {"/slots", http::verb::get, slots},
     {"/metrics", http::verb::get, metrics},
     {"/v1/messages", http::verb::post, anthropic_messages},

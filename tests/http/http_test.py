@@ -245,7 +245,7 @@ def reasoning_main():
     api = Client(wait_port("coord.log", coord))
     s, b = api.json("GET", "/props")
     check(s == 200 and b["chat_template"] == "qwen3.5" and
-          b["default_generation_settings"]["reasoning_format"] == "deepseek",
+          b["default_generation_settings"]["params"]["reasoning_format"] == "deepseek",
           "/props: the qwen3.5 format, reasoning_format deepseek (%s)" % str(b)[:200])
 
     # The prompts, written from the template's text.
@@ -515,6 +515,11 @@ def main():
     s, b = api.json("GET", "/props")
     check(s == 200 and b["default_generation_settings"]["n_ctx"] == CTX and b["chat_template"] == "qwen3" and
           b["total_slots"] == (8 if MODE == "cluster" else 4), "/props")
+    params = b["default_generation_settings"]["params"]
+    check(abs(params["temperature"] - 0.8) < 1e-6 and params["top_k"] == 40 and params["n_predict"] == -1 and
+          "n_ctx" not in params and isinstance(params["samplers"], list), "/props: the default params (%s)" % params)
+    s, refused = api.json("POST", "/props", {"n_ctx": 1})
+    check(s == 501 and refused["error"]["type"] == "not_supported_error", "POST /props: not supported, as llama-server")
     slots_total = b["total_slots"]
 
     # Greedy text equals `pico run`.
@@ -1003,12 +1008,27 @@ def cancel_tests(api, port, slots_total):
     predicted = metric(api, "llamacpp:tokens_predicted_total")
     sock = raw_post(port, "/v1/completions", long_gen)
     check(wait_until(lambda: any(x["n_decoded"] > 0 for x in processing(api) or [])), "non-streaming request decoding")
+    # Its slot shows its parameters and where its generation stands, as llama-server's.
+    running = [x for x in processing(api) or [] if x["n_decoded"] > 0]
+    check(len(running) == 1 and running[0]["params"]["n_predict"] == CTX - 64 and
+          running[0]["params"]["temperature"] == 0 and running[0]["params"]["ignore_eos"] is True and
+          running[0]["next_token"][0]["n_remain"] == CTX - 64 - running[0]["next_token"][0]["n_decoded"] and
+          running[0]["next_token"][0]["has_next_token"] is True and
+          running[0]["n_prompt_tokens_processed"] == running[0]["n_prompt_tokens"] - running[0]["n_prompt_tokens_cache"],
+          "/slots: a running request's params and next_token (%s)" % str(running)[:300])
     sock.close()
     check(wait_until(lambda: processing(api) == [], 10), "non-streaming client gone: its request stops")
     check(metric(api, "pico:requests_cancelled_total") == cancelled + 1 and
           metric(api, "llamacpp:tokens_predicted_total") - predicted < CTX - 200,
           "non-streaming client gone: cancelled, generation stopped")
     check(stages_hold_only_kept(api), "non-streaming client gone: no stage keeps its sequence")
+    # A request whose text has a newline (a grammar puts one first): has_new_line.
+    newline = dict(long_gen, grammar='root ::= "\\n" [a-z]+')
+    sock = raw_post(port, "/completion", newline)
+    check(wait_until(lambda: any(x["next_token"][0]["has_new_line"] and x["n_decoded"] > 1
+                                 for x in processing(api) or [])), "/slots: has_new_line once a newline is out")
+    sock.close()
+    check(wait_until(lambda: processing(api) == [], 10), "its client gone: the request stops")
     # Queued: every slot busy, one more waits; it leaves the queue when its client goes.
     busy = [raw_post(port, "/v1/completions", dict(long_gen, stream=(i % 2 == 0))) for i in range(slots_total)]
     check(wait_until(lambda: len(processing(api) or []) == slots_total), "all %d slots busy" % slots_total)
