@@ -760,9 +760,9 @@ std::vector<int32_t> parse_detokenize_request(const ParseContext& ctx, const jso
 
 void parse_request(const ParseContext& ctx, std::string_view path, std::string_view body_text) {
   auto body = [&] { return parse_json_body(body_text); };
-  if (path == "/completion") {
+  if (path == "/completion" || path == "/completions") {
     parse_generation_request(ctx, Endpoint::LlamaCompletion, body());
-  } else if (path == "/v1/completions" || path == "/completions") {
+  } else if (path == "/v1/completions") {
     parse_generation_request(ctx, Endpoint::Completions, body());
   } else if (path == "/v1/chat/completions" || path == "/chat/completions") {
     parse_generation_request(ctx, Endpoint::ChatCompletions, body());

@@ -265,12 +265,12 @@ const Route kRoutes[] = {
     {"/v1/chat/completions", http::verb::post, chat_completions},
     {"/chat/completions", http::verb::post, chat_completions},
     {"/v1/completions", http::verb::post, completions},
-    {"/completions", http::verb::post, completions},
     {"/v1/models", http::verb::get, models},
     {"/models", http::verb::get, models},
     {"/v1/models/*", http::verb::get, model_by_id},
     {"/models/*", http::verb::get, model_by_id},
     {"/completion", http::verb::post, llama_completion},
+    {"/completions", http::verb::post, llama_completion},  // llama-server's native shape, as its /completion
     {"/apply-template", http::verb::post, apply_template},
     {"/tokenize", http::verb::post, tokenize},
     {"/detokenize", http::verb::post, detokenize},

@@ -541,6 +541,9 @@ def main():
           "stream usage chunk and finish_reason")
 
     # llama.cpp /completion with text and with token ids.
+    # /completions (no v1) is llama-server's native endpoint too, not the OpenAI one.
+    s, b = api.json("POST", "/completions", {"prompt": PROMPT, "n_predict": N, "temperature": 0})
+    check(s == 200 and b.get("content") == ref and "choices" not in b, "/completions: llama-server's native shape")
     s, b = api.json("POST", "/completion", {"prompt": PROMPT, "n_predict": N, "temperature": 0})
     check(s == 200 and b["content"] == ref and b["timings"]["predicted_n"] == N and b["stop_type"] == "limit",
           "/completion text, timings")
