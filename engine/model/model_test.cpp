@@ -417,8 +417,8 @@ TEST(DeviceStep, WaitsOnlyWhereTheHostNeedsAResult) {
     // the one wait is for the logits.
     EXPECT_EQ(m.be->submissions() - before, 1u) << arch;
     // Then decoding token by token, the context growing a position a step: still one
-    // wait a step, past the prompt step's 6 x 6 attention scores (the scratch grows
-    // without freeing a buffer under recorded work).
+    // wait a step, past the prompt step's 6 x 6 attention scores (the scratch grows; a
+    // buffer released while a step is recorded goes after its submission, no wait).
     for (int32_t pos = static_cast<int32_t>(ids.size()); pos < static_cast<int32_t>(ids.size()) + 40; ++pos) {
       const std::vector<BatchToken> one = {{0, pos, ids[static_cast<size_t>(pos) % ids.size()]}};
       const uint64_t step_before = m.be->submissions();

@@ -105,9 +105,7 @@ class DevicePageStore final : public state::PageStore {
       const vulkan::Device::CopyRegion k_all{0, 0, capacity_ * shape().k_bytes}, v_all{0, 0, capacity_ * shape().v_bytes};
       device_->copy(k_pool_, k, {&k_all, 1});
       device_->copy(v_pool_, v, {&v_all, 1});
-      device_->retire(std::move(k_pool_));
-      device_->retire(std::move(v_pool_));
-    }
+    }  // the old pools, released below, live until the recorded copies have run
     k_pool_ = std::move(k);
     v_pool_ = std::move(v);
     for (size_t i = next; i-- > capacity_;) free_.push_back(i);  // the lowest index first

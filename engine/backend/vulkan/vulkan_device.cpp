@@ -210,7 +210,7 @@ struct Device::Impl {
   Buffer staging;
   std::vector<Buffer> pending_staging;  // write()'s until submitted, then spare for the next ones
   std::vector<Buffer> spare_staging;
-  std::vector<Buffer> retired;  // retire()'s, until the work recorded before it has run
+  std::vector<Buffer> retired;  // buffers released while recording, until the recorded work has run
   // $PICO_VULKAN_PROFILE: a timestamp at the start of each command buffer and after
   // each dispatch (up to kProfileQueries a submission); the shader of each interval.
   static constexpr uint32_t kProfileQueries = 16384;
@@ -296,13 +296,13 @@ std::unique_ptr<Device> Device::open(uint32_t index) {
     VkPhysicalDeviceProperties properties;
     vkGetPhysicalDeviceProperties(m.physical, &properties);
     m.nanoseconds_per_tick = properties.limits.timestampPeriod;
-    for (size_t i = 0; i < m.times.size(); ++i) m.times[i].shader = shader_name(static_cast<Shader>(i));
   }
   return d;
 }
 
 Device::~Device() {
   Impl& m = *impl_;
+  m.recording = false;  // work never submitted is dropped: every buffer below is freed now
   if (m.device) vkDeviceWaitIdle(m.device);
   if (m.queries) {
     std::fprintf(stderr, "vulkan profile (%s): shader, dispatches, GPU ms, us per dispatch\n", info_.name.c_str());
@@ -372,7 +372,18 @@ Buffer Device::allocate(size_t bytes, bool host_visible) {
 
 void Device::free(Buffer& b) {
   Impl& m = *impl_;
-  if (m.recording) submit();  // a buffer recorded work still reads is not freed under it
+  if (m.recording) {
+    // Recorded work may still use it: destroyed after the submission, not freed under
+    // it, and without a wait now (a step's scratch that grows, a pool that doubles).
+    Buffer kept;
+    kept.device_ = this;
+    kept.buffer_ = b.buffer_;
+    kept.memory_ = b.memory_;
+    kept.size_ = b.size_;
+    kept.mapped_ = b.mapped_;
+    m.retired.push_back(std::move(kept));
+    return;
+  }
   if (b.mapped_) vkUnmapMemory(m.device, reinterpret_cast<VkDeviceMemory>(b.memory_));
   vkDestroyBuffer(m.device, reinterpret_cast<VkBuffer>(b.buffer_), nullptr);
   vkFreeMemory(m.device, reinterpret_cast<VkDeviceMemory>(b.memory_), nullptr);
@@ -625,18 +636,14 @@ void Device::submit() {
   ++submissions_;
 }
 
-void Device::retire(Buffer buffer) {
-  Impl& m = *impl_;
-  if (!m.recording) return;  // nothing recorded can still use it
-  m.retired.push_back(std::move(buffer));
-}
-
 bool Device::profiling() const { return impl_->queries != VK_NULL_HANDLE; }
 
 std::vector<Device::ShaderTime> Device::profile() const {
   std::vector<ShaderTime> out;
-  for (const ShaderTime& t : impl_->times) {
-    if (t.dispatches > 0) out.push_back(t);
+  for (size_t i = 0; i < impl_->times.size(); ++i) {
+    if (impl_->times[i].dispatches == 0) continue;
+    out.push_back(impl_->times[i]);
+    out.back().shader = shader_name(static_cast<Shader>(i));
   }
   std::sort(out.begin(), out.end(), [](const ShaderTime& a, const ShaderTime& b) { return a.milliseconds > b.milliseconds; });
   return out;

@@ -186,9 +186,6 @@ class Device {
                 uint32_t groups_x, uint32_t groups_y = 1, uint32_t groups_z = 1);
   // Submits what was recorded, in one submission, and waits for it.
   void submit();
-  // Frees `buffer` once the work recorded so far has run (a grown pool's old buffer,
-  // which a recorded copy still reads).
-  void retire(Buffer buffer);
   // Dispatches recorded and submissions made since the device was opened.
   uint64_t dispatches() const { return dispatches_; }
   uint64_t submissions() const { return submissions_; }

@@ -329,14 +329,9 @@ void Ops::attention(BufferRange q, int64_t q_row_stride, const DeviceKvLayer& kv
   if (n_queries > kMaxGroups || params.n_head > kMaxGroups) throw std::invalid_argument("vulkan: attention: too many queries");
   const int64_t keys = std::max<int64_t>(max_keys, 1);
   const size_t scores_bytes = static_cast<size_t>(n_queries * params.n_head * keys) * sizeof(float);
-  if (scores_.size() < scores_bytes) {
-    // Grown by half again at least, the old buffer retired (not freed under the work
-    // recorded so far, which would mean a submission in the middle of a step): a
-    // context that grows a token a step reallocates rarely and never waits.
-    const size_t grown = std::max(scores_bytes, scores_.size() + scores_.size() / 2);
-    device_.retire(std::move(scores_));
-    scores_ = device_.allocate(grown);
-  }
+  // Grown by half again at least: a context that grows a token a step reallocates
+  // rarely (the old buffer lives until the recorded work has run; Device::free).
+  if (scores_.size() < scores_bytes) scores_ = device_.allocate(std::max(scores_bytes, scores_.size() + scores_.size() / 2));
   const struct {
     uint32_t q_row_stride, n_head, n_head_kv, dk, dv, k_row, v_row, page_shift, max_keys, window;
     float scale, softcap;
