@@ -92,17 +92,12 @@ Engine::Handle Engine::submit(OnlineRequest request, Callbacks callbacks) {
     }
   }
   auto s = std::make_unique<Seq>();
+  // The settings /slots shows: the request but its prompt, copied once.
+  std::vector<int32_t> prompt = std::move(request.prompt);
+  request.prompt.clear();
+  s->settings = std::make_shared<const OnlineRequest>(request);
+  request.prompt = std::move(prompt);
   s->request = std::move(request);
-  {
-    auto settings = std::make_shared<OnlineRequest>();
-    settings->max_tokens = s->request.max_tokens;
-    settings->sampling = s->request.sampling;
-    settings->stop = s->request.stop;
-    settings->ignore_eos = s->request.ignore_eos;
-    settings->logprobs = s->request.logprobs;
-    settings->cache_prompt = s->request.cache_prompt;
-    s->settings = std::move(settings);
-  }
   s->callbacks = std::move(callbacks);
   std::lock_guard lock(mutex_);
   if (stopping_) throw std::runtime_error("the engine is stopping");

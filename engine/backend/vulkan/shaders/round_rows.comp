@@ -22,9 +22,11 @@ const uint kNone = 0xffffffffu;
 
 #include "float_rounding.glsl"
 
-shared float value[kGroupValues];     // the values of this group
-shared float magnitude[kGroupValues]; // the tree of largest magnitudes, then each block's scale d
-shared uint first[kGroupValues];      // the tree of first indices, then each block's multiplier
+shared float value[kGroupValues];        // the values of this group
+shared float magnitude[kGroupValues];    // the tree of each block's largest magnitude
+shared uint first[kGroupValues];         // the tree of each block's first index of it (Q8_K)
+shared float scale[kGroupValues / 32];   // each block's d
+shared float multiplier[kGroupValues / 32];  // and what its values are multiplied by before rounding
 
 // Round to nearest even; NaN kept, made quiet (quant/float_convert.hpp's fp32_to_bf16).
 float to_bfloat(float v) {
@@ -67,28 +69,27 @@ void main() {
       barrier();
     }
   }
-  // Each block's scale d (in magnitude[]) and multiplier (in first[], as bits), once.
+  // Each block's d and multiplier, once.
   for (uint i = lid; i < kGroupValues; i += WG) {
     if (i % size != 0) continue;
+    const uint block = i / size;
     const float amax = magnitude[i];
     if (p.kind == kQ8_0) {
-      magnitude[i] = round_to_half(divide_exact(amax, 127.0));
-      first[i] = floatBitsToUint(amax != 0.0 ? divide_exact(127.0, amax) : 0.0);
+      scale[block] = round_to_half(divide_exact(amax, 127.0));
+      multiplier[block] = amax != 0.0 ? divide_exact(127.0, amax) : 0.0;
     } else if (amax == 0.0) {
-      magnitude[i] = 0.0;
-      first[i] = floatBitsToUint(0.0);
+      scale[block] = 0.0;
+      multiplier[block] = 0.0;
     } else {
       const float iscale = divide_exact(-127.0, value[first[i]]);
-      magnitude[i] = divide_exact(1.0, iscale);
-      first[i] = floatBitsToUint(iscale);
+      scale[block] = divide_exact(1.0, iscale);
+      multiplier[block] = iscale;
     }
   }
   barrier();
   for (uint i = lid; i < kGroupValues && start + i < p.count; i += WG) {
-    const uint block = i - i % size;
-    const float d = magnitude[block];
-    const float multiplier = uintBitsToFloat(first[block]);
-    precise const float scaled = value[i] * multiplier;
-    x[start + i] = (p.kind == kQ8_0 ? roundEven(scaled) : min(roundEven(scaled), 127.0)) * d;
+    const uint block = i / size;
+    precise const float scaled = value[i] * multiplier[block];
+    x[start + i] = (p.kind == kQ8_0 ? roundEven(scaled) : min(roundEven(scaled), 127.0)) * scale[block];
   }
 }
