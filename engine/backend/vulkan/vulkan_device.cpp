@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -113,6 +114,10 @@ DeviceInfo describe(VkPhysicalDevice device, uint32_t index) {
   }
   const VkPhysicalDeviceLimits& limits = properties.properties.limits;
   info.subgroup_size = subgroup.subgroupSize;
+  info.subgroup_tree = subgroup.subgroupSize >= 32 && subgroup.subgroupSize % 32 == 0 &&
+                       (subgroup.supportedStages & VK_SHADER_STAGE_COMPUTE_BIT) != 0 &&
+                       (subgroup.supportedOperations & VK_SUBGROUP_FEATURE_SHUFFLE_RELATIVE_BIT) != 0 &&
+                       std::getenv("PICO_VULKAN_NO_SUBGROUP_TREE") == nullptr;
   info.shared_memory_bytes = limits.maxComputeSharedMemorySize;
   info.max_storage_range = limits.maxStorageBufferRange;
   info.storage_offset_alignment = limits.minStorageBufferOffsetAlignment;
@@ -195,9 +200,16 @@ struct Device::Impl {
   VkQueue queue = VK_NULL_HANDLE;
   uint32_t queue_family = 0;
   VkCommandPool pool = VK_NULL_HANDLE;
-  VkCommandBuffer commands = VK_NULL_HANDLE;
+  VkCommandBuffer commands = VK_NULL_HANDLE;  // the one being recorded
   VkFence fence = VK_NULL_HANDLE;
   bool recording = false;
+  // Command buffers submitted without a wait (flush()) since the last submit(), and
+  // spare ones for the next recordings.
+  std::vector<VkCommandBuffer> flushed;
+  std::vector<VkCommandBuffer> spare_commands;
+  uint32_t dispatches_in_buffer = 0;
+  // Recorded or submitted work that no wait has seen end yet.
+  bool busy() const { return recording || !flushed.empty(); }
   PFN_vkCmdPushDescriptorSetKHR push_descriptor_set = nullptr;
   struct Pipeline {
     VkDescriptorSetLayout set_layout = VK_NULL_HANDLE;
@@ -219,9 +231,15 @@ struct Device::Impl {
   uint32_t queries_used = 0;
   std::vector<Shader> timed;
   std::array<ShaderTime, static_cast<size_t>(Shader::count)> times{};
+  // When profiling: the host's time recording dispatches and waiting for the device.
+  double recording_ms = 0, waiting_ms = 0, between_ms = 0;
+  std::chrono::steady_clock::time_point last_wait_end{};  // none yet: the epoch
 
   Pipeline& pipeline(Device& owner, Shader shader);
   void begin();
+  // Submits the command buffer being recorded without waiting (the device starts on it
+  // while the host records the next).
+  void flush();
   // After a recorded transfer: the dispatches and transfers after it see what it wrote.
   void transfer_barrier();
 };
@@ -285,6 +303,8 @@ std::unique_ptr<Device> Device::open(uint32_t index) {
   allocate.level = VK_COMMAND_BUFFER_LEVEL_PRIMARY;
   allocate.commandBufferCount = 1;
   check(vkAllocateCommandBuffers(m.device, &allocate, &m.commands), "allocating a command buffer");
+  m.spare_commands.push_back(m.commands);
+  m.commands = VK_NULL_HANDLE;
   VkFenceCreateInfo fence = make<VkFenceCreateInfo>(VK_STRUCTURE_TYPE_FENCE_CREATE_INFO);
   check(vkCreateFence(m.device, &fence, nullptr, &m.fence), "creating a fence");
   const char* profile = std::getenv("PICO_VULKAN_PROFILE");
@@ -305,6 +325,13 @@ Device::~Device() {
   m.recording = false;  // work never submitted is dropped: every buffer below is freed now
   if (m.device) vkDeviceWaitIdle(m.device);
   if (m.queries) {
+    std::fprintf(stderr,
+                 "vulkan profile (%s): %llu dispatches in %llu submissions (%llu without a wait); host: %.3f ms "
+                 "recording dispatches, %.3f ms waiting for the device, %.3f ms from a wait's end to the next "
+                 "wait (recording included)\n",
+                 info_.name.c_str(), static_cast<unsigned long long>(dispatches_),
+                 static_cast<unsigned long long>(submissions_ + flushes_), static_cast<unsigned long long>(flushes_),
+                 m.recording_ms, m.waiting_ms, m.between_ms);
     std::fprintf(stderr, "vulkan profile (%s): shader, dispatches, GPU ms, us per dispatch\n", info_.name.c_str());
     for (const ShaderTime& t : profile())
       std::fprintf(stderr, "  %-22s %10llu %12.3f %10.2f\n", t.shader, static_cast<unsigned long long>(t.dispatches),
@@ -372,7 +399,7 @@ Buffer Device::allocate(size_t bytes, bool host_visible) {
 
 void Device::free(Buffer& b) {
   Impl& m = *impl_;
-  if (m.recording) {
+  if (m.busy()) {
     // Recorded work may still use it: destroyed after the submission, not freed under
     // it, and without a wait now (a step's scratch that grows, a pool that doubles).
     Buffer kept;
@@ -393,7 +420,7 @@ void Device::free(Buffer& b) {
 void Device::upload(Buffer& to, size_t offset, const void* data, size_t bytes) {
   if (offset > to.size_ || bytes > to.size_ - offset) throw std::out_of_range("vulkan: upload past a buffer's end");
   Impl& m = *impl_;
-  if (m.recording) submit();
+  if (m.busy()) submit();
   if (to.mapped_) {
     std::memcpy(static_cast<uint8_t*>(to.mapped_) + offset, data, bytes);
     return;
@@ -414,7 +441,7 @@ void Device::upload(Buffer& to, size_t offset, const void* data, size_t bytes) {
 void Device::download(const Buffer& from, size_t offset, void* data, size_t bytes) {
   if (offset > from.size_ || bytes > from.size_ - offset) throw std::out_of_range("vulkan: download past a buffer's end");
   Impl& m = *impl_;
-  if (m.recording) submit();
+  if (m.busy()) submit();
   if (from.mapped_) {
     std::memcpy(data, static_cast<const uint8_t*>(from.mapped_) + offset, bytes);
     return;
@@ -496,11 +523,23 @@ void Device::Impl::transfer_barrier() {
 
 void Device::Impl::begin() {
   if (recording) return;
+  if (spare_commands.empty()) {
+    VkCommandBufferAllocateInfo allocate = make<VkCommandBufferAllocateInfo>(VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO);
+    allocate.commandPool = pool;
+    allocate.level = VK_COMMAND_BUFFER_LEVEL_PRIMARY;
+    allocate.commandBufferCount = 1;
+    VkCommandBuffer more = VK_NULL_HANDLE;
+    check(vkAllocateCommandBuffers(device, &allocate, &more), "allocating a command buffer");
+    spare_commands.push_back(more);
+  }
+  commands = spare_commands.back();
+  spare_commands.pop_back();
+  dispatches_in_buffer = 0;
   VkCommandBufferBeginInfo begin = make<VkCommandBufferBeginInfo>(VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO);
   begin.flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT;
   check(vkBeginCommandBuffer(commands, &begin), "beginning a command buffer");
   recording = true;
-  if (queries) {
+  if (queries && flushed.empty()) {  // timestamps count from the first buffer after a wait
     vkCmdResetQueryPool(commands, queries, 0, kProfileQueries);
     vkCmdWriteTimestamp(commands, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, queries, 0);
     queries_used = 1;
@@ -538,9 +577,10 @@ Device::Impl::Pipeline& Device::Impl::pipeline(Device& owner, Shader shader) {
   check(vkCreatePipelineLayout(device, &layout, nullptr, &p.layout), "creating a pipeline layout");
   // The workgroup size is a specialization constant (id 0): the shaders reduce in a
   // fixed tree over it, the same on every device.
-  const uint32_t workgroup = kWorkgroupSize;
-  const VkSpecializationMapEntry entry{0, 0, sizeof(uint32_t)};
-  VkSpecializationInfo specialization{1, &entry, sizeof workgroup, &workgroup};
+  // Constant 1: the matmuls' 32-lane trees through subgroup shuffles (the same sums).
+  const std::array<uint32_t, 2> constants{kWorkgroupSize, owner.info().subgroup_tree ? 1u : 0u};
+  const std::array<VkSpecializationMapEntry, 2> entries{{{0, 0, sizeof(uint32_t)}, {1, sizeof(uint32_t), sizeof(uint32_t)}}};
+  VkSpecializationInfo specialization{2, entries.data(), sizeof constants, constants.data()};
   VkComputePipelineCreateInfo create = make<VkComputePipelineCreateInfo>(VK_STRUCTURE_TYPE_COMPUTE_PIPELINE_CREATE_INFO);
   create.stage.sType = VK_STRUCTURE_TYPE_PIPELINE_SHADER_STAGE_CREATE_INFO;
   create.stage.stage = VK_SHADER_STAGE_COMPUTE_BIT;
@@ -549,7 +589,6 @@ Device::Impl::Pipeline& Device::Impl::pipeline(Device& owner, Shader shader) {
   create.stage.pSpecializationInfo = &specialization;
   create.layout = p.layout;
   check(vkCreateComputePipelines(device, VK_NULL_HANDLE, 1, &create, nullptr, &p.pipeline), "creating a pipeline");
-  (void)owner;
   return p;
 }
 
@@ -562,6 +601,7 @@ void Device::dispatch(Shader shader, std::span<const BufferRange> buffers, const
                                 std::to_string(p.bindings) + " buffers, given " + std::to_string(buffers.size()));
   if (push_bytes > kPushConstantBytes) throw std::invalid_argument("vulkan: push constants over 128 bytes");
   if (groups_x == 0 || groups_y == 0 || groups_z == 0) return;
+  const auto started = m.queries ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point();
   m.begin();
   std::vector<VkDescriptorBufferInfo> infos(buffers.size());
   std::vector<VkWriteDescriptorSet> writes(buffers.size());
@@ -603,18 +643,48 @@ void Device::dispatch(Shader shader, std::span<const BufferRange> buffers, const
                        VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT, 0, 1, &barrier, 0, nullptr, 0,
                        nullptr);
   ++dispatches_;
+  if (m.queries) m.recording_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count();
+  if (++m.dispatches_in_buffer >= kDispatchesPerFlush) {
+    m.flush();
+    ++flushes_;
+  }
+}
+
+void Device::Impl::flush() {
+  if (!recording) return;
+  recording = false;
+  check(vkEndCommandBuffer(commands), "ending a command buffer");
+  VkSubmitInfo submit = make<VkSubmitInfo>(VK_STRUCTURE_TYPE_SUBMIT_INFO);
+  submit.commandBufferCount = 1;
+  submit.pCommandBuffers = &commands;
+  check(vkQueueSubmit(queue, 1, &submit, VK_NULL_HANDLE), "submitting");
+  flushed.push_back(commands);
+  commands = VK_NULL_HANDLE;
 }
 
 void Device::submit() {
   Impl& m = *impl_;
-  if (!m.recording) return;
+  if (!m.busy()) return;
+  // The fence goes with a command buffer, empty when everything went by flushes (an
+  // empty submission's fence crashed lavapipe 22.3).
+  m.begin();
   m.recording = false;
   check(vkEndCommandBuffer(m.commands), "ending a command buffer");
   VkSubmitInfo submit = make<VkSubmitInfo>(VK_STRUCTURE_TYPE_SUBMIT_INFO);
   submit.commandBufferCount = 1;
-  submit.pCommandBuffers = &m.commands;
+  m.flushed.push_back(m.commands);
+  m.commands = VK_NULL_HANDLE;
+  submit.pCommandBuffers = &m.flushed.back();
   check(vkQueueSubmit(m.queue, 1, &submit, m.fence), "submitting");
+  const auto started = m.queries ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point();
   check(vkWaitForFences(m.device, 1, &m.fence, VK_TRUE, UINT64_MAX), "waiting for the device");
+  if (m.queries) {
+    const auto now = std::chrono::steady_clock::now();
+    m.waiting_ms += std::chrono::duration<double, std::milli>(now - started).count();
+    if (m.last_wait_end != std::chrono::steady_clock::time_point())
+      m.between_ms += std::chrono::duration<double, std::milli>(started - m.last_wait_end).count();
+    m.last_wait_end = now;
+  }
   if (m.queries && m.queries_used > 1) {
     std::vector<uint64_t> ticks(m.queries_used);
     check(vkGetQueryPoolResults(m.device, m.queries, 0, m.queries_used, ticks.size() * sizeof(uint64_t), ticks.data(),
@@ -627,7 +697,11 @@ void Device::submit() {
     }
   }
   check(vkResetFences(m.device, 1, &m.fence), "resetting a fence");
-  check(vkResetCommandBuffer(m.commands, 0), "resetting a command buffer");
+  for (VkCommandBuffer c : m.flushed) {
+    check(vkResetCommandBuffer(c, 0), "resetting a command buffer");
+    m.spare_commands.push_back(c);
+  }
+  m.flushed.clear();
   // Kept for the next writes (at most a few: a step's largest host results).
   for (Buffer& b : m.pending_staging) m.spare_staging.push_back(std::move(b));
   m.pending_staging.clear();

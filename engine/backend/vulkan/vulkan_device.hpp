@@ -23,6 +23,9 @@ struct DeviceInfo {
   std::string type;              // "discrete", "integrated", "virtual", "cpu", "other"
   uint64_t memory_bytes = 0;     // the largest device-local heap
   uint32_t subgroup_size = 0;
+  // Compute shaders may shuffle within a subgroup (subgroupShuffleDown), and its size is
+  // a multiple of 32: the matmuls' 32-lane trees then run in registers.
+  bool subgroup_tree = false;
   uint32_t shared_memory_bytes = 0;
   uint64_t max_storage_range = 0;       // bytes one storage binding may span
   uint64_t storage_offset_alignment = 0;
@@ -180,21 +183,30 @@ class Device {
   void zero(const Buffer& to, size_t offset, size_t bytes);
 
   // Records a dispatch of `groups` workgroups with the buffers bound in order and the
-  // push constants, after everything recorded before it (a barrier between). Nothing
-  // runs until submit().
+  // push constants, after everything recorded before it (a barrier between). It runs
+  // once submitted: by submit(), or by the flush after every kDispatchesPerFlush.
   void dispatch(Shader shader, std::span<const BufferRange> buffers, const void* push, size_t push_bytes,
                 uint32_t groups_x, uint32_t groups_y = 1, uint32_t groups_z = 1);
-  // Submits what was recorded, in one submission, and waits for it.
+  // Submits what was recorded and waits for it. Every kDispatchesPerFlush dispatches
+  // the recording so far is submitted without a wait, so that the device runs it while
+  // the host records the rest (Vulkan keeps the order of submissions to one queue, and
+  // each dispatch's barrier reaches into the next ones).
   void submit();
-  // Dispatches recorded and submissions made since the device was opened.
+  static constexpr uint32_t kDispatchesPerFlush = 64;
+  // Dispatches recorded and submissions waited for since the device was opened, and
+  // the submissions made without a wait.
   uint64_t dispatches() const { return dispatches_; }
   uint64_t submissions() const { return submissions_; }
+  uint64_t flushes() const { return flushes_; }
 
   // GPU time per shader, when the device was opened with $PICO_VULKAN_PROFILE set (and
   // its queue has timestamps): each dispatch's time from the end of the work before it
   // to its own end (its launch, the barrier before it and any transfer recorded in
-  // between included), read back at each submission. On destruction the table goes to
-  // stderr, the costliest first. Empty when not profiling.
+  // between included; after a flush, the time the device waited for the host's next
+  // buffer too), read back at each submit(). The table's first line gives the host's
+  // time recording dispatches, waiting in submit(), and working between two waits
+  // (recording included). On destruction the table goes to stderr, the costliest
+  // first. Empty when not profiling.
   struct ShaderTime {
     const char* shader = nullptr;
     uint64_t dispatches = 0;
@@ -213,6 +225,7 @@ class Device {
   uint64_t allocated_ = 0;
   uint64_t dispatches_ = 0;
   uint64_t submissions_ = 0;
+  uint64_t flushes_ = 0;
 };
 
 }  // namespace pico::backend::vulkan

@@ -18,7 +18,7 @@ DeviceListing list_vulkan_devices() {
     device.driver = info.driver;
     device.type = info.type;
     device.memory_bytes = info.memory_bytes;
-    device.limits = {{"subgroup", std::to_string(info.subgroup_size)},
+    device.limits = {{"subgroup", std::to_string(info.subgroup_size) + (info.subgroup_tree ? " (shuffles)" : "")},
                      {"shared memory", std::to_string(info.shared_memory_bytes / 1024) + " KiB"},
                      {"binding range", std::to_string(info.max_storage_range >> 20) + " MiB"},
                      {"offset alignment", std::to_string(info.storage_offset_alignment)}};

@@ -18,6 +18,11 @@ namespace {
 constexpr uint32_t kMaxGroups = 65535;  // per grid dimension (Vulkan's guaranteed minimum)
 // Tokens per workgroup of the tiled matmul: matmul_body.glsl's TOKEN_TILE.
 constexpr int64_t kMatmulTokenTile = 8;
+// Lanes per row of the matmul shaders (matmul_body.glsl's LANES): a workgroup takes
+// kWorkgroupSize / kMatmulLanes rows.
+constexpr uint64_t kMatmulLanes = 32;
+constexpr uint64_t kMatmulRowsPerGroup = kWorkgroupSize / kMatmulLanes;
+static_assert(kWorkgroupSize % kMatmulLanes == 0);
 
 uint32_t checked_u32(int64_t v, const char* what) {
   if (v < 0 || v > static_cast<int64_t>(UINT32_MAX)) throw std::invalid_argument(std::string("vulkan: ") + what + " out of range");
@@ -162,7 +167,7 @@ void Ops::matmul(const DeviceWeight& w, BufferRange x, int64_t tokens, BufferRan
     const BufferRange weights{&w.buffer, offset, range};
     const BufferRange out = floats(y, 0, (tokens - 1) * y_stride + w.rows);
     const BufferRange bindings[] = {weights, xs, out};
-    const auto [gx, gz] = grid(static_cast<uint64_t>(rows));
+    const auto [gx, gz] = grid((static_cast<uint64_t>(rows) + kMatmulRowsPerGroup - 1) / kMatmulRowsPerGroup);
     device_.dispatch(shader, bindings, &push, sizeof push, gx, token_groups, gz);
   }
 }
@@ -418,7 +423,11 @@ void Ops::rope(BufferRange x, int64_t tokens, int64_t row_stride, int64_t heads,
          corr_low, corr_high, mscale};
   const BufferRange bindings[] = {floats(x, 0, (tokens - 1) * row_stride + heads * head_dim),
                                   {pos.buffer, pos.offset, static_cast<size_t>(tokens) * 4}};
-  const auto [gx, gy] = grid(static_cast<uint64_t>(tokens));
+  // A workgroup per WG pairs of a token (a decode step's single token still spreads
+  // over the device).
+  const uint64_t pair_groups = (static_cast<uint64_t>(heads) * static_cast<uint64_t>(n_dims / 2) + kWorkgroupSize - 1) /
+                               kWorkgroupSize;
+  const auto [gx, gy] = grid(static_cast<uint64_t>(tokens) * pair_groups);
   device_.dispatch(Shader::rope, bindings, &push, sizeof push, gx, gy);
 }
 
@@ -466,7 +475,7 @@ void Ops::matmul_id(const DeviceWeight& w, int64_t n_expert, BufferRange x, bool
   const int64_t x_rows = x_per_slot ? slots : slots / slots_per_token;
   const BufferRange bindings[] = {{&w.buffer, 0, 0}, floats(x, 0, x_rows * w.cols), floats(y, 0, slots * w.rows),
                                   floats(ids, 0, slots)};
-  const auto [gx, gz] = grid(static_cast<uint64_t>(w.rows));
+  const auto [gx, gz] = grid((static_cast<uint64_t>(w.rows) + kMatmulRowsPerGroup - 1) / kMatmulRowsPerGroup);
   device_.dispatch(shaders_of(w.type).matmul_id, bindings, &push, sizeof push, gx, slot_groups, gz);
 }
 

@@ -129,7 +129,10 @@ TEST_P(MatmulTypes, RowIsTheSameAloneAndInABatch) {
   REQUIRE_DEVICE(device);
   Ops ops(*device);
   const GgmlType type = GetParam();
-  const int64_t cols = 4 * type_traits(type).block_size, rows = 53, tokens = 19;
+  // Several 128-value steps of each lane, and for single-value types a row that ends
+  // inside a lane's run of 4.
+  const int64_t block = type_traits(type).block_size;
+  const int64_t cols = block == 1 ? 301 : 12 * block, rows = 53, tokens = 19;
   const HostWeight w = make_weight(type, cols, rows, 3);
   const DeviceWeight dw = ops.upload(w.weight);
   const std::vector<float> x = random_floats(static_cast<size_t>(cols * tokens), 5);
@@ -146,6 +149,38 @@ TEST_P(MatmulTypes, RowIsTheSameAloneAndInABatch) {
     device->submit();
     const std::vector<float> alone = from_device(*device, y1, static_cast<size_t>(rows));
     EXPECT_EQ(0, std::memcmp(alone.data(), together.data() + t * rows, alone.size() * sizeof(float))) << "token " << t;
+  }
+}
+
+// Where the device's subgroups shuffle, a row's 32-lane tree runs in registers
+// (matmul_body.glsl); it must give the shared-memory tree's bits, which a second
+// device opened with PICO_VULKAN_NO_SUBGROUP_TREE computes, alone and in a batch.
+TEST_P(MatmulTypes, SubgroupTreeGivesTheSharedMemoryTreesBits) {
+  REQUIRE_DEVICE(device);
+  if (!device->info().subgroup_tree)
+    GTEST_SKIP() << device->info().name << " has subgroups of " << device->info().subgroup_size  // reason: no subgroup tree here
+                 << " lanes: the matmuls use the shared-memory tree alone";
+  ::setenv("PICO_VULKAN_NO_SUBGROUP_TREE", "1", 1);
+  const std::unique_ptr<Device> plain = Device::open(device->info().index);
+  ::unsetenv("PICO_VULKAN_NO_SUBGROUP_TREE");
+  ASSERT_FALSE(plain->info().subgroup_tree);
+  const GgmlType type = GetParam();
+  const int64_t block = type_traits(type).block_size;
+  const int64_t cols = block == 1 ? 301 : 12 * block, rows = 67;
+  const HostWeight w = make_weight(type, cols, rows, 13);
+  for (const int64_t tokens : {int64_t{1}, int64_t{11}}) {
+    const std::vector<float> x = random_floats(static_cast<size_t>(cols * tokens), 29);
+    std::vector<std::vector<float>> results;
+    for (Device* d : {device, plain.get()}) {
+      Ops ops(*d);
+      const DeviceWeight dw = ops.upload(w.weight);
+      const Buffer dx = to_device(*d, x);
+      Buffer dy = d->allocate(static_cast<size_t>(rows * tokens) * sizeof(float));
+      ops.matmul(dw, all(dx), tokens, all(dy));
+      d->submit();
+      results.push_back(from_device(*d, dy, static_cast<size_t>(rows * tokens)));
+    }
+    EXPECT_EQ(0, std::memcmp(results[0].data(), results[1].data(), results[0].size() * sizeof(float))) << tokens << " tokens";
   }
 }
 
@@ -237,6 +272,34 @@ TEST(VulkanOps, ProfileCountsEachShadersDispatches) {
   }
   EXPECT_EQ(dispatches, (std::map<std::string, uint64_t>{{"add", 3}, {"unary", 2}}));
   EXPECT_TRUE(plain->profile().empty());
+}
+
+// A long recording goes to the device in parts while the host records the rest (a
+// submission without a wait every Device::kDispatchesPerFlush dispatches) and is waited
+// for once: the dispatches keep their order across the parts, a buffer released under
+// flushed work lives until the wait, and the profile times the dispatches of every part.
+TEST(VulkanOps, ALongRecordingIsSubmittedInPartsAndWaitedForOnce) {
+  REQUIRE_DEVICE(plain);
+  ::setenv("PICO_VULKAN_PROFILE", "1", 1);
+  std::unique_ptr<Device> device = Device::open(plain->info().index);
+  ::unsetenv("PICO_VULKAN_PROFILE");
+  Ops ops(*device);
+  const int64_t n = 1000, steps = 150;
+  const std::vector<float> zeros(n, 0.0f), ones(n, 1.0f);
+  const Buffer dy = to_device(*device, zeros);
+  auto done = std::make_unique<Buffer>(to_device(*device, ones));
+  const uint64_t submissions = device->submissions(), flushes = device->flushes();
+  for (int64_t i = 0; i < steps; ++i) ops.add(all(dy), all(*done), n, 1, 1, all(dy));
+  done.reset();  // released under flushed work: kept until the wait
+  device->submit();
+  EXPECT_EQ(device->submissions() - submissions, 1u);
+  EXPECT_EQ(device->flushes() - flushes, static_cast<uint64_t>(steps) / Device::kDispatchesPerFlush);
+  EXPECT_EQ(from_device(*device, dy, n), std::vector<float>(n, static_cast<float>(steps)));
+  if (device->profiling()) {
+    uint64_t adds = 0;
+    for (const Device::ShaderTime& t : device->profile()) adds += std::string(t.shader) == "add" ? t.dispatches : 0;
+    EXPECT_EQ(adds, static_cast<uint64_t>(steps));
+  }
 }
 
 TEST(VulkanOps, MatrixLargerThanOneBindingGoesInChunks) {

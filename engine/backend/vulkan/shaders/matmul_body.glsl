@@ -1,19 +1,26 @@
 // matmul over a block type (included by the type's file, which defines BLOCK_BYTES,
 // BLOCK_VALUES and float block_value(uint base, uint j), value j of the block at byte
-// base of w): one workgroup per output row and tile of TOKEN_TILE tokens (MATMUL_TILED,
-// for batches: each weight value decoded once for the tile; else one token); each
-// invocation takes chunks of up to 32 values (whole blocks, or parts of a K-quant's),
-// a token's products of a chunk summed in order, its chunks in order; then a fixed tree
-// over the workgroup per token. Both shaders give every output the same
-// operations in the same order, `precise` (nothing contracted into a multiply-add):
-// a token alone or in a batch, in any place of a tile, gets the same bits.
+// base of w). A row's dot product is spread over LANES = 32 lanes: lane l takes the
+// row's values in runs of GROUP = 4, runs l, l + 32, l + 64, ... (so the lanes of a
+// step read 128 neighbouring values of x and of the row: coalesced), each lane summing
+// its products in that order; then a fixed tree over the 32 lanes (s = 16, 8, 4, 2, 1),
+// through subgroup shuffles where the device's subgroups hold whole groups of 32 lanes
+// (SUBGROUP_TREE, set by the device) or shared memory elsewhere: the same additions in
+// the same order, so the same bits. A workgroup takes WG / 32 rows; the tiled shader
+// (MATMUL_TILED, for batches) takes each of them for TOKEN_TILE tokens, decoding each
+// weight value once for the tile. Every output gets the same operations in the same
+// order, `precise` (nothing contracted into a multiply-add): a token alone or in a
+// batch, in any place of a tile, gets the same bits.
 //
 // MATMUL_ID (the experts of a MoE FFN): w holds n_expert matrices of `rows` rows one
 // after another; output row s ("slot" s = token * slots + j) is expert ids[s]'s matrix
 // times input row s (x_per_slot) or times its token's row s / slots. Only the chosen
 // experts' rows are read; one slot per workgroup (neighbouring slots use other experts).
+#extension GL_KHR_shader_subgroup_basic : require
+#extension GL_KHR_shader_subgroup_shuffle_relative : require
 layout(local_size_x_id = 0) in;
 layout(constant_id = 0) const uint WG = 64;
+layout(constant_id = 1) const uint SUBGROUP_TREE = 0;
 layout(std430, binding = 1) readonly buffer Input { float x[]; };
 layout(std430, binding = 2) writeonly buffer Output { float y[]; };
 #ifdef MATMUL_ID
@@ -28,24 +35,29 @@ layout(push_constant) uniform Push { uint cols; uint rows; uint y_stride; uint r
 #endif
 layout(push_constant) uniform Push { uint cols; uint rows; uint y_stride; uint row_offset; uint tokens; } p;
 #endif
-shared float partial[TOKEN_TILE * WG];
-#if BLOCK_VALUES > 32
-#define CHUNK 32
+#define LANES 32  // vulkan_ops.cpp's kMatmulLanes
+#define GROUP 4
+#if TOKEN_TILE == 1
+#define STEPS 4  // a lane's runs in flight at once: a decode step's rows are few, each long
 #else
-#define CHUNK BLOCK_VALUES
+#define STEPS 1  // a tile's tokens give each weight value work enough
 #endif
+const uint ROWS = WG / LANES;
+shared float partial[ROWS * TOKEN_TILE * LANES];
 
 void main() {
-  const uint r = gl_WorkGroupID.x + gl_WorkGroupID.z * gl_NumWorkGroups.x;
-  if (r >= p.rows) return;
+  // With the subgroup tree a row's 32 lanes are 32 neighbours of one subgroup.
+  const uint index = SUBGROUP_TREE != 0 ? gl_SubgroupID * gl_SubgroupSize + gl_SubgroupInvocationID : gl_LocalInvocationID.x;
+  const uint lane = index % LANES, row_in_group = index / LANES;
+  const uint r = (gl_WorkGroupID.x + gl_WorkGroupID.z * gl_NumWorkGroups.x) * ROWS + row_in_group;
+  const bool in_range = r < p.rows;
   const uint t0 = gl_WorkGroupID.y * TOKEN_TILE;
-  const uint lid = gl_LocalInvocationID.x;
   const uint blocks = p.cols / BLOCK_VALUES;
 #ifdef MATMUL_ID
   const uint n_tokens = 1;
   const uint expert = uint(ids[t0]);
-  if (expert >= p.n_expert) {  // never from moe_route; a stray id writes 0, reads nothing
-    if (lid == 0) y[t0 * p.y_stride + p.row_offset + r] = 0.0;
+  if (expert >= p.n_expert) {  // never from moe_route; a stray id writes 0, reads nothing (the whole workgroup)
+    if (lane == 0 && in_range) y[t0 * p.y_stride + p.row_offset + r] = 0.0;
     return;
   }
   const uint weight_row = expert * p.rows + r;
@@ -55,40 +67,49 @@ void main() {
   const uint weight_row = r;
   const uint x_row = t0;
 #endif
-  // Chunks of CHUNK values (a block, or a 32-value part of a K-quant's 256) spread
-  // over the invocations, so that a row of a few large blocks still keeps them busy.
-  const uint chunks_per_block = BLOCK_VALUES / CHUNK;
-  const uint chunks = blocks * chunks_per_block;
   precise float sum[TOKEN_TILE];
   for (uint i = 0; i < TOKEN_TILE; ++i) sum[i] = 0.0;
-  for (uint c = lid; c < chunks; c += WG) {
-    const uint b = c / chunks_per_block;
-    const uint first = (c % chunks_per_block) * CHUNK;
-    const uint base = (weight_row * blocks + b) * BLOCK_BYTES;
-    const uint xi = x_row * p.cols + b * BLOCK_VALUES;
-    precise float chunk[TOKEN_TILE];
-    for (uint i = 0; i < TOKEN_TILE; ++i) chunk[i] = 0.0;
-    for (uint j = first; j < first + CHUNK; ++j) {
-      const float value = block_value(base, j);
-      for (uint i = 0; i < TOKEN_TILE; ++i) {
-        if (i < n_tokens) chunk[i] += value * x[xi + i * p.cols + j];
+  if (in_range) {
+    const uint xi = x_row * p.cols;
+    for (uint first = lane * GROUP; first < p.cols; first += STEPS * LANES * GROUP) {
+      // STEPS runs read (weights decoded, x loaded) before any is summed, so that their
+      // loads are in flight together; past the row's end (or the tile's last token) a
+      // clamped read, never summed.
+      float value[STEPS * GROUP];
+      float xs[STEPS * GROUP * TOKEN_TILE];
+      for (uint u = 0; u < STEPS * GROUP; ++u) {
+        const uint at = min(first + (u / GROUP) * LANES * GROUP + u % GROUP, p.cols - 1);
+        value[u] = block_value((weight_row * blocks + at / BLOCK_VALUES) * BLOCK_BYTES, at % BLOCK_VALUES);
+        for (uint i = 0; i < TOKEN_TILE; ++i) xs[u * TOKEN_TILE + i] = x[xi + min(i, n_tokens - 1) * p.cols + at];
+      }
+      for (uint u = 0; u < STEPS * GROUP; ++u) {
+        if (first + (u / GROUP) * LANES * GROUP + u % GROUP < p.cols) {
+          for (uint i = 0; i < TOKEN_TILE; ++i) {
+            if (i < n_tokens) sum[i] += value[u] * xs[u * TOKEN_TILE + i];
+          }
+        }
       }
     }
-    for (uint i = 0; i < TOKEN_TILE; ++i) sum[i] += chunk[i];
   }
-  for (uint i = 0; i < TOKEN_TILE; ++i) partial[i * WG + lid] = sum[i];
-  barrier();
-  for (uint s = WG / 2; s > 0; s >>= 1) {
-    if (lid < s) {
-      for (uint i = 0; i < TOKEN_TILE; ++i) {
-        if (i < n_tokens) partial[i * WG + lid] += partial[i * WG + lid + s];
-      }
+  if (SUBGROUP_TREE != 0) {
+    for (uint s = LANES / 2; s > 0; s >>= 1) {
+      for (uint i = 0; i < TOKEN_TILE; ++i) sum[i] += subgroupShuffleDown(sum[i], s);
     }
+  } else {
+    const uint at = row_in_group * TOKEN_TILE * LANES;
+    for (uint i = 0; i < TOKEN_TILE; ++i) partial[at + i * LANES + lane] = sum[i];
     barrier();
+    for (uint s = LANES / 2; s > 0; s >>= 1) {
+      if (lane < s) {
+        for (uint i = 0; i < TOKEN_TILE; ++i) partial[at + i * LANES + lane] += partial[at + i * LANES + lane + s];
+      }
+      barrier();
+    }
+    for (uint i = 0; i < TOKEN_TILE; ++i) sum[i] = partial[at + i * LANES];
   }
-  if (lid == 0) {
+  if (lane == 0 && in_range) {
     for (uint i = 0; i < TOKEN_TILE; ++i) {
-      if (i < n_tokens) y[(t0 + i) * p.y_stride + p.row_offset + r] = partial[i * WG];
+      if (i < n_tokens) y[(t0 + i) * p.y_stride + p.row_offset + r] = sum[i];
     }
   }
 }

@@ -1,5 +1,6 @@
 #version 450
-// RoPE in place: one workgroup per token, one invocation per (head, pair). The angle
+// RoPE in place: one invocation per (token, head, pair), WG pairs of a token to a
+// workgroup. The angle
 // of pair i0 is pos * theta_scale^(i0/2) as the CPU backend forms it (the product
 // taken i0/2 times in order); YaRN's ramp mixes the interpolated and extrapolated
 // angles; mscale (attn_factor and YaRN's magnitude) comes from the host.
@@ -13,9 +14,12 @@ layout(push_constant) uniform Push {
 } p;
 
 void main() {
-  const uint t = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;
   const uint pairs = p.n_dims / 2;
-  for (uint k = gl_LocalInvocationID.x; k < p.heads * pairs; k += WG) {
+  const uint groups_per_token = (p.heads * pairs + WG - 1) / WG;
+  const uint g = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;
+  const uint t = g / groups_per_token;
+  const uint k = (g % groups_per_token) * WG + gl_LocalInvocationID.x;
+  if (k < p.heads * pairs) {
     const uint h = k / pairs, i0 = (k % pairs) * 2;
     float theta = float(pos[t]);
     for (uint j = 0; j < i0 / 2; ++j) theta *= p.theta_scale;

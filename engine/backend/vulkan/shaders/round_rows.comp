@@ -69,10 +69,10 @@ void main() {
       barrier();
     }
   }
-  // Each block's d and multiplier, once.
-  for (uint i = lid; i < kGroupValues; i += WG) {
-    if (i % size != 0) continue;
-    const uint block = i / size;
+  // Each block's d and multiplier, once, each block by another invocation (the exact
+  // divisions are long: one invocation doing a workgroup's 8 in a row set its time).
+  for (uint block = lid; block < kGroupValues / size; block += WG) {
+    const uint i = block * size;
     const float amax = magnitude[i];
     if (p.kind == kQ8_0) {
       scale[block] = round_to_half(divide_exact(amax, 127.0));
