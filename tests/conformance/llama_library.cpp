@@ -160,7 +160,10 @@ class Loaded {
   Loaded(const LlamaLibrary::Api& api, const fs::path& path, const LlamaEvalOptions& o, bool need_context) : api_(api) {
     LlamaModelParams model_params = api.model_default_params();
     model_params.use_extra_bufts = o.repack;
-    model_params.n_gpu_layers = o.gpu_layers;
+    // $PICO_LLAMA_GPU_LAYERS: a reference computed on a GPU build's device (how far
+    // llama.cpp's own GPU backend lands from its CPU: the noise floor of any GPU).
+    const char* gpu_layers = std::getenv("PICO_LLAMA_GPU_LAYERS");
+    model_params.n_gpu_layers = gpu_layers && *gpu_layers ? std::atoi(gpu_layers) : o.gpu_layers;
     model_ = api.model_load_from_file(path.c_str(), model_params);
     if (!model_) throw std::runtime_error("llama.cpp cannot load " + path.string());
     if (!need_context) return;

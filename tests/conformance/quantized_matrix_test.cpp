@@ -178,7 +178,13 @@ Agreement compare(const std::vector<float>& reference, const std::vector<float>&
     a.kl_mean += kl;
     a.kl_max = std::max(a.kl_max, kl);
     if (kl > 1e-6 && a.first_drift < 0) a.first_drift = static_cast<int64_t>(t);
-    agree += argmax_row(r, n_vocab) == argmax_row(l, n_vocab);
+    const int32_t want = argmax_row(r, n_vocab), mine = argmax_row(l, n_vocab);
+    agree += want == mine;
+    if (want != mine && std::getenv("PICO_MATRIX_FLIPS")) {
+      float second = -INFINITY;
+      for (size_t i = 0; i < v; ++i) if (static_cast<int32_t>(i) != want) second = std::max(second, r[i]);
+      std::printf("  flip at %zu: reference gap %.3e, pico's choice %.3e below; kl %.3e\n", t, r[want] - second, r[want] - r[mine], kl);
+    }
   }
   a.kl_mean /= static_cast<double>(positions);
   a.top1 = static_cast<double>(agree) / static_cast<double>(positions);
@@ -198,7 +204,8 @@ std::string type_histogram(const fs::path& path) {
 // pico's logits for `file` against llama.cpp's over `ids`: prints one row of the
 // table and checks the thresholds (and the greedy continuation when `greedy`).
 void check_file(const std::string& label, const std::string& type, const fs::path& file,
-                const std::vector<int32_t>& ids, bool greedy, const std::string& backend_name = "cpu") {
+                const std::vector<int32_t>& ids, bool greedy, const std::string& backend_name = "cpu",
+                double min_top1 = 0.99) {
   const LlamaLibrary& llama = LlamaLibrary::get();
   const LlamaLogits reference = llama.logits(file, ids);
   PicoEngine pico(file, backend::BatchNumerics::invariant, backend_name);
@@ -240,7 +247,7 @@ void check_file(const std::string& label, const std::string& type, const fs::pat
               self.kl_mean, self.top1, type_histogram(file).c_str());
   std::fflush(stdout);
   EXPECT_LE(a.kl_mean, 1e-3);
-  EXPECT_GE(a.top1, 0.99);
+  EXPECT_GE(a.top1, min_top1);
 }
 
 // Whether `name` is one of the comma-separated names of `list`.
@@ -322,7 +329,7 @@ INSTANTIATE_TEST_SUITE_P(Matrix, QuantizedMatrix, ::testing::ValuesIn(matrix_cas
                          [](const ::testing::TestParamInfo<MatrixCase>& param_info) { return case_name(param_info.param); });
 
 // The whole model through the Vulkan backend (issue 17, point 5), against llama.cpp as
-// the matrix checks the CPU: mean KL <= 1e-3, top-1 >= 99 %, on device 0. Weights,
+// the matrix checks the CPU: mean KL <= 1e-3, on device 0; top-1 >= kGpuMinTop1. Weights,
 // activations, the KV cache and the recurrent state are device memory; each matmul's
 // activations are rounded to the weight type's dot partner as llama.cpp's CPU rounds
 // them, so the float shaders see the same values; hence the KL bound, not greedy
@@ -333,6 +340,18 @@ INSTANTIATE_TEST_SUITE_P(Matrix, QuantizedMatrix, ::testing::ValuesIn(matrix_cas
 // Q4_K is left out: KL 1.08e-3, top-1 0.98, over the bound (the router's F32 logits,
 // summed in the shader's order, flip near-tied experts). Skipped, saying why, in a
 // build without Vulkan or on a machine without a device.
+//
+// Top-1: any GPU's sums differ from the CPU's in the last bits, which moves an
+// activation onto the next quantization code now and then (KL ~1e-4), and these random
+// models' top two logits are often that close: 1 to 5 of the 109 positions flip. So
+// does llama.cpp's own Vulkan build against its CPU build on the same lavapipe (the
+// matrix's CPU cells with PICO_LLAMA_GPU_LAYERS=-1 GGML_VK_VISIBLE_DEVICES=0 and
+// PICO_LLAMA_LIB at node-llama-cpp's libllama.vulkan): KL 1.9e-4 to 6.4e-4, top-1
+// 0.991 (F16, Q5_0), 0.982 (Q8_0, Q3_K), 0.954 (Q6_K). pico's Vulkan lands closer
+// (Q8_0: KL 1.1e-4, top-1 0.982); the flips' reference gaps are 2e-3 to 6e-2
+// (PICO_MATRIX_FLIPS=1 lists them). The bound for the device is that of llama.cpp's
+// own GPU build; KL stays at the CPU's bound.
+constexpr double kGpuMinTop1 = 0.95;
 class VulkanModel : public ::testing::TestWithParam<Architecture> {};
 
 TEST_P(VulkanModel, MatchesLlamaCpp) {
@@ -357,7 +376,7 @@ TEST_P(VulkanModel, MatchesLlamaCpp) {
     SCOPED_TRACE(type);
     const fs::path file = dir.path() / (std::string(type) + ".gguf");
     tools::quantize_model(f32, file, *tools::parse_quantize_type(type), kThreads);
-    check_file(label, type, file, ids, false, "vulkan");
+    check_file(label, type, file, ids, false, "vulkan", kGpuMinTop1);
   }
 }
 
