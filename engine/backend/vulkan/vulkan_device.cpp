@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <stdexcept>
 #include <utility>
 
@@ -232,7 +233,19 @@ struct Device::Impl {
   std::vector<Shader> timed;
   std::array<ShaderTime, static_cast<size_t>(Shader::count)> times{};
   // When profiling: the host's time recording dispatches and waiting for the device.
-  double recording_ms = 0, waiting_ms = 0, between_ms = 0;
+  double recording_ms = 0, waiting_ms = 0, between_ms = 0, submitting_ms = 0, transfers_ms = 0;
+  // Adds the time since `since` to `total` when profiling.
+  struct Timer {
+    const bool on;
+    double& total;
+    const std::chrono::steady_clock::time_point since;
+    Timer(bool profiling, double& into)
+        : on(profiling), total(into), since(on ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point()) {}
+    ~Timer() {
+      if (on) total += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - since).count();
+    }
+    Timer(const Timer&) = delete;
+  };
   std::chrono::steady_clock::time_point last_wait_end{};  // none yet: the epoch
 
   Pipeline& pipeline(Device& owner, Shader shader);
@@ -327,11 +340,12 @@ Device::~Device() {
   if (m.queries) {
     std::fprintf(stderr,
                  "vulkan profile (%s): %llu dispatches in %llu submissions (%llu without a wait); host: %.3f ms "
-                 "recording dispatches, %.3f ms waiting for the device, %.3f ms from a wait's end to the next "
-                 "wait (recording included)\n",
+                 "recording dispatches, %.3f ms recording transfers, %.3f ms ending and submitting command buffers, "
+                 "%.3f ms waiting for the device, %.3f ms from a wait's end to the next wait (all of these but the "
+                 "waits included)\n",
                  info_.name.c_str(), static_cast<unsigned long long>(dispatches_),
                  static_cast<unsigned long long>(submissions_ + flushes_), static_cast<unsigned long long>(flushes_),
-                 m.recording_ms, m.waiting_ms, m.between_ms);
+                 m.recording_ms, m.transfers_ms, m.submitting_ms, m.waiting_ms, m.between_ms);
     std::fprintf(stderr, "vulkan profile (%s): shader, dispatches, GPU ms, us per dispatch\n", info_.name.c_str());
     for (const ShaderTime& t : profile())
       std::fprintf(stderr, "  %-22s %10llu %12.3f %10.2f\n", t.shader, static_cast<unsigned long long>(t.dispatches),
@@ -463,6 +477,7 @@ void Device::write(const Buffer& to, size_t offset, const void* data, size_t byt
   if (offset > to.size_ || bytes > to.size_ - offset) throw std::out_of_range("vulkan: write past a buffer's end");
   if (bytes == 0) return;
   Impl& m = *impl_;
+  const Impl::Timer timer(m.queries != VK_NULL_HANDLE, m.transfers_ms);
   m.begin();
   // vkCmdUpdateBuffer keeps up to 64 KiB in the command buffer, in whole words.
   if (bytes <= 65536 && bytes % 4 == 0 && offset % 4 == 0) {
@@ -495,6 +510,7 @@ void Device::copy(const Buffer& from, const Buffer& to, std::span<const CopyRegi
     copies[i] = {r.from, r.to, r.bytes};
   }
   Impl& m = *impl_;
+  const Impl::Timer timer(m.queries != VK_NULL_HANDLE, m.transfers_ms);
   m.begin();
   vkCmdCopyBuffer(m.commands, reinterpret_cast<VkBuffer>(from.buffer_), reinterpret_cast<VkBuffer>(to.buffer_),
                   static_cast<uint32_t>(copies.size()), copies.data());
@@ -652,6 +668,7 @@ void Device::dispatch(Shader shader, std::span<const BufferRange> buffers, const
 
 void Device::Impl::flush() {
   if (!recording) return;
+  const Timer timer(queries != VK_NULL_HANDLE, submitting_ms);
   recording = false;
   check(vkEndCommandBuffer(commands), "ending a command buffer");
   VkSubmitInfo submit = make<VkSubmitInfo>(VK_STRUCTURE_TYPE_SUBMIT_INFO);
@@ -667,6 +684,7 @@ void Device::submit() {
   if (!m.busy()) return;
   // The fence goes with a command buffer, empty when everything went by flushes (an
   // empty submission's fence crashed lavapipe 22.3).
+  std::optional<Impl::Timer> submitting(std::in_place, m.queries != VK_NULL_HANDLE, m.submitting_ms);
   m.begin();
   m.recording = false;
   check(vkEndCommandBuffer(m.commands), "ending a command buffer");
@@ -676,6 +694,7 @@ void Device::submit() {
   m.commands = VK_NULL_HANDLE;
   submit.pCommandBuffers = &m.flushed.back();
   check(vkQueueSubmit(m.queue, 1, &submit, m.fence), "submitting");
+  submitting.reset();
   const auto started = m.queries ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point();
   check(vkWaitForFences(m.device, 1, &m.fence, VK_TRUE, UINT64_MAX), "waiting for the device");
   if (m.queries) {

@@ -23,6 +23,8 @@ constexpr int64_t kMatmulTokenTile = 8;
 constexpr uint64_t kMatmulLanes = 32;
 constexpr uint64_t kMatmulRowsPerGroup = kWorkgroupSize / kMatmulLanes;
 static_assert(kWorkgroupSize % kMatmulLanes == 0);
+// Rows per 32 lanes of the tiled matmul (matmul_body.glsl's ROW_TILE).
+constexpr uint64_t kMatmulTiledRows = 4;
 
 uint32_t checked_u32(int64_t v, const char* what) {
   if (v < 0 || v > static_cast<int64_t>(UINT32_MAX)) throw std::invalid_argument(std::string("vulkan: ") + what + " out of range");
@@ -167,7 +169,8 @@ void Ops::matmul(const DeviceWeight& w, BufferRange x, int64_t tokens, BufferRan
     const BufferRange weights{&w.buffer, offset, range};
     const BufferRange out = floats(y, 0, (tokens - 1) * y_stride + w.rows);
     const BufferRange bindings[] = {weights, xs, out};
-    const auto [gx, gz] = grid((static_cast<uint64_t>(rows) + kMatmulRowsPerGroup - 1) / kMatmulRowsPerGroup);
+    const uint64_t rows_per_group = kMatmulRowsPerGroup * (tokens > 1 ? kMatmulTiledRows : 1);
+    const auto [gx, gz] = grid((static_cast<uint64_t>(rows) + rows_per_group - 1) / rows_per_group);
     device_.dispatch(shader, bindings, &push, sizeof push, gx, token_groups, gz);
   }
 }
