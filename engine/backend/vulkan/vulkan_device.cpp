@@ -177,6 +177,7 @@ Buffer& Buffer::operator=(Buffer&& other) noexcept {
     memory_ = std::exchange(other.memory_, 0);
     size_ = std::exchange(other.size_, 0);
     mapped_ = std::exchange(other.mapped_, nullptr);
+    host_cached_ = std::exchange(other.host_cached_, false);
   }
   return *this;
 }
@@ -189,6 +190,7 @@ void Buffer::release() {
   buffer_ = memory_ = 0;
   size_ = 0;
   mapped_ = nullptr;
+  host_cached_ = false;
 }
 
 // ---- Device -------------------------------------------------------------------
@@ -221,6 +223,8 @@ struct Device::Impl {
   };
   std::array<Pipeline, static_cast<size_t>(Shader::count)> pipelines{};
   Buffer staging;
+  Buffer readback;  // host-cached where the device has such memory: download()'s
+  bool always_readback = false;  // $PICO_VULKAN_READBACK: every download through it (tests)
   std::vector<Buffer> pending_staging;  // write()'s until submitted, then spare for the next ones
   std::vector<Buffer> spare_staging;
   std::vector<Buffer> retired;  // buffers released while recording, until the recorded work has run
@@ -320,6 +324,7 @@ std::unique_ptr<Device> Device::open(uint32_t index) {
   m.commands = VK_NULL_HANDLE;
   VkFenceCreateInfo fence = make<VkFenceCreateInfo>(VK_STRUCTURE_TYPE_FENCE_CREATE_INFO);
   check(vkCreateFence(m.device, &fence, nullptr, &m.fence), "creating a fence");
+  m.always_readback = std::getenv("PICO_VULKAN_READBACK") != nullptr;
   const char* profile = std::getenv("PICO_VULKAN_PROFILE");
   if (profile && *profile && family[m.queue_family].timestampValidBits > 0) {
     VkQueryPoolCreateInfo pool_info = make<VkQueryPoolCreateInfo>(VK_STRUCTURE_TYPE_QUERY_POOL_CREATE_INFO);
@@ -353,6 +358,7 @@ Device::~Device() {
     vkDestroyQueryPool(m.device, m.queries, nullptr);
   }
   m.staging = Buffer();
+  m.readback = Buffer();
   m.pending_staging.clear();
   m.spare_staging.clear();
   m.retired.clear();
@@ -369,6 +375,19 @@ Device::~Device() {
 }
 
 Buffer Device::allocate(size_t bytes, bool host_visible) {
+  // Device-local and host-visible (UMA, resizable BAR) when there is such a type, else
+  // device-local (copies through staging), else whatever is host-visible.
+  const uint32_t local = VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT;
+  const uint32_t visible = VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | VK_MEMORY_PROPERTY_HOST_COHERENT_BIT;
+  if (host_visible) {
+    const uint32_t wanted[] = {local | visible, visible};
+    return allocate_memory(bytes, wanted);
+  }
+  const uint32_t wanted[] = {local | visible, local, visible};
+  return allocate_memory(bytes, wanted);
+}
+
+Buffer Device::allocate_memory(size_t bytes, std::span<const uint32_t> wanted) {
   Impl& m = *impl_;
   Buffer b;
   bytes = std::max<size_t>(bytes, 4);
@@ -380,13 +399,8 @@ Buffer Device::allocate(size_t bytes, bool host_visible) {
   check(vkCreateBuffer(m.device, &create, nullptr, &buffer), "creating a buffer");
   VkMemoryRequirements needs;
   vkGetBufferMemoryRequirements(m.device, buffer, &needs);
-  // Device-local and host-visible (UMA, resizable BAR) when there is such a type, else
-  // device-local (copies through staging), else whatever is host-visible.
-  const VkMemoryPropertyFlags local = VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT;
-  const VkMemoryPropertyFlags visible = VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | VK_MEMORY_PROPERTY_HOST_COHERENT_BIT;
-  uint32_t type = pick_memory_type(m.memory, needs.memoryTypeBits, local | visible);
-  if (type == UINT32_MAX && !host_visible) type = pick_memory_type(m.memory, needs.memoryTypeBits, local);
-  if (type == UINT32_MAX) type = pick_memory_type(m.memory, needs.memoryTypeBits, visible);
+  uint32_t type = UINT32_MAX;
+  for (size_t i = 0; i < wanted.size() && type == UINT32_MAX; ++i) type = pick_memory_type(m.memory, needs.memoryTypeBits, wanted[i]);
   if (type == UINT32_MAX) {
     vkDestroyBuffer(m.device, buffer, nullptr);
     throw std::runtime_error("vulkan: no memory type for a storage buffer");
@@ -401,8 +415,12 @@ Buffer Device::allocate(size_t bytes, bool host_visible) {
     check(r, ("allocating " + std::to_string(bytes) + " bytes").c_str());
   }
   check(vkBindBufferMemory(m.device, buffer, memory, 0), "binding buffer memory");
-  if ((m.memory.memoryTypes[type].propertyFlags & visible) == visible)
+  const VkMemoryPropertyFlags flags = m.memory.memoryTypes[type].propertyFlags;
+  const VkMemoryPropertyFlags visible = VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | VK_MEMORY_PROPERTY_HOST_COHERENT_BIT;
+  if ((flags & visible) == visible) {
     check(vkMapMemory(m.device, memory, 0, VK_WHOLE_SIZE, 0, &b.mapped_), "mapping a buffer");
+    b.host_cached_ = (flags & VK_MEMORY_PROPERTY_HOST_CACHED_BIT) != 0;
+  }
   b.device_ = this;
   b.buffer_ = reinterpret_cast<uint64_t>(buffer);
   b.memory_ = reinterpret_cast<uint64_t>(memory);
@@ -422,6 +440,7 @@ void Device::free(Buffer& b) {
     kept.memory_ = b.memory_;
     kept.size_ = b.size_;
     kept.mapped_ = b.mapped_;
+    kept.host_cached_ = b.host_cached_;
     m.retired.push_back(std::move(kept));
     return;
   }
@@ -455,21 +474,30 @@ void Device::upload(Buffer& to, size_t offset, const void* data, size_t bytes) {
 void Device::download(const Buffer& from, size_t offset, void* data, size_t bytes) {
   if (offset > from.size_ || bytes > from.size_ - offset) throw std::out_of_range("vulkan: download past a buffer's end");
   Impl& m = *impl_;
-  if (m.busy()) submit();
-  if (from.mapped_) {
+  if (from.mapped_ && from.host_cached_ && !m.always_readback) {
+    if (m.busy()) submit();
     std::memcpy(data, static_cast<const uint8_t*>(from.mapped_) + offset, bytes);
     return;
   }
-  constexpr size_t kStaging = size_t{64} << 20;
-  if (!m.staging) m.staging = allocate(kStaging, true);
-  for (size_t done = 0; done < bytes; done += kStaging) {
-    const size_t n = std::min(kStaging, bytes - done);
+  constexpr size_t kReadback = size_t{64} << 20;
+  if (m.readback.size() < std::min(bytes, kReadback)) {
+    const uint32_t visible = VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | VK_MEMORY_PROPERTY_HOST_COHERENT_BIT;
+    const uint32_t wanted[] = {visible | VK_MEMORY_PROPERTY_HOST_CACHED_BIT, visible};
+    m.readback = allocate_memory(std::min(std::max(bytes, size_t{1} << 20), kReadback), wanted);
+  }
+  for (size_t done = 0; done < bytes; done += m.readback.size()) {
+    const size_t n = std::min(m.readback.size(), bytes - done);
     m.begin();
     const VkBufferCopy region{offset + done, 0, n};
-    vkCmdCopyBuffer(m.commands, reinterpret_cast<VkBuffer>(from.buffer_), reinterpret_cast<VkBuffer>(m.staging.buffer_), 1,
-                    &region);
+    vkCmdCopyBuffer(m.commands, reinterpret_cast<VkBuffer>(from.buffer_), reinterpret_cast<VkBuffer>(m.readback.buffer_),
+                    1, &region);
+    VkMemoryBarrier barrier = make<VkMemoryBarrier>(VK_STRUCTURE_TYPE_MEMORY_BARRIER);
+    barrier.srcAccessMask = VK_ACCESS_TRANSFER_WRITE_BIT;
+    barrier.dstAccessMask = VK_ACCESS_HOST_READ_BIT;
+    vkCmdPipelineBarrier(m.commands, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_PIPELINE_STAGE_HOST_BIT, 0, 1, &barrier, 0, nullptr,
+                         0, nullptr);
     submit();
-    std::memcpy(static_cast<uint8_t*>(data) + done, m.staging.mapped_, n);
+    std::memcpy(static_cast<uint8_t*>(data) + done, m.readback.mapped_, n);
   }
 }
 

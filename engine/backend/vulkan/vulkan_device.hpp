@@ -140,6 +140,7 @@ class Buffer {
   uint64_t memory_ = 0;  // VkDeviceMemory
   size_t size_ = 0;
   void* mapped_ = nullptr;  // host-visible memory stays mapped
+  bool host_cached_ = false;  // mapped memory the host reads at memory speed (not a BAR's)
 };
 
 // A range of a buffer bound to one of a shader's bindings.
@@ -164,8 +165,12 @@ class Device {
 
   // host_visible: memory the host maps (staging), else device-local where there is some.
   Buffer allocate(size_t bytes, bool host_visible = false);
-  // Host to device and back. A host-visible buffer is copied directly; otherwise
-  // through a staging buffer. Either waits for the recorded work first.
+  // Host to device and back, each waiting for the recorded work first. A host-visible
+  // buffer is written directly, otherwise through a staging buffer; a download reads
+  // host-cached memory directly, anything else (device memory, and device memory the
+  // host maps through a BAR, whose reads cross PCIe uncached: milliseconds for a row of
+  // logits) through a host-cached readback buffer the device copies into, recorded
+  // after the work before it (one submission).
   void upload(Buffer& to, size_t offset, const void* data, size_t bytes);
   void download(const Buffer& from, size_t offset, void* data, size_t bytes);
 
@@ -220,6 +225,9 @@ class Device {
   struct Impl;
   Device();
   void free(Buffer& buffer);
+  // A buffer in the first memory type that has all the flags of one of `wanted`, tried
+  // in order (VkMemoryPropertyFlags).
+  Buffer allocate_memory(size_t bytes, std::span<const uint32_t> wanted);
   std::unique_ptr<Impl> impl_;
   DeviceInfo info_;
   uint64_t allocated_ = 0;

@@ -302,6 +302,36 @@ TEST(VulkanOps, ALongRecordingIsSubmittedInPartsAndWaitedForOnce) {
   }
 }
 
+// A download through the readback buffer (what device memory and a BAR's mapped
+// memory take; $PICO_VULKAN_READBACK forces it on any device): the copy is recorded
+// after the work before it, so one submission runs both; larger than one readback
+// buffer, in parts.
+TEST(VulkanOps, DownloadThroughTheReadbackBufferIsOneSubmission) {
+  REQUIRE_DEVICE(plain);
+  ::setenv("PICO_VULKAN_READBACK", "1", 1);
+  std::unique_ptr<Device> device = Device::open(plain->info().index);
+  ::unsetenv("PICO_VULKAN_READBACK");
+  Ops ops(*device);
+  const int64_t n = 3000;
+  const std::vector<float> a = random_floats(n, 3), b = random_floats(n, 4);
+  const Buffer da = to_device(*device, a), db = to_device(*device, b);
+  Buffer dy = device->allocate(n * sizeof(float));
+  const uint64_t before = device->submissions(), allocated = device->allocated_bytes();
+  ops.add(all(da), all(db), n, 1, 1, all(dy));
+  const std::vector<float> got = from_device(*device, dy, n);
+  EXPECT_EQ(device->submissions() - before, 1u);
+  EXPECT_GE(device->allocated_bytes() - allocated, size_t{1} << 20) << "no readback buffer was made";
+  for (int64_t i = 0; i < n; ++i) ASSERT_EQ(got[i], a[i] + b[i]) << i;
+  // 72 MiB: two parts of the 64 MiB readback buffer.
+  const size_t big = size_t{72} << 20;
+  std::vector<uint8_t> bytes(big);
+  for (size_t i = 0; i < big; ++i) bytes[i] = static_cast<uint8_t>(i * 2654435761u >> 24);
+  const Buffer dbig = to_device(*device, bytes.data(), big);
+  std::vector<uint8_t> back(big);
+  device->download(dbig, 0, back.data(), big);
+  EXPECT_TRUE(back == bytes);
+}
+
 TEST(VulkanOps, MatrixLargerThanOneBindingGoesInChunks) {
   REQUIRE_DEVICE(device);
   // Q8_0 rows of 4352 bytes: the chunks start at offsets that are whole rows and a
