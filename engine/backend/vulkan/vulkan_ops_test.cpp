@@ -44,6 +44,15 @@ Device* device_or_reason(std::string& reason) {
   return device.get();
 }
 
+// Another device over the same one, opened with the environment variable `name` set
+// (the switches Device::open reads: profiling, the shared-memory tree, the readback).
+std::unique_ptr<Device> open_with(const Device& like, const char* name) {
+  ::setenv(name, "1", 1);
+  std::unique_ptr<Device> device = Device::open(like.info().index);
+  ::unsetenv(name);
+  return device;
+}
+
 #define REQUIRE_DEVICE(d)                                      \
   std::string reason_;                                         \
   Device* d = device_or_reason(reason_);                       \
@@ -160,9 +169,7 @@ TEST_P(MatmulTypes, SubgroupTreeGivesTheSharedMemoryTreesBits) {
   if (!device->info().subgroup_tree)
     GTEST_SKIP() << device->info().name << " has subgroups of " << device->info().subgroup_size  // reason: no subgroup tree here
                  << " lanes: the matmuls use the shared-memory tree alone";
-  ::setenv("PICO_VULKAN_NO_SUBGROUP_TREE", "1", 1);
-  const std::unique_ptr<Device> plain = Device::open(device->info().index);
-  ::unsetenv("PICO_VULKAN_NO_SUBGROUP_TREE");
+  const std::unique_ptr<Device> plain = open_with(*device, "PICO_VULKAN_NO_SUBGROUP_TREE");
   ASSERT_FALSE(plain->info().subgroup_tree);
   const GgmlType type = GetParam();
   const int64_t block = type_traits(type).block_size;
@@ -252,9 +259,7 @@ TEST(VulkanOps, RoundRowsMatchesTheCpuMatmulsActivations) {
 TEST(VulkanOps, ProfileCountsEachShadersDispatches) {
   REQUIRE_DEVICE(plain);
   EXPECT_FALSE(plain->profiling());
-  ::setenv("PICO_VULKAN_PROFILE", "1", 1);
-  std::unique_ptr<Device> device = Device::open(plain->info().index);
-  ::unsetenv("PICO_VULKAN_PROFILE");
+  std::unique_ptr<Device> device = open_with(*plain, "PICO_VULKAN_PROFILE");
   if (!device->profiling()) GTEST_SKIP() << "the device's compute queue has no timestamps";  // reason: the driver's
   Ops ops(*device);
   const std::vector<float> a = random_floats(4096, 1), b = random_floats(4096, 2);
@@ -280,9 +285,7 @@ TEST(VulkanOps, ProfileCountsEachShadersDispatches) {
 // flushed work lives until the wait, and the profile times the dispatches of every part.
 TEST(VulkanOps, ALongRecordingIsSubmittedInPartsAndWaitedForOnce) {
   REQUIRE_DEVICE(plain);
-  ::setenv("PICO_VULKAN_PROFILE", "1", 1);
-  std::unique_ptr<Device> device = Device::open(plain->info().index);
-  ::unsetenv("PICO_VULKAN_PROFILE");
+  std::unique_ptr<Device> device = open_with(*plain, "PICO_VULKAN_PROFILE");
   Ops ops(*device);
   const int64_t n = 1000, steps = 150;
   const std::vector<float> zeros(n, 0.0f), ones(n, 1.0f);
@@ -308,9 +311,7 @@ TEST(VulkanOps, ALongRecordingIsSubmittedInPartsAndWaitedForOnce) {
 // buffer, in parts.
 TEST(VulkanOps, DownloadThroughTheReadbackBufferIsOneSubmission) {
   REQUIRE_DEVICE(plain);
-  ::setenv("PICO_VULKAN_READBACK", "1", 1);
-  std::unique_ptr<Device> device = Device::open(plain->info().index);
-  ::unsetenv("PICO_VULKAN_READBACK");
+  std::unique_ptr<Device> device = open_with(*plain, "PICO_VULKAN_READBACK");
   Ops ops(*device);
   const int64_t n = 3000;
   const std::vector<float> a = random_floats(n, 3), b = random_floats(n, 4);
