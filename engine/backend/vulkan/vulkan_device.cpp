@@ -434,14 +434,8 @@ void Device::free(Buffer& b) {
   if (m.busy()) {
     // Recorded work may still use it: destroyed after the submission, not freed under
     // it, and without a wait now (a step's scratch that grows, a pool that doubles).
-    Buffer kept;
-    kept.device_ = this;
-    kept.buffer_ = b.buffer_;
-    kept.memory_ = b.memory_;
-    kept.size_ = b.size_;
-    kept.mapped_ = b.mapped_;
-    kept.host_cached_ = b.host_cached_;
-    m.retired.push_back(std::move(kept));
+    // Moved whole (b's release() finds it empty), so no field is left behind.
+    m.retired.push_back(std::move(b));
     return;
   }
   if (b.mapped_) vkUnmapMemory(m.device, reinterpret_cast<VkDeviceMemory>(b.memory_));
@@ -645,7 +639,7 @@ void Device::dispatch(Shader shader, std::span<const BufferRange> buffers, const
                                 std::to_string(p.bindings) + " buffers, given " + std::to_string(buffers.size()));
   if (push_bytes > kPushConstantBytes) throw std::invalid_argument("vulkan: push constants over 128 bytes");
   if (groups_x == 0 || groups_y == 0 || groups_z == 0) return;
-  const auto started = m.queries ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point();
+  std::optional<Impl::Timer> recording(std::in_place, m.queries != VK_NULL_HANDLE, m.recording_ms);
   m.begin();
   std::vector<VkDescriptorBufferInfo> infos(buffers.size());
   std::vector<VkWriteDescriptorSet> writes(buffers.size());
@@ -687,7 +681,7 @@ void Device::dispatch(Shader shader, std::span<const BufferRange> buffers, const
                        VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT, 0, 1, &barrier, 0, nullptr, 0,
                        nullptr);
   ++dispatches_;
-  if (m.queries) m.recording_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count();
+  recording.reset();  // the flush is timed as submitting
   if (++m.dispatches_in_buffer >= kDispatchesPerFlush) {
     m.flush();
     ++flushes_;
