@@ -606,6 +606,11 @@ class VulkanBackend final : public Backend {
       back_.push_back({t, p});
       return t;
     }
+    // Activation memory for the op's own use, given back when the call ends.
+    BufferRange temp(size_t bytes) {
+      const BufferRange r = *be_.resident(be_.activations(static_cast<int64_t>((bytes + 3) / 4)));
+      return {r.buffer, r.offset, bytes};
+    }
     // A fresh device copy of the bytes at p, which the op may change.
     BufferRange copy_of(const void* p, size_t bytes) {
       const BufferRange t = temp(bytes);
@@ -641,10 +646,6 @@ class VulkanBackend final : public Backend {
       if (!at || at->offset % be_.alignment_ != 0) return std::nullopt;
       return BufferRange{at->buffer, at->offset, bytes};
     }
-    BufferRange temp(size_t bytes) {
-      const BufferRange r = *be_.resident(be_.activations(static_cast<int64_t>((bytes + 3) / 4)));
-      return {r.buffer, r.offset, bytes};
-    }
     VulkanBackend& be_;
     ActivationScope scope_;
     std::vector<Back> back_;
@@ -672,13 +673,13 @@ class VulkanBackend final : public Backend {
   }
 
   // x as a matmul over `w_type` multiplies it: rounded on the device to the type's dot
-  // partner (Q8_0, Q8_1, Q8_K, F16, BF16; Ops::round_rows) in a copy, as the CPU backend's
+  // partner (Q8_0, Q8_1, Q8_K, F16, BF16; Ops::round_rows) into a temporary, as the CPU backend's
   // matmul (and llama.cpp's) rounds it; F32 weights take x as it is.
   BufferRange activations_for(Call& call, GgmlType w_type, const float* x, int64_t rows, int64_t cols) {
     if (cpu::activation_type(w_type) == GgmlType::F32) return call.in(x, floats(rows * cols));
-    const BufferRange dx = call.copy_of(x, floats(rows * cols));
-    ops_.round_rows(dx, cols, rows, w_type);
-    return dx;
+    const BufferRange rounded = call.temp(floats(rows * cols));
+    ops_.round_rows(call.in(x, floats(rows * cols)), cols, rows, w_type, rounded);
+    return rounded;
   }
 
   // What an op left on the CPU reads: x itself on the host, or a download of the

@@ -220,6 +220,7 @@ struct Device::Impl {
     VkPipeline pipeline = VK_NULL_HANDLE;
     VkShaderModule module = VK_NULL_HANDLE;
     uint32_t bindings = 0;
+    uint32_t written = 0;  // written_bindings()
   };
   std::array<Pipeline, static_cast<size_t>(Shader::count)> pipelines{};
   Buffer staging;
@@ -257,8 +258,28 @@ struct Device::Impl {
   // Submits the command buffer being recorded without waiting (the device starts on it
   // while the host records the next).
   void flush();
-  // After a recorded transfer: the dispatches and transfers after it see what it wrote.
-  void transfer_barrier();
+  // The buffer ranges the dispatches and transfers since the last barrier used, and
+  // whether each wrote: the next one waits for those before it only where what it uses
+  // meets one of them and either side writes (Q, K and V's matmuls run side by side, as
+  // do a layer's other independent ops); a submission waits for all of them.
+  struct Access {
+    VkBuffer buffer = VK_NULL_HANDLE;
+    size_t offset = 0, bytes = 0;
+    bool written = false;
+  };
+  std::vector<Access> unsynchronized;
+  // A barrier after every dispatch: when profiling (each timestamp then times its own
+  // dispatch) or with $PICO_VULKAN_SERIALIZE (to compare).
+  bool serialize = false;
+  uint64_t barriers = 0;
+  // Records a barrier after the work in `unsynchronized` (none if it is empty): the
+  // dispatches and transfers after it, and with `host_stage` the host's reads, see what
+  // it wrote.
+  void barrier(bool host_stage = false);
+  // Before recording work that uses `accesses`: a barrier if they meet the unsynchronized
+  // ones; then they are unsynchronized too (followed by a barrier when serializing).
+  void order(std::span<const Access> accesses);
+  void ordered();
 };
 
 Device::Device() : impl_(std::make_unique<Impl>()) {}
@@ -335,6 +356,7 @@ std::unique_ptr<Device> Device::open(uint32_t index) {
     vkGetPhysicalDeviceProperties(m.physical, &properties);
     m.nanoseconds_per_tick = properties.limits.timestampPeriod;
   }
+  m.serialize = m.queries != VK_NULL_HANDLE || std::getenv("PICO_VULKAN_SERIALIZE") != nullptr;
   return d;
 }
 
@@ -344,7 +366,8 @@ Device::~Device() {
   if (m.device) vkDeviceWaitIdle(m.device);
   if (m.queries) {
     std::fprintf(stderr,
-                 "vulkan profile (%s): %llu dispatches in %llu submissions (%llu without a wait); host: %.3f ms "
+                 "vulkan profile (%s, a barrier after each dispatch): %llu dispatches in %llu submissions (%llu "
+                 "without a wait); host: %.3f ms "
                  "recording dispatches, %.3f ms recording transfers, %.3f ms ending and submitting command buffers, "
                  "%.3f ms waiting for the device, %.3f ms from a wait's end to the next wait (all of these but the "
                  "waits included)\n",
@@ -457,7 +480,7 @@ void Device::upload(Buffer& to, size_t offset, const void* data, size_t bytes) {
   for (size_t done = 0; done < bytes; done += kStaging) {
     const size_t n = std::min(kStaging, bytes - done);
     std::memcpy(m.staging.mapped_, static_cast<const uint8_t*>(data) + done, n);
-    m.begin();
+    m.begin();  // nothing before it: submitted above
     const VkBufferCopy region{0, offset + done, n};
     vkCmdCopyBuffer(m.commands, reinterpret_cast<VkBuffer>(m.staging.buffer_), reinterpret_cast<VkBuffer>(to.buffer_), 1,
                     &region);
@@ -482,6 +505,7 @@ void Device::download(const Buffer& from, size_t offset, void* data, size_t byte
   for (size_t done = 0; done < bytes; done += m.readback.size()) {
     const size_t n = std::min(m.readback.size(), bytes - done);
     m.begin();
+    m.barrier();  // the copy after all the work before it (a submission follows)
     const VkBufferCopy region{offset + done, 0, n};
     vkCmdCopyBuffer(m.commands, reinterpret_cast<VkBuffer>(from.buffer_), reinterpret_cast<VkBuffer>(m.readback.buffer_),
                     1, &region);
@@ -501,6 +525,8 @@ void Device::write(const Buffer& to, size_t offset, const void* data, size_t byt
   Impl& m = *impl_;
   const Impl::Timer timer(m.queries != VK_NULL_HANDLE, m.transfers_ms);
   m.begin();
+  const Impl::Access written{reinterpret_cast<VkBuffer>(to.buffer_), offset, bytes, true};
+  m.order({&written, 1});
   // vkCmdUpdateBuffer keeps up to 64 KiB in the command buffer, in whole words.
   if (bytes <= 65536 && bytes % 4 == 0 && offset % 4 == 0) {
     vkCmdUpdateBuffer(m.commands, reinterpret_cast<VkBuffer>(to.buffer_), offset, bytes, data);
@@ -519,7 +545,7 @@ void Device::write(const Buffer& to, size_t offset, const void* data, size_t byt
     vkCmdCopyBuffer(m.commands, reinterpret_cast<VkBuffer>(staging.buffer_), reinterpret_cast<VkBuffer>(to.buffer_), 1,
                     &region);
   }
-  m.transfer_barrier();
+  m.ordered();
 }
 
 void Device::copy(const Buffer& from, const Buffer& to, std::span<const CopyRegion> regions) {
@@ -534,9 +560,15 @@ void Device::copy(const Buffer& from, const Buffer& to, std::span<const CopyRegi
   Impl& m = *impl_;
   const Impl::Timer timer(m.queries != VK_NULL_HANDLE, m.transfers_ms);
   m.begin();
+  std::vector<Impl::Access> accesses;
+  for (const CopyRegion& r : regions) {
+    accesses.push_back({reinterpret_cast<VkBuffer>(from.buffer_), r.from, r.bytes, false});
+    accesses.push_back({reinterpret_cast<VkBuffer>(to.buffer_), r.to, r.bytes, true});
+  }
+  m.order(accesses);
   vkCmdCopyBuffer(m.commands, reinterpret_cast<VkBuffer>(from.buffer_), reinterpret_cast<VkBuffer>(to.buffer_),
                   static_cast<uint32_t>(copies.size()), copies.data());
-  m.transfer_barrier();
+  m.ordered();
 }
 
 void Device::zero(const Buffer& to, size_t offset, size_t bytes) {
@@ -545,18 +577,40 @@ void Device::zero(const Buffer& to, size_t offset, size_t bytes) {
   if (offset > to.size_ || bytes > to.size_ - offset) throw std::out_of_range("vulkan: zero: past a buffer's end");
   Impl& m = *impl_;
   m.begin();
+  const Impl::Access written{reinterpret_cast<VkBuffer>(to.buffer_), offset, bytes, true};
+  m.order({&written, 1});
   vkCmdFillBuffer(m.commands, reinterpret_cast<VkBuffer>(to.buffer_), offset, bytes, 0);
-  m.transfer_barrier();
+  m.ordered();
 }
 
-void Device::Impl::transfer_barrier() {
+void Device::Impl::barrier(bool host_stage) {
+  if (unsynchronized.empty()) return;
   VkMemoryBarrier barrier = make<VkMemoryBarrier>(VK_STRUCTURE_TYPE_MEMORY_BARRIER);
-  barrier.srcAccessMask = VK_ACCESS_TRANSFER_WRITE_BIT;
+  barrier.srcAccessMask = VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_WRITE_BIT;
   barrier.dstAccessMask = VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_READ_BIT |
-                          VK_ACCESS_TRANSFER_WRITE_BIT;
-  vkCmdPipelineBarrier(commands, VK_PIPELINE_STAGE_TRANSFER_BIT,
-                       VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT, 0, 1, &barrier, 0, nullptr, 0,
-                       nullptr);
+                          VK_ACCESS_TRANSFER_WRITE_BIT | (host_stage ? VK_ACCESS_HOST_READ_BIT : 0);
+  vkCmdPipelineBarrier(commands, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT,
+                       VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT |
+                           (host_stage ? VK_PIPELINE_STAGE_HOST_BIT : 0),
+                       0, 1, &barrier, 0, nullptr, 0, nullptr);
+  unsynchronized.clear();
+  ++barriers;
+}
+
+void Device::Impl::order(std::span<const Access> accesses) {
+  const bool meets = std::any_of(accesses.begin(), accesses.end(), [&](const Access& a) {
+    return std::any_of(unsynchronized.begin(), unsynchronized.end(), [&](const Access& b) {
+      return a.buffer == b.buffer && a.offset < b.offset + b.bytes && b.offset < a.offset + a.bytes &&
+             (a.written || b.written);
+    });
+  });
+  if (meets) barrier();
+  unsynchronized.insert(unsynchronized.end(), accesses.begin(), accesses.end());
+}
+
+// After recording what order() was given: a barrier when serializing.
+void Device::Impl::ordered() {
+  if (serialize) barrier();
 }
 
 void Device::Impl::begin() {
@@ -590,6 +644,7 @@ Device::Impl::Pipeline& Device::Impl::pipeline(Device& owner, Shader shader) {
   if (p.pipeline) return p;
   const ShaderCode code = shader_code(shader);
   p.bindings = code.bindings;
+  p.written = written_bindings(code.words);
   VkShaderModuleCreateInfo module = make<VkShaderModuleCreateInfo>(VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO);
   module.codeSize = code.words.size() * sizeof(uint32_t);
   module.pCode = code.words.data();
@@ -616,7 +671,7 @@ Device::Impl::Pipeline& Device::Impl::pipeline(Device& owner, Shader shader) {
   // The workgroup size is a specialization constant (id 0): the shaders reduce in a
   // fixed tree over it, the same on every device.
   // Constant 1: the matmuls' 32-lane trees through subgroup shuffles (the same sums).
-  const std::array<uint32_t, 2> constants{kWorkgroupSize, owner.info().subgroup_tree ? 1u : 0u};
+  const std::array<uint32_t, 2> constants{workgroup_size(shader), owner.info().subgroup_tree ? 1u : 0u};
   const std::array<VkSpecializationMapEntry, 2> entries{{{0, 0, sizeof(uint32_t)}, {1, sizeof(uint32_t), sizeof(uint32_t)}}};
   VkSpecializationInfo specialization{2, entries.data(), sizeof constants, constants.data()};
   VkComputePipelineCreateInfo create = make<VkComputePipelineCreateInfo>(VK_STRUCTURE_TYPE_COMPUTE_PIPELINE_CREATE_INFO);
@@ -643,6 +698,7 @@ void Device::dispatch(Shader shader, std::span<const BufferRange> buffers, const
   m.begin();
   std::vector<VkDescriptorBufferInfo> infos(buffers.size());
   std::vector<VkWriteDescriptorSet> writes(buffers.size());
+  std::vector<Impl::Access> accesses(buffers.size());
   for (size_t i = 0; i < buffers.size(); ++i) {
     const BufferRange& r = buffers[i];
     if (!r.buffer || !*r.buffer) throw std::invalid_argument("vulkan: an unbound buffer");
@@ -655,12 +711,14 @@ void Device::dispatch(Shader shader, std::span<const BufferRange> buffers, const
       throw std::invalid_argument("vulkan: a binding of " + std::to_string(bytes) + " bytes, over the device's " +
                                   std::to_string(info_.max_storage_range));
     infos[i] = {reinterpret_cast<VkBuffer>(r.buffer->handle()), r.offset, bytes};
+    accesses[i] = {infos[i].buffer, r.offset, bytes, ((p.written >> i) & 1u) != 0};
     writes[i] = make<VkWriteDescriptorSet>(VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET);
     writes[i].dstBinding = static_cast<uint32_t>(i);
     writes[i].descriptorCount = 1;
     writes[i].descriptorType = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER;
     writes[i].pBufferInfo = &infos[i];
   }
+  m.order(accesses);
   vkCmdBindPipeline(m.commands, VK_PIPELINE_BIND_POINT_COMPUTE, p.pipeline);
   m.push_descriptor_set(m.commands, VK_PIPELINE_BIND_POINT_COMPUTE, p.layout, 0, static_cast<uint32_t>(writes.size()),
                         writes.data());
@@ -672,14 +730,7 @@ void Device::dispatch(Shader shader, std::span<const BufferRange> buffers, const
     vkCmdWriteTimestamp(m.commands, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, m.queries, m.queries_used++);
     m.timed.push_back(shader);
   }
-  // Each dispatch sees what the ones before it wrote.
-  VkMemoryBarrier barrier = make<VkMemoryBarrier>(VK_STRUCTURE_TYPE_MEMORY_BARRIER);
-  barrier.srcAccessMask = VK_ACCESS_SHADER_WRITE_BIT;
-  barrier.dstAccessMask = VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_READ_BIT |
-                          VK_ACCESS_TRANSFER_WRITE_BIT;
-  vkCmdPipelineBarrier(m.commands, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
-                       VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT, 0, 1, &barrier, 0, nullptr, 0,
-                       nullptr);
+  m.ordered();
   ++dispatches_;
   recording.reset();  // the flush is timed as submitting
   if (++m.dispatches_in_buffer >= kDispatchesPerFlush) {
@@ -708,6 +759,7 @@ void Device::submit() {
   // empty submission's fence crashed lavapipe 22.3).
   std::optional<Impl::Timer> submitting(std::in_place, m.queries != VK_NULL_HANDLE, m.submitting_ms);
   m.begin();
+  m.barrier(true);  // the host reads what the work wrote once the fence says so
   m.recording = false;
   check(vkEndCommandBuffer(m.commands), "ending a command buffer");
   VkSubmitInfo submit = make<VkSubmitInfo>(VK_STRUCTURE_TYPE_SUBMIT_INFO);
@@ -750,6 +802,8 @@ void Device::submit() {
   m.retired.clear();
   ++submissions_;
 }
+
+uint64_t Device::barriers() const { return impl_->barriers; }
 
 bool Device::profiling() const { return impl_->queries != VK_NULL_HANDLE; }
 

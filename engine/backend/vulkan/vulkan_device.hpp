@@ -174,7 +174,7 @@ class Device {
   void upload(Buffer& to, size_t offset, const void* data, size_t bytes);
   void download(const Buffer& from, size_t offset, void* data, size_t bytes);
 
-  // Recorded, in order with the dispatches (nothing waits): host bytes into `to` (taken
+  // Recorded, in order with the dispatches that use the same bytes (nothing waits): host bytes into `to` (taken
   // now: small ones inside the command buffer, larger ones through staging kept until
   // the submission), and copies between buffers (no alignment asked of the offsets).
   void write(const Buffer& to, size_t offset, const void* data, size_t bytes);
@@ -188,14 +188,15 @@ class Device {
   void zero(const Buffer& to, size_t offset, size_t bytes);
 
   // Records a dispatch of `groups` workgroups with the buffers bound in order and the
-  // push constants, after everything recorded before it (a barrier between). It runs
+  // push constants, after everything recorded before it that wrote what it binds or
+  // bound what it writes (a barrier between; the others may run beside it). It runs
   // once submitted: by submit(), or by the flush after every kDispatchesPerFlush.
   void dispatch(Shader shader, std::span<const BufferRange> buffers, const void* push, size_t push_bytes,
                 uint32_t groups_x, uint32_t groups_y = 1, uint32_t groups_z = 1);
   // Submits what was recorded and waits for it. Every kDispatchesPerFlush dispatches
   // the recording so far is submitted without a wait, so that the device runs it while
   // the host records the rest (Vulkan keeps the order of submissions to one queue, and
-  // each dispatch's barrier reaches into the next ones).
+  // a barrier reaches back into the ones before).
   void submit();
   static constexpr uint32_t kDispatchesPerFlush = 64;
   // Dispatches recorded and submissions waited for since the device was opened, and
@@ -203,9 +204,13 @@ class Device {
   uint64_t dispatches() const { return dispatches_; }
   uint64_t submissions() const { return submissions_; }
   uint64_t flushes() const { return flushes_; }
+  // Barriers recorded between dispatches (one only where a dispatch's bindings meet
+  // those of the dispatches since the last one and either side writes).
+  uint64_t barriers() const;
 
   // GPU time per shader, when the device was opened with $PICO_VULKAN_PROFILE set (and
-  // its queue has timestamps): each dispatch's time from the end of the work before it
+  // its queue has timestamps; a barrier then follows every dispatch, as with
+  // $PICO_VULKAN_SERIALIZE, so that none runs beside another): each dispatch's time from the end of the work before it
   // to its own end (its launch, the barrier before it and any transfer recorded in
   // between included; after a flush, the time the device waited for the host's next
   // buffer too), read back at each submit(). The table's first line gives the host's

@@ -266,13 +266,13 @@ void Ops::l2_norm(BufferRange x, int64_t n, int64_t rows, float eps, BufferRange
   device_.dispatch(Shader::l2_norm, bindings, &push, sizeof push, gx, gy);
 }
 
-void Ops::round_rows(BufferRange x, int64_t n, int64_t rows, GgmlType weight_type) {
+void Ops::round_rows(BufferRange x, int64_t n, int64_t rows, GgmlType weight_type, BufferRange y) {
   const auto partner = type_traits(weight_type).dot_partner;
   if (!partner) throw std::invalid_argument("vulkan: round_rows: type has no dot partner");
-  enum RoundKind : uint32_t { kF16, kBF16, kQ8_0, kQ8_K };  // round_rows.comp's kinds
+  enum RoundKind : uint32_t { kF16, kBF16, kQ8_0, kQ8_K, kF32 };  // round_rows.comp's kinds
   RoundKind kind;
   switch (*partner) {
-    case GgmlType::F32: return;
+    case GgmlType::F32: kind = kF32; break;
     case GgmlType::F16: kind = kF16; break;
     case GgmlType::BF16: kind = kBF16; break;
     case GgmlType::Q8_0:
@@ -286,7 +286,7 @@ void Ops::round_rows(BufferRange x, int64_t n, int64_t rows, GgmlType weight_typ
   const struct {
     uint32_t count, kind;
   } push{checked_u32(n * rows, "values"), kind};
-  const BufferRange bindings[] = {floats(x, 0, n * rows)};
+  const BufferRange bindings[] = {floats(x, 0, n * rows), floats(y, 0, n * rows)};
   const auto [gx, gy] = grid((static_cast<uint64_t>(n * rows) + kRoundGroupValues - 1) / kRoundGroupValues);
   device_.dispatch(Shader::round_rows, bindings, &push, sizeof push, gx, gy);
 }
@@ -498,7 +498,7 @@ void Ops::moe_ffn(const DeviceExperts& w, BufferRange x, int64_t tokens, BufferR
   mul(gate, up, ff, slots, slots, gate);
   // The down projection's input rounded as the CPU's matmul rounds it (llama.cpp's
   // MUL_MAT_ID quantizes it to the down weight's dot partner).
-  round_rows(gate, ff, slots, w.down.type);
+  round_rows(gate, ff, slots, w.down.type, gate);
   matmul_id(w.down, w.n_expert, gate, true, k, experts, slots, down);
   const struct {
     uint32_t n, k;

@@ -94,10 +94,11 @@ class Ops {
   void gelu_erf(BufferRange x, int64_t count, BufferRange y);
   void scale(BufferRange x, int64_t count, float factor);
   void softmax(BufferRange x, int64_t n, int64_t rows);
-  // Rounds `rows` rows of n floats in place to the values of the activations a matmul
-  // over `weight_type` multiplies on the CPU (its dot partner: F32 leaves them as they
-  // are; F16, BF16, Q8_0, Q8_1, Q8_K), as cpu::quantize_activations then dequantized.
-  void round_rows(BufferRange x, int64_t n, int64_t rows, GgmlType weight_type);
+  // `rows` rows of n floats of x into y (which may be x) rounded to the values of the
+  // activations a matmul over `weight_type` multiplies on the CPU (its dot partner: F32
+  // copies them as they are; F16, BF16, Q8_0, Q8_1, Q8_K), as cpu::quantize_activations
+  // then dequantized. One dispatch, no copy before it.
+  void round_rows(BufferRange x, int64_t n, int64_t rows, GgmlType weight_type, BufferRange y);
   // K or V rows into a KV pool of F16 rows (DeviceKvLayer's k or v): row s of x (n
   // floats, n even, at s * x_stride) rounded to F16 (as fp32_to_fp16) into pool row
   // rows[s] (count uint32 on the device).

@@ -16,6 +16,7 @@
 #include "backend/backend.hpp"
 #include "backend/vulkan/vulkan_device.hpp"
 #include "backend/vulkan/vulkan_ops.hpp"
+#include "backend/vulkan/vulkan_shaders.hpp"
 #include "cpu/matmul.hpp"
 #include "cpu/thread_pool.hpp"
 #include "quant/float_convert.hpp"
@@ -225,13 +226,16 @@ TEST(VulkanOps, RoundRowsMatchesTheCpuMatmulsActivations) {
       cpu::quantize_activations(pool, w_type, x.data(), n, rows, codes.data());
       for (int64_t r = 0; r < rows; ++r) dequantize_row(a_type, codes.data() + r * row_bytes, want.data() + r * n, n);
     }
+    // Into another buffer (filled with a value no rounding gives), x left as it was.
     const Buffer dx = to_device(*device, x);
-    ops.round_rows(all(dx), n, rows, w_type);
+    const Buffer dout = to_device(*device, std::vector<float>(x.size(), 1e30f));
+    ops.round_rows(all(dx), n, rows, w_type, all(dout));
     device->submit();
-    const std::vector<float> got = from_device(*device, dx, x.size());
+    const std::vector<float> got = from_device(*device, dout, x.size());
     size_t differ = 0;
     for (size_t i = 0; i < x.size(); ++i) differ += got[i] == want[i] ? 0 : 1;  // -0 == +0
     EXPECT_EQ(differ, 0u) << "of " << x.size() << " values";
+    EXPECT_EQ(from_device(*device, dx, x.size()), x);
   }
   // Rows of 96 values (3 blocks of 32): a last workgroup of 256 values only partly
   // filled (288 values), for the types whose blocks allow it.
@@ -246,12 +250,12 @@ TEST(VulkanOps, RoundRowsMatchesTheCpuMatmulsActivations) {
     std::vector<float> want(y.size());
     for (int64_t r = 0; r < short_rows; ++r) dequantize_row(a_type, codes.data() + r * row_bytes, want.data() + r * short_n, short_n);
     const Buffer dy = to_device(*device, y);
-    ops.round_rows(all(dy), short_n, short_rows, w_type);
+    ops.round_rows(all(dy), short_n, short_rows, w_type, all(dy));  // in place
     device->submit();
     EXPECT_EQ(from_device(*device, dy, y.size()), want);
   }
   const Buffer dx = to_device(*device, x);
-  EXPECT_THROW(ops.round_rows(all(dx), 100, 1, GgmlType::Q4_K), std::invalid_argument);  // not whole blocks
+  EXPECT_THROW(ops.round_rows(all(dx), 100, 1, GgmlType::Q4_K, all(dx)), std::invalid_argument);  // not whole blocks
 }
 
 // $PICO_VULKAN_PROFILE: a device opened with it times each dispatch by shader (what
@@ -302,6 +306,57 @@ TEST(VulkanOps, ALongRecordingIsSubmittedInPartsAndWaitedForOnce) {
     uint64_t adds = 0;
     for (const Device::ShaderTime& t : device->profile()) adds += std::string(t.shader) == "add" ? t.dispatches : 0;
     EXPECT_EQ(adds, static_cast<uint64_t>(steps));
+  }
+}
+
+// Which bindings a shader writes, from its SPIR-V: those not declared readonly.
+TEST(VulkanOps, WrittenBindingsAreTheOnesNotDeclaredReadonly) {
+  EXPECT_EQ(written_bindings(shader_code(Shader::rms_norm).words), 1u << 2);
+  EXPECT_EQ(written_bindings(shader_code(Shader::matmul_q4_0).words), 1u << 2);
+  EXPECT_EQ(written_bindings(shader_code(Shader::matmul_tiled_q4_K).words), 1u << 2);
+  EXPECT_EQ(written_bindings(shader_code(Shader::round_rows).words), 1u << 1);
+  EXPECT_EQ(written_bindings(shader_code(Shader::rope).words), 1u << 0);  // in place
+  EXPECT_EQ(written_bindings(shader_code(Shader::attention_f16).words), (1u << 5) | (1u << 6));
+  EXPECT_EQ(written_bindings(shader_code(Shader::moe_route).words), (1u << 1) | (1u << 2));
+  EXPECT_EQ(written_bindings({}), 0u);
+}
+
+// A barrier goes only between dispatches whose bindings meet where one of them writes:
+// two adds reading the same inputs into different outputs run side by side, the add of
+// their outputs waits for both, an add writing what that one read waits for it (write
+// after read), and the submission waits for everything for the host. With
+// $PICO_VULKAN_SERIALIZE every dispatch is followed by one. The results are the same.
+TEST(VulkanOps, BarriersOnlyWhereDispatchesMeet) {
+  REQUIRE_DEVICE(plain);
+  const int64_t n = 1000;
+  const std::vector<float> a = random_floats(n, 5), b = random_floats(n, 6);
+  for (const bool serialized : {false, true}) {
+    SCOPED_TRACE(serialized ? "serialized" : "plain");
+    std::unique_ptr<Device> device =
+        serialized ? open_with(*plain, "PICO_VULKAN_SERIALIZE") : Device::open(plain->info().index);
+    Ops ops(*device);
+    const Buffer da = to_device(*device, a), db = to_device(*device, b);
+    // Three outputs side by side in one buffer: ranges of one buffer meet only where they overlap.
+    Buffer out = device->allocate(3 * n * sizeof(float) + 4096);
+    const size_t step = ((n * sizeof(float) + 255) / 256) * 256;
+    const BufferRange first{&out, 0, n * sizeof(float)}, second{&out, step, n * sizeof(float)},
+        third{&out, 2 * step, n * sizeof(float)};
+    device->submit();
+    const uint64_t before = device->barriers();
+    ops.add(all(da), all(db), n, 1, 1, first);
+    ops.add(all(db), all(da), n, 1, 1, second);
+    EXPECT_EQ(device->barriers() - before, serialized ? 2u : 0u);
+    ops.add(first, second, n, 1, 1, third);
+    EXPECT_EQ(device->barriers() - before, serialized ? 3u : 1u);
+    ops.add(all(da), all(da), n, 1, 1, first);  // first was read by the one before
+    EXPECT_EQ(device->barriers() - before, serialized ? 4u : 2u);
+    device->submit();
+    EXPECT_EQ(device->barriers() - before, serialized ? 4u : 3u);
+    const std::vector<float> got = from_device(*device, out, 2 * step / sizeof(float) + n);
+    for (int64_t i = 0; i < n; ++i) {
+      ASSERT_EQ(got[static_cast<size_t>(i)], a[i] + a[i]) << i;
+      ASSERT_EQ(got[2 * step / sizeof(float) + static_cast<size_t>(i)], (a[i] + b[i]) + (b[i] + a[i])) << i;
+    }
   }
 }
 

@@ -1,6 +1,6 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
-// Rounds floats in place to the values of a weight type's dot partner, as the CPU
+// Rounds floats (x into y, which may be x) to the values of a weight type's dot partner, as the CPU
 // backend's matmul quantizes its activations (cpu::quantize_activations, then
 // dequantized): F16 and BF16 value by value; Q8_0 / Q8_1 per block of 32 (d = amax /
 // 127 kept in F16, codes x * 127 / amax rounded half to even); Q8_K per block of 256
@@ -14,9 +14,10 @@
 // pass; a pass value by value in one invocation per block left most of a GPU idle.
 layout(local_size_x_id = 0) in;
 layout(constant_id = 0) const uint WG = 64;
-layout(std430, binding = 0) buffer Values { float x[]; };
+layout(std430, binding = 0) readonly buffer Input { float x[]; };
+layout(std430, binding = 1) writeonly buffer Output { float y[]; };
 layout(push_constant) uniform Push { uint count; uint kind; } p;
-const uint kF16 = 0, kBF16 = 1, kQ8_0 = 2, kQ8_K = 3;  // vulkan_ops.cpp's RoundKind
+const uint kF16 = 0, kBF16 = 1, kQ8_0 = 2, kQ8_K = 3, kF32 = 4;  // vulkan_ops.cpp's RoundKind
 const uint kGroupValues = 256;                         // vulkan_ops.cpp's kRoundGroupValues
 const uint kNone = 0xffffffffu;
 
@@ -39,9 +40,11 @@ void main() {
   const uint start = (gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x) * kGroupValues;
   const uint lid = gl_LocalInvocationID.x;
   if (start >= p.count) return;  // the whole workgroup
-  if (p.kind == kF16 || p.kind == kBF16) {
-    for (uint i = lid; i < kGroupValues && start + i < p.count; i += WG)
-      x[start + i] = p.kind == kF16 ? round_to_half(x[start + i]) : to_bfloat(x[start + i]);
+  if (p.kind == kF16 || p.kind == kBF16 || p.kind == kF32) {
+    for (uint i = lid; i < kGroupValues && start + i < p.count; i += WG) {
+      const float v = x[start + i];
+      y[start + i] = p.kind == kF16 ? round_to_half(v) : p.kind == kBF16 ? to_bfloat(v) : v;
+    }
     return;
   }
   const uint size = p.kind == kQ8_0 ? 32 : 256;
@@ -90,6 +93,6 @@ void main() {
   for (uint i = lid; i < kGroupValues && start + i < p.count; i += WG) {
     const uint block = i / size;
     precise const float scaled = value[i] * multiplier[block];
-    x[start + i] = (p.kind == kQ8_0 ? roundEven(scaled) : min(roundEven(scaled), 127.0)) * scale[block];
+    y[start + i] = (p.kind == kQ8_0 ? roundEven(scaled) : min(roundEven(scaled), 127.0)) * scale[block];
   }
 }
