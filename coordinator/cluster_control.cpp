@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <limits>
 #include <memory>
 
@@ -17,12 +18,142 @@ std::optional<double> profiled_seconds(const StageInfo& info, model::LayerRange 
   return total;
 }
 
+std::optional<double> predicted_step_seconds(const StageInfo& info, model::LayerRange layers, bool head, size_t tokens) {
+  if (!info.profile || layers.last > static_cast<int32_t>(info.profile->layers.size())) return std::nullopt;
+  auto time = [&](const worker::LayerTime& t) {
+    return std::max(t.decode_seconds, static_cast<double>(tokens) * t.batch_seconds_per_token);
+  };
+  double total = head ? time(info.profile->head) : 0.0;
+  for (int32_t l = layers.first; l < layers.last; ++l) total += time(info.profile->layers[static_cast<size_t>(l)]);
+  return total;
+}
+
+std::optional<size_t> slow_position(std::span<const StageWindow> windows, double factor, double window_seconds) {
+  constexpr double kLateShare = 0.25;
+  auto ratio = [](const StageWindow& w) { return w.measured / std::max(w.predicted, 1e-9); };
+  std::optional<size_t> slowest;
+  for (size_t i = 0; i < windows.size(); ++i) {
+    if (!windows[i].judged) continue;
+    std::vector<double> others;
+    for (size_t j = 0; j < windows.size(); ++j) {
+      if (j != i && windows[j].judged) others.push_back(ratio(windows[j]));
+    }
+    double reference = 1.0;
+    if (!others.empty()) {
+      std::sort(others.begin(), others.end());
+      const size_t n = others.size();
+      reference = std::max(1.0, n % 2 ? others[n / 2] : (others[n / 2 - 1] + others[n / 2]) / 2);
+    }
+    const StageWindow& w = windows[i];
+    const bool slow = ratio(w) >= factor * reference && w.measured - reference * w.predicted >= kLateShare * window_seconds;
+    if (slow && (!slowest || ratio(w) > ratio(windows[*slowest]))) slowest = i;
+  }
+  return slowest;
+}
+
 ClusterControl::ClusterControl(Engine& engine, protocol::ModelIdentity identity, Options options)
-    : engine_(engine), identity_(std::move(identity)), options_(std::move(options)) {}
+    : engine_(engine), identity_(std::move(identity)), options_(std::move(options)) {
+  if (options_.slow_factor > 0) watcher_ = std::thread([this] { watch(); });
+}
+
+ClusterControl::~ClusterControl() {
+  {
+    std::lock_guard lock(watch_mutex_);
+    stopping_ = true;
+  }
+  watch_cv_.notify_all();
+  if (watcher_.joinable()) watcher_.join();
+}
+
+void ClusterControl::watch() {
+  const auto every = std::chrono::duration<double>(std::clamp(options_.slow_seconds / 4, 0.05, 1.0));
+  std::unique_lock lock(watch_mutex_);
+  while (!watch_cv_.wait_for(lock, every, [&] { return stopping_; })) {
+    lock.unlock();
+    try {
+      check_slow();
+    } catch (const std::exception& e) {
+      spdlog::warn("the slow-worker watch: {}", e.what());
+    }
+    lock.lock();
+  }
+}
+
+void ClusterControl::check_slow() {
+  const auto window = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+      std::chrono::duration<double>(options_.slow_seconds));
+  const auto now = std::chrono::steady_clock::now();
+  std::optional<std::pair<size_t, size_t>> move;
+  std::string slow_worker, why;
+  engine_.with_pipeline([&](Pipeline& p) {
+           std::vector<StageWindow> windows(p.size());
+           for (size_t i = 0; i < p.size(); ++i) {
+             if (now - p.active_since(i) < window) continue;
+             const StageInfo& info = p.stage(i).info();
+             const bool head = i + 1 == p.size();
+             StageWindow& w = windows[i];
+             w.judged = true;
+             const auto steps = p.recent_steps(i, window);
+             for (const StageStepTime& step : steps) {
+               const auto predicted = predicted_step_seconds(info, info.layers, head, step.tokens);
+               if (!predicted) break;
+               w.predicted += *predicted;
+               w.measured += step.seconds;
+             }
+             w.judged = !steps.empty() && w.predicted > 0;
+           }
+           for (size_t i = 0; i < windows.size(); ++i) {
+             spdlog::debug("slow-worker watch: stage {}: {:.4f} s of compute in the last {} s, {:.4f} s predicted{}", i,
+                           windows[i].measured, options_.slow_seconds, windows[i].predicted,
+                           windows[i].judged ? "" : " (not judged)");
+           }
+           const auto slow = slow_position(windows, options_.slow_factor, options_.slow_seconds);
+           if (!slow) return false;
+           const size_t i = *slow;
+           const auto workers = p.workers(i);
+           const size_t current = p.active_worker(i);
+           const bool head = i + 1 == p.size();
+           const model::LayerRange layers = workers[current]->info().layers;
+           std::optional<size_t> best;
+           std::optional<double> best_time;
+           for (size_t k = 0; k < workers.size(); ++k) {
+             const StageInfo& info = workers[k]->info();
+             if (k == current || !workers[k]->up()) continue;
+             if (const auto off = moved_off_.find(info.name); off != moved_off_.end() && now - off->second < 10 * window)
+               continue;
+             const auto t = profiled_seconds(info, layers, head, options_.batch_objective);
+             const double time = t ? *t : std::numeric_limits<double>::infinity();
+             if (!best || time < *best_time) best = k, best_time = time;
+           }
+           if (!best) return false;
+           move.emplace(i, *best);
+           slow_worker = workers[current]->info().name;
+           why = fmt::format("stage {}: worker {} is slow: {:.3f} s of compute in the last {:.1f} s where its profile "
+                             "predicts {:.3f} s; its replica {} takes its layers",
+                             i, slow_worker, windows[i].measured, options_.slow_seconds, windows[i].predicted,
+                             workers[*best]->info().name);
+           return false;
+         })
+      .get();
+  if (!move) return;
+  const auto [i, k] = *move;
+  engine_.with_pipeline(
+             [&, i = i, k = k](Pipeline& p) {
+               // Still the same worker there (a replan or failover may have come first).
+               if (p.stage(i).info().name != slow_worker || !p.workers(i)[k]->up()) return false;
+               spdlog::warn("{}", why);
+               moved_off_[slow_worker] = std::chrono::steady_clock::now();
+               ++slow_moves_;
+               return p.activate(i, k);
+             },
+             true)
+      .get();
+}
 
 ClusterView ClusterControl::describe(Pipeline& pipeline) {
   ClusterView view;
   view.failovers = pipeline.timings().failovers;
+  view.slow_moves = slow_moves_;
   for (size_t i = 0; i < pipeline.size(); ++i) {
     StageView stage;
     stage.layers = pipeline.stage(i).info().layers;

@@ -3,12 +3,20 @@
 // time (a replica of a stage's range; a `--layers auto` worker is given the range of
 // the stage with the fewest live workers); moving a stage to another of its workers
 // (draining one for maintenance, or to the fastest by their measures), the sequences
-// following by replay. Everything that touches the pipeline runs on the engine's
-// thread (Engine::with_pipeline); joining connects from the caller's thread first.
+// following by replay; and, when asked, a watch that moves a stage off a worker that
+// stays slow. Everything that touches the pipeline runs on the engine's thread
+// (Engine::with_pipeline); joining connects from the caller's thread first.
 #pragma once
 
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <map>
+#include <mutex>
 #include <optional>
+#include <span>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "engine.hpp"
@@ -34,11 +42,30 @@ struct StageView {
 struct ClusterView {
   std::vector<StageView> stages;
   uint64_t failovers = 0;
+  uint64_t slow_moves = 0;  // stages moved off a slow worker by the watch
 };
 
 // A worker's profiled time per token for layers [first, last) (+ the head when `head`):
 // nullopt without a profile covering them.
 std::optional<double> profiled_seconds(const StageInfo& info, model::LayerRange layers, bool head, bool batch);
+// What its profile predicts for a step of `tokens` tokens through those layers: per
+// layer the larger of one token's time and tokens x the batch time per token (the
+// placement's roofline).
+std::optional<double> predicted_step_seconds(const StageInfo& info, model::LayerRange layers, bool head, size_t tokens);
+
+// A position's last window of steps, as the slow-worker rule judges it.
+struct StageWindow {
+  bool judged = false;   // its worker was active the whole window, finished steps in it, and has a profile
+  double measured = 0;   // the steps' times (StageStepTime), seconds
+  double predicted = 0;  // what the worker's profile predicts for the same steps
+};
+// The position whose worker is slow, or nullopt. Its ratio of measured to predicted
+// time is at least `factor` times what the other judged positions show (the median of
+// their ratios, at least 1; 1 when there is none): a machine's load or a small model's
+// fixed costs slow every stage alike and move nothing. And the time beyond what that
+// explains is at least a quarter of the window, so that a few slow steps on an idle
+// cluster move nothing either. The largest ratio when several are.
+std::optional<size_t> slow_position(std::span<const StageWindow> windows, double factor, double window_seconds);
 
 class ClusterControl {
  public:
@@ -47,8 +74,17 @@ class ClusterControl {
     Stage::RejoinCheck limits_check;     // what a joining worker must hold (sizing)
     bool replan_on_join = false;         // move to the fastest workers after each join
     bool batch_objective = false;        // rank workers by batch time per token (throughput)
+    // The watch (off at 0): a stage whose worker stays slow for slow_seconds
+    // (slow_position over that window, checked a few times a window) moves to its
+    // live replica with the shortest profiled time, as a replan does; a worker moved
+    // off is not moved back to by the watch for 10 windows.
+    double slow_factor = 0;
+    double slow_seconds = 3;
   };
   ClusterControl(Engine& engine, protocol::ModelIdentity identity, Options options);
+  ~ClusterControl();
+  ClusterControl(const ClusterControl&) = delete;
+  ClusterControl& operator=(const ClusterControl&) = delete;
 
   // Thread-safe; each waits for the engine thread.
   ClusterView view();
@@ -62,10 +98,19 @@ class ClusterControl {
   ClusterView replan(const std::optional<std::string>& drain, bool* moved = nullptr);
 
  private:
-  static ClusterView describe(Pipeline& pipeline);
+  ClusterView describe(Pipeline& pipeline);
+  void watch();
+  // One look of the watch: moves a stage off a slow worker when there is one.
+  void check_slow();
   Engine& engine_;
   protocol::ModelIdentity identity_;
   Options options_;
+  std::map<std::string, std::chrono::steady_clock::time_point> moved_off_;  // the watch's thread only
+  std::atomic<uint64_t> slow_moves_{0};
+  std::mutex watch_mutex_;
+  std::condition_variable watch_cv_;
+  bool stopping_ = false;
+  std::thread watcher_;
 };
 
 }  // namespace pico::coordinator

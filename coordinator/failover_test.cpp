@@ -325,3 +325,50 @@ TEST(ClusterControl, MovesStagesToFasterWorkersByTheirProfiles) {
 
 }  // namespace
 }  // namespace pico::coordinator
+
+namespace pico::coordinator {
+namespace {
+
+// The slow-worker rule (ClusterControl's watch), on windows of 3 s.
+TEST(SlowPosition, ASlowStageAgainstTheOthersAndItsProfile) {
+  const double factor = 3, window = 3;
+  // Stage 1 took 2 s where its profile said 0.1 s; the others did as predicted.
+  std::vector<StageWindow> w = {{true, 0.10, 0.10}, {true, 2.0, 0.10}, {true, 0.2, 0.2}};
+  EXPECT_EQ(slow_position(w, factor, window), std::optional<size_t>(1));
+  // Every stage 20 times its profile (a loaded machine, a small model's fixed costs).
+  w = {{true, 2.0, 0.10}, {true, 2.0, 0.10}, {true, 4.0, 0.2}};
+  EXPECT_EQ(slow_position(w, factor, window), std::nullopt);
+  // 20 times its profile but only 0.19 s late in 3 s: a few slow steps of a quiet cluster.
+  w = {{true, 0.01, 0.01}, {true, 0.2, 0.01}};
+  EXPECT_EQ(slow_position(w, factor, window), std::nullopt);
+  // Below the factor against the others' median (5, 6 -> 5.5): 15 / 1 < 3 x 5.5.
+  w = {{true, 5, 1}, {true, 15, 1}, {true, 6, 1}};
+  EXPECT_EQ(slow_position(w, factor, window), std::nullopt);
+  // Stages not judged (no steps, no profile, just moved) are no reference and never slow.
+  w = {{false, 100, 0.1}, {true, 2.0, 0.1}};
+  EXPECT_EQ(slow_position(w, factor, window), std::optional<size_t>(1));
+  w = {{false, 100, 0.1}};
+  EXPECT_EQ(slow_position(w, factor, window), std::nullopt);
+  // A single stage: against its profile alone. Two slow ones: the slower.
+  w = {{true, 1.0, 0.1}};
+  EXPECT_EQ(slow_position(w, factor, window), std::optional<size_t>(0));
+  w = {{true, 1.0, 0.1}, {true, 0.1, 0.1}, {true, 3.0, 0.1}, {true, 0.1, 0.1}};
+  EXPECT_EQ(slow_position(w, factor, window), std::optional<size_t>(2));
+}
+
+// A step's prediction is the placement's roofline over the worker's profile.
+TEST(SlowPosition, PredictedStepIsTheRooflineOfTheProfile) {
+  StageInfo info;
+  info.profile.emplace();
+  info.profile->layers = {{0.010, 0.001}, {0.020, 0.001}, {0.030, 0.004}};
+  info.profile->head = {0.005, 0.002};
+  EXPECT_EQ(predicted_step_seconds(StageInfo{}, {0, 2}, false, 1), std::nullopt);  // no profile
+  EXPECT_EQ(predicted_step_seconds(info, {0, 4}, false, 1), std::nullopt);        // past it
+  EXPECT_DOUBLE_EQ(*predicted_step_seconds(info, {1, 3}, false, 1), 0.050);
+  EXPECT_DOUBLE_EQ(*predicted_step_seconds(info, {1, 3}, true, 1), 0.055);
+  // 10 tokens: max(0.020, 0.010) + max(0.030, 0.040) + head max(0.005, 0.020).
+  EXPECT_DOUBLE_EQ(*predicted_step_seconds(info, {1, 3}, true, 10), 0.080);
+}
+
+}  // namespace
+}  // namespace pico::coordinator

@@ -92,6 +92,13 @@ int main(int argc, char** argv) {
   app.add_flag("--replan-on-join", replan_on_join,
                "HTTP API: after a worker joins (POST /cluster/workers), move each stage to its fastest live worker "
                "by their profiles");
+  double slow_factor = 0, slow_seconds = 3;
+  app.add_option("--replan-when-slow", slow_factor,
+                 "HTTP API: move a stage to its live replica with the shortest profiled time when its worker's steps "
+                 "take at least FACTOR times what its profile predicts (and the other stages show) for --slow-seconds")
+      ->check(CLI::Range(1.0, 1000.0));
+  app.add_option("--slow-seconds", slow_seconds, "HTTP API: the window --replan-when-slow judges a worker over")
+      ->check(CLI::Range(0.1, 3600.0));
   int cache_slots = -1;
   app.add_option("--cache-slots", cache_slots,
                  "HTTP API: finished sequences whose KV is kept for prompt-prefix reuse (default: --parallel; 0: off)")
@@ -326,6 +333,8 @@ int main(int argc, char** argv) {
         control.remote = *remote_options;
         control.limits_check = [sized](const StageInfo& now) { return rejoin_shortfall(now, sized); };
         control.replan_on_join = replan_on_join;
+        control.slow_factor = slow_factor;
+        control.slow_seconds = slow_seconds;
         control.batch_objective = objective == "throughput";
         cluster = std::make_unique<ClusterControl>(engine, identity, std::move(control));
         http.cluster = cluster.get();

@@ -107,6 +107,9 @@ void Pipeline::switch_to(size_t i, size_t k) {
   p.current = k;
   std::lock_guard lock(timings_mutex_);
   describe(timings_.stages[i], p.active().info());
+  p.active_since = std::chrono::steady_clock::now();
+  p.recent.clear();
+  p.recent_next = 0;
 }
 
 bool Pipeline::fail_over() {
@@ -326,13 +329,16 @@ void Pipeline::account(const StepOutput& out, size_t tokens, uint64_t wait_start
   int64_t prev_sent = static_cast<int64_t>(out.sent_nanos) - (out.sent_by_last ? positions_.back().active().clock_offset_nanos() : 0);
   if (out.sent_by_last) ++timings_.chained_steps;
   bool prev_remote = true;  // the coordinator is not the stage's process
+  const auto now = std::chrono::steady_clock::now();
   for (const StageStamp& st : out.stamps) {
     if (st.stage >= positions_.size()) continue;
-    Stage& stage = positions_[st.stage].active();
+    Position& position = positions_[st.stage];
+    Stage& stage = position.active();
     StageTimingTotals& t = timings_.stages[st.stage];
     const int64_t offset = stage.clock_offset_nanos();
     auto local = [&](uint64_t stamp) { return static_cast<int64_t>(stamp) - offset; };
-    t.compute_seconds += seconds(static_cast<int64_t>(st.compute_end) - static_cast<int64_t>(st.compute_start));
+    const double compute = seconds(static_cast<int64_t>(st.compute_end) - static_cast<int64_t>(st.compute_start));
+    t.compute_seconds += compute;
     if (stage.remote() && prev_remote) {
       const int64_t received = local(st.received), idle_since = local(st.idle_since);
       // The input arrived sometime after it was sent; while the stage was still busy
@@ -343,6 +349,12 @@ void Pipeline::account(const StepOutput& out, size_t tokens, uint64_t wait_start
     }
     ++t.batches;
     t.tokens += tokens;
+    if (position.recent.size() < kRecentSteps) {
+      position.recent.push_back({now, tokens, compute});
+    } else {
+      position.recent[position.recent_next] = {now, tokens, compute};
+      position.recent_next = (position.recent_next + 1) % kRecentSteps;
+    }
     prev_sent = local(st.sent);
     prev_remote = stage.remote();
   }
@@ -355,6 +367,21 @@ void Pipeline::account(const StepOutput& out, size_t tokens, uint64_t wait_start
 PipelineTimings Pipeline::timings() const {
   std::lock_guard lock(timings_mutex_);
   return timings_;
+}
+
+std::vector<StageStepTime> Pipeline::recent_steps(size_t i, std::chrono::steady_clock::duration within) const {
+  std::lock_guard lock(timings_mutex_);
+  const auto since = std::chrono::steady_clock::now() - within;
+  std::vector<StageStepTime> out;
+  for (const StageStepTime& t : positions_.at(i).recent) {
+    if (t.finished >= since) out.push_back(t);
+  }
+  return out;
+}
+
+std::chrono::steady_clock::time_point Pipeline::active_since(size_t i) const {
+  std::lock_guard lock(timings_mutex_);
+  return positions_.at(i).active_since;
 }
 
 void Pipeline::close(int32_t seq_id) {

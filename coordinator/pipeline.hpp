@@ -10,6 +10,7 @@
 // its sequences (every step in flight is gone, and the replica holds none of them).
 #pragma once
 
+#include <chrono>
 #include <deque>
 #include <memory>
 #include <mutex>
@@ -38,6 +39,16 @@ struct PipelineTimings {
   double logits_transfer_seconds = 0;  // last stage back to the coordinator
   uint64_t chained_steps = 0;          // finished steps the last stage had started itself
   uint64_t failovers = 0;              // lost workers replaced by a replica (Pipeline::fail_over)
+};
+
+// One finished step at a position, on its active worker: its compute time (the
+// worker's own stamps), what the worker's profile predicts. Not the transfers: a stalled
+// process holds the messages of its neighbours' too, and a small model's fixed costs
+// would swamp the layers' time.
+struct StageStepTime {
+  std::chrono::steady_clock::time_point finished;  // when the coordinator learnt of it
+  size_t tokens = 0;
+  double seconds = 0;
 };
 
 // A step that one stage refused or answered with something that does not fit it (an
@@ -113,6 +124,11 @@ class Pipeline {
   void close(int32_t seq_id);
   // Thread-safe.
   PipelineTimings timings() const;
+  // The steps the active worker of position i finished in the last `within` (at most
+  // kRecentSteps, none from a worker active before), and since when it is active.
+  std::vector<StageStepTime> recent_steps(size_t i, std::chrono::steady_clock::duration within) const;
+  std::chrono::steady_clock::time_point active_since(size_t i) const;
+  static constexpr size_t kRecentSteps = 4096;
 
  private:
   void plan_all();
@@ -129,6 +145,10 @@ class Pipeline {
     // the closes of the caller's replay reach it (a lost one when it rejoins); none after
     // the first step on the replica.
     std::vector<bool> holds_closed;
+    std::chrono::steady_clock::time_point active_since = std::chrono::steady_clock::now();
+    // The active worker's last kRecentSteps steps, a ring (guarded by timings_mutex_).
+    std::vector<StageStepTime> recent;
+    size_t recent_next = 0;
     Stage& active() const { return *workers[current]; }
   };
   std::vector<Position> positions_;

@@ -37,7 +37,7 @@ json to_json(const ClusterView& view) {
                       {"replicas", st.workers.size() - 1},
                       {"workers", std::move(workers)}});
   }
-  return {{"stages", std::move(stages)}, {"failovers", view.failovers}};
+  return {{"stages", std::move(stages)}, {"failovers", view.failovers}, {"slow_moves", view.slow_moves}};
 }
 
 ClusterControl& control(Session& s) {

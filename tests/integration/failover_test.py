@@ -23,10 +23,16 @@ CASE:
               the undisturbed run; the drained worker, then killed, costs nothing.
               Refused, naming why: draining a worker without a replica, an unknown one,
               a joining worker whose layers are no stage's.
+  slow        pico-coord --replan-when-slow 2 --slow-seconds 1: the undisturbed run
+              moves nothing; then stage 1's active worker is made slow mid-generation
+              (stopped 90 ms of every 100 ms, too short to be lost): the watch moves
+              the stage to its replica, and every request completes with exactly the
+              tokens of the undisturbed run; no failover, /cluster counts the move.
 """
 import http.client
 import json
 import os
+import re
 import signal
 import sys
 import threading
@@ -54,8 +60,8 @@ def start_worker(address, layers, log):
     return p
 
 
-def start_coord(addresses):
-    args = [COORD, "-m", MODEL, "--port", "0", "-c", "512", "--parallel", "8"]
+def start_coord(addresses, extra=()):
+    args = [COORD, "-m", MODEL, "--port", "0", "-c", "512", "--parallel", "8", *extra]
     for a in addresses:
         args += ["--worker", a]
     p = start(args, "coord.log")
@@ -170,11 +176,11 @@ def metric(port, name):
     fail("/metrics lacks %s" % name)
 
 
-def replicated_cluster():
+def replicated_cluster(extra=()):
     addresses = ["tcp://127.0.0.1:%d" % free_port() for _ in range(4)]
     layers = ["0-1", "0-1", "2-3", "2-3"]
     workers = [start_worker(a, l, "worker-%d.log" % i) for i, (a, l) in enumerate(zip(addresses, layers))]
-    coord, port = start_coord(addresses)
+    coord, port = start_coord(addresses, extra)
     log = read_log("coord.log")
     for a in (addresses[1], addresses[3]):
         if "%s stands by as a replica" % a not in log:
@@ -305,6 +311,44 @@ try:
         status, text = request(port, "GET", "/cluster")
         if status != 200 or json.loads(text)["stages"][1]["replicas"] != 0:
             fail("/cluster: %d %s" % (status, text))
+    elif case == "slow":
+        addresses, layers, workers, coord, port = replicated_cluster(
+            ["--replan-when-slow", "2", "--slow-seconds", "1"])
+        expected = undisturbed(port, greedy_only=False)
+        if "is slow" in read_log("coord.log"):
+            fail("the undisturbed run moved a stage:\n" + read_log("coord.log"))
+        victim = workers[2]
+        moved = threading.Event()
+
+        def throttle():
+            while not moved.is_set():
+                victim.send_signal(signal.SIGSTOP)
+                time.sleep(0.09)
+                victim.send_signal(signal.SIGCONT)
+                time.sleep(0.01)
+
+        def slow_down():
+            t = threading.Thread(target=throttle, daemon=True)
+            t.start()
+            try:
+                wait_log("coord.log", r"stage 1: worker %s is slow: .* its replica %s takes its layers" %
+                         (addresses[2], addresses[3]), coord, timeout=30)
+            finally:
+                moved.set()
+                t.join()
+                victim.send_signal(signal.SIGCONT)
+
+        streams = run_streams(port, False, slow_down)
+        check_same(streams, expected, "stage 1 moved off its slow worker")
+        if not any(running_after):
+            fail("the move came only once every stream had ended")
+        status, text = request(port, "GET", "/cluster")
+        view = json.loads(text)
+        if status != 200 or view["slow_moves"] != 1 or view["stages"][1]["active"] != addresses[3]:
+            fail("/cluster after the move: %d %s" % (status, text))
+        if metric(port, "pico:failovers_total") != 0:
+            fail("the slow worker was taken for lost")
+        print(re.search(r"stage 1: worker .* is slow: [^\n]*", read_log("coord.log")).group(0))
     else:
         print("unknown case", case)
         raise SystemExit(2)
