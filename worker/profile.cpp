@@ -43,6 +43,10 @@ std::vector<std::string> layer_kinds(const gguf::Model& file, int32_t n_layer) {
   return kinds;
 }
 
+// 2: each timed run after the CPU's cache was evicted (CacheEvictor); a profile of
+// version 1 is measured anew.
+constexpr int kProfileVersion = 2;
+
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v.empty() ? 0.0 : v[v.size() / 2];
@@ -52,14 +56,39 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
+// Reads a buffer larger than the CPU's last-level cache, so that the next timed run
+// finds none of the layer's weights there: a forward over a model larger than the
+// cache reads each layer from memory, and a layer timed again and again would come
+// from the cache. Twice the L3 the C library reports, 64 MiB at least.
+class CacheEvictor {
+ public:
+  CacheEvictor() {
+    long l3 = 0;
+#ifdef _SC_LEVEL3_CACHE_SIZE
+    l3 = sysconf(_SC_LEVEL3_CACHE_SIZE);
+#endif
+    lines_.assign(std::max<size_t>(size_t{64} << 20, 2 * static_cast<size_t>(std::max(l3, 0L))) / sizeof(uint64_t), 1);
+  }
+  void evict() {
+    uint64_t sum = 0;
+    for (size_t i = 0; i < lines_.size(); i += 8) sum += lines_[i];  // a 64-byte line each
+    sink_ = sum;
+  }
+
+ private:
+  std::vector<uint64_t> lines_;
+  volatile uint64_t sink_ = 0;
+};
+
 // Times a stage of `range` alone: prefills of options.batch tokens (fresh sequences),
 // then decode steps of one token after a prefill. logits: every token asks for its
 // logits (the head runs: the last stage's rows at a concurrency of that many
 // sequences), else none does. An untimed prefill first (a device compiles its
 // pipelines on first use); then at least one of each measure, more up to
-// options.repeats / decode_tokens while they take less than options.budget_seconds.
+// options.repeats / decode_tokens while they take less than options.budget_seconds;
+// each timed run after the cache was evicted.
 LayerTime time_range(const model::Model& m, backend::Backend& be, model::LayerRange range, bool logits,
-                     const ProfileOptions& o) {
+                     const ProfileOptions& o, CacheEvictor& evictor) {
   const int64_t n_embd = m.hparams().n_embd, n_vocab = m.hparams().n_vocab;
   auto cache = m.make_cache(range, GgmlType::F16, GgmlType::F16, backend::state_stores_of(be));
   std::vector<float> hidden(static_cast<size_t>(o.batch) * static_cast<size_t>(n_embd));
@@ -69,6 +98,7 @@ LayerTime time_range(const model::Model& m, backend::Backend& be, model::LayerRa
   const auto prefill = [&](int32_t seq) {
     std::vector<model::BatchToken> batch;
     for (int i = 0; i < o.batch; ++i) batch.push_back({seq, i, token(i), logits});
+    evictor.evict();
     const auto t0 = std::chrono::steady_clock::now();
     m.forward(be, batch, input, range, *cache);
     return seconds_since(t0);
@@ -85,6 +115,7 @@ LayerTime time_range(const model::Model& m, backend::Backend& be, model::LayerRa
   spent = 0;
   for (int i = 0; i < o.decode_tokens && (i == 0 || spent < o.budget_seconds); ++i) {
     const model::BatchToken one{0, o.batch + i, token(o.batch + i), logits};
+    evictor.evict();
     const auto t0 = std::chrono::steady_clock::now();
     m.forward(be, std::span(&one, 1), input, range, *cache);
     decodes.push_back(seconds_since(t0));
@@ -123,6 +154,7 @@ WorkerProfile measure_profile(const gguf::Model& file, const model::Model& m, co
   }
   const std::vector<std::string> kinds = layer_kinds(file, n_layer);
   std::map<std::string, LayerTime> measured;
+  CacheEvictor evictor;
   p.layers.resize(static_cast<size_t>(n_layer));
   const auto start = std::chrono::steady_clock::now();
   for (int32_t l = 0; l < n_layer; ++l) {
@@ -130,14 +162,14 @@ WorkerProfile measure_profile(const gguf::Model& file, const model::Model& m, co
     auto it = measured.find(kind);
     if (it == measured.end()) {
       m.load_weights(*be, {l, l + 1});
-      it = measured.emplace(kind, time_range(m, *be, {l, l + 1}, false, options)).first;
+      it = measured.emplace(kind, time_range(m, *be, {l, l + 1}, false, options, evictor)).first;
     }
     p.layers[static_cast<size_t>(l)] = it->second;
   }
   // The head: the last layer with the logits of every token, less the layer alone.
   const model::LayerRange last{n_layer - 1, n_layer};
   const LayerTime without = p.layers.back();
-  const LayerTime with = time_range(m, *be, last, true, options);
+  const LayerTime with = time_range(m, *be, last, true, options, evictor);
   p.head = {std::max(0.0, with.decode_seconds - without.decode_seconds),
             std::max(0.0, with.batch_seconds_per_token - without.batch_seconds_per_token)};
   spdlog::info("profile: {} kinds of layer measured in {:.2f} s", measured.size(), seconds_since(start));
@@ -158,7 +190,7 @@ std::string profile_cache_path(uint64_t model_hash, const StageBackendOptions& b
 
 std::string profile_to_json(const WorkerProfile& p) {
   nlohmann::json j;
-  j["version"] = 1;
+  j["version"] = kProfileVersion;
   j["model_hash"] = fmt::format("{:016x}", p.model_hash);
   j["backend"] = p.backend;
   j["device_index"] = p.device_index;
@@ -200,7 +232,8 @@ WorkerProfile profile_from_json(const std::string& text) {
     return static_cast<int>(v.get<int64_t>());
   };
   try {
-    if (need("version") != 1) throw std::invalid_argument("version is not 1");
+    if (need("version") != kProfileVersion)
+      throw std::invalid_argument("version is not " + std::to_string(kProfileVersion) + " (measured another way)");
     WorkerProfile p;
     const std::string hash = need("model_hash").get<std::string>();
     if (hash.size() != 16 || hash.find_first_not_of("0123456789abcdef") != std::string::npos) {

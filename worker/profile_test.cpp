@@ -62,7 +62,7 @@ TEST(WorkerProfile, MalformedJsonIsRefusedNamingWhat) {
     EXPECT_NE(at, std::string::npos) << from;
     return s.replace(at, from.size(), to);
   };
-  EXPECT_NE(error_of(with("\"version\": 1", "\"version\": 2")).find("version"), std::string::npos);
+  EXPECT_NE(error_of(with("\"version\": 2", "\"version\": 1")).find("version"), std::string::npos);
   EXPECT_NE(error_of(with("\"batch\": 64", "\"batch\": 0")).find("batch"), std::string::npos);
   EXPECT_NE(error_of(with("\"batch\": 64", "\"batches\": 64")).find("no 'batch'"), std::string::npos);
   EXPECT_NE(error_of(with("\"threads\": 3", "\"threads\": 1e300")).find("'threads' is not an integer"),

@@ -14,6 +14,10 @@ MODE emulated:  scripts/emulated-cluster (2 workers in network namespaces, shape
                 relays: a request through it, SIGINT, and nothing of it is left: no
                 namespace, no process, no cgroup, no new interface in the root namespace.
                 Exits 77 (ctest SKIP) when network namespaces cannot be made.
+MODE placement: scripts/bench-placement on two emulated nodes (a core and half of one)
+                at 1 and 2 streams, a few tokens: the four splits ran, the planned ones
+                with pico-coord's prediction, every split's layers cover the model.
+                Exits 77 where network namespaces cannot be made.
 MODE configs:   the example cluster files in configs/ hold the keys pico-coord reads and
                 layer ranges without gap or overlap.
 MODE pipeline:  scripts/bench-pipeline on a tiny model, a few tokens, one round: every
@@ -327,9 +331,40 @@ def test_pipeline():
     check(re.search(r"one hop, embd 2048 F32, ipc: [\d.]+ us", out) is not None, "one hop measured")
 
 
+def test_placement():
+    model = make_model()
+    r = subprocess.run([os.path.join(ROOT, "scripts/bench-placement"), "-m", model, "--node", "a:cores=0:cpu=1",
+                        "--node", "b:cores=1:cpu=0.5", "--streams", "2", "-p", "8", "-g", "8"],
+                       env=dict(os.environ, PICO_BUILD=BUILD), capture_output=True, text=True, timeout=200)
+    print(r.stdout, r.stderr)
+    if r.returncode == SKIP:
+        print("SKIPPED: network namespaces cannot be made here")
+        sys.exit(SKIP)
+    check(r.returncode == 0, "bench-placement exits 0 (%d)" % r.returncode)
+    rows = {}
+    for line in r.stdout.splitlines():
+        m = re.match(r"(planned-latency|planned-throughput|bytes|equal) +((?:\d+-\d+ ?)+) +(\d+) +([\d.]+) +([\d.]+) *(.*)$",
+                     line)
+        if m:
+            rows[(m.group(1), int(m.group(3)))] = m
+    for key in (("planned-latency", 1), ("bytes", 1), ("equal", 1), ("planned-throughput", 2), ("bytes", 2),
+                ("equal", 2)):
+        m = rows.get(key)
+        check(m is not None and float(m.group(4)) > 0, "%s at %d stream(s): a positive tok/s" % key)
+        if m:
+            ranges = [tuple(map(int, x.split("-"))) for x in m.group(2).split()]
+            covered = ranges[0][0] == 0 and ranges[-1][1] == 3 and all(
+                b[0] == a[1] + 1 for a, b in zip(ranges, ranges[1:]))
+            check(covered, "%s: layers %s cover 0-3" % (key[0], m.group(2).strip()))
+            if key[0].startswith("planned"):
+                check(re.search(r"[\d.]+ \([+-]\d+ %\)", m.group(6)) is not None,
+                      "%s: the prediction against the measure (%s)" % (key[0], m.group(6)))
+
+
 def main():
     try:
-        {"local": test_local, "emulated": test_emulated, "configs": test_configs, "pipeline": test_pipeline}[MODE]()
+        {"local": test_local, "emulated": test_emulated, "configs": test_configs, "pipeline": test_pipeline,
+         "placement": test_placement}[MODE]()
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     if failures:

@@ -69,7 +69,7 @@ try:
         procs.fail("worker a measured again though the cache holds its profile")
     # A corrupt cache: measured anew, with a warning naming the file, and rewritten.
     with open(cached[0], "w") as f:
-        f.write('{"version": 1, "layers": [[0.1, -1]]}')
+        f.write('{"version": 2, "layers": [[0.1, -1]]}')
     start_worker(port_b, "b.log", ["-t", "2"])
     log_b = procs.read_log("b.log")
     if "measuring anew" not in log_b or "kinds of layer measured" not in log_b:
