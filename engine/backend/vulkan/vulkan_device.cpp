@@ -481,6 +481,9 @@ void Device::upload(Buffer& to, size_t offset, const void* data, size_t bytes) {
     const size_t n = std::min(kStaging, bytes - done);
     std::memcpy(m.staging.mapped_, static_cast<const uint8_t*>(data) + done, n);
     m.begin();  // nothing before it: submitted above
+    // Tracked, so that the submission's barrier makes the copy visible to later work.
+    const Impl::Access written{reinterpret_cast<VkBuffer>(to.buffer_), offset + done, n, true};
+    m.order({&written, 1});
     const VkBufferCopy region{0, offset + done, n};
     vkCmdCopyBuffer(m.commands, reinterpret_cast<VkBuffer>(m.staging.buffer_), reinterpret_cast<VkBuffer>(to.buffer_), 1,
                     &region);
