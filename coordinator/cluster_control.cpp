@@ -92,7 +92,6 @@ void ClusterControl::check_slow() {
              const StageInfo& info = p.stage(i).info();
              const bool head = i + 1 == p.size();
              StageWindow& w = windows[i];
-             w.judged = true;
              const auto steps = p.recent_steps(i, window);
              for (const StageStepTime& step : steps) {
                const auto predicted = predicted_step_seconds(info, info.layers, head, step.tokens);
