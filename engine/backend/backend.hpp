@@ -198,6 +198,10 @@ class Backend {
   // Times the backend handed the work it recorded to its device and waited for it (0
   // on the CPU, which does each op as it is called): what a step costs in round trips.
   virtual uint64_t submissions() const { return 0; }
+  // Work it recorded for its device, and the barriers between (one only where a piece
+  // of work needs what another did); 0 on the CPU.
+  virtual uint64_t dispatches() const { return 0; }
+  virtual uint64_t barriers() const { return 0; }
 
   // y[t * w.rows + r] = dot(row r of w, row t of x) for tokens rows of x (w.cols each).
   virtual void matmul(const Weight& w, const float* x, int64_t tokens, float* y) = 0;

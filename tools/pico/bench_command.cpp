@@ -33,7 +33,8 @@ std::vector<int32_t> bench_prompt(int64_t n_vocab, int n) {
 
 void run_bench(BenchOptions o) {
   o.engine.batch = std::max(o.engine.batch, o.prompt);  // the prompt is one batch, as llama.cpp's is
-  double best_prefill = 0, best_decode = 0, submissions_per_token = 0;
+  double best_prefill = 0, best_decode = 0, submissions_per_token = 0, dispatches_per_token = 0,
+         barriers_per_token = 0;
   for (int r = 0; r < o.repeat; ++r) {
     Session s(o.engine);
     if (s.n_vocab() <= 2000) throw std::invalid_argument("bench needs a vocabulary of more than 2000 tokens");
@@ -43,20 +44,24 @@ void run_bench(BenchOptions o) {
     const auto t0 = std::chrono::steady_clock::now();
     s.eval(prompt, false, [&](size_t, const float* row) { next = argmax(row, nv); });
     const auto t1 = std::chrono::steady_clock::now();
-    const uint64_t submissions_before = s.be->submissions();
+    const uint64_t submissions_before = s.be->submissions(), dispatches_before = s.be->dispatches(),
+                   barriers_before = s.be->barriers();
     for (int i = 0; i < o.generate; ++i) {
       s.eval({next}, false, [&](size_t, const float* row) { next = argmax(row, nv); });
     }
     const auto t2 = std::chrono::steady_clock::now();
     submissions_per_token = static_cast<double>(s.be->submissions() - submissions_before) / o.generate;
+    dispatches_per_token = static_cast<double>(s.be->dispatches() - dispatches_before) / o.generate;
+    barriers_per_token = static_cast<double>(s.be->barriers() - barriers_before) / o.generate;
     best_prefill = std::max(best_prefill, o.prompt / std::chrono::duration<double>(t1 - t0).count());
     best_decode = std::max(best_decode, o.generate / std::chrono::duration<double>(t2 - t1).count());
   }
   if (o.json) {
     std::cout << fmt::format(
         "{{\"prefill_tps\": {:.3f}, \"decode_tps\": {:.3f}, \"prompt\": {}, \"generated\": {}, "
-        "\"submissions_per_token\": {:.2f}}}\n",
-        best_prefill, best_decode, o.prompt, o.generate, submissions_per_token);
+        "\"submissions_per_token\": {:.2f}, \"dispatches_per_token\": {:.1f}, \"barriers_per_token\": {:.1f}}}\n",
+        best_prefill, best_decode, o.prompt, o.generate, submissions_per_token, dispatches_per_token,
+        barriers_per_token);
   } else {
     std::cout << fmt::format("prefill: {} tokens, {:.1f} tok/s\ndecode: {} tokens, {:.2f} tok/s\n", o.prompt,
                              best_prefill, o.generate, best_decode);

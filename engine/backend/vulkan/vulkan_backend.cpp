@@ -207,6 +207,8 @@ class VulkanBackend final : public Backend {
 
   const char* name() const override { return "vulkan"; }
   uint64_t submissions() const override { return device_->submissions(); }
+  uint64_t dispatches() const override { return device_->dispatches(); }
+  uint64_t barriers() const override { return device_->barriers(); }
 
   bool supports(Op op, GgmlType type) const override {
     return vulkan::Ops::supports(op, type) || cpu_->supports(op, type);
@@ -588,7 +590,12 @@ class VulkanBackend final : public Backend {
   // the recorded work in order, so a later op reusing them cannot overtake this one).
   class Call {
    public:
-    explicit Call(VulkanBackend& be) : be_(be), scope_(be) {}
+    explicit Call(VulkanBackend& be) : be_(be), scope_(be) {
+      if (be_.open_calls_++ == 0) be_.reuse_host_inputs();
+    }
+    ~Call() { --be_.open_calls_; }
+    Call(const Call&) = delete;
+    Call& operator=(const Call&) = delete;
 
     BufferRange in(const void* p, size_t bytes) {
       if (const auto at = in_place(p, bytes)) return *at;
@@ -613,13 +620,11 @@ class VulkanBackend final : public Backend {
     }
     // A fresh device copy of the bytes at p, which the op may change.
     BufferRange copy_of(const void* p, size_t bytes) {
+      const auto at = be_.resident(p);
+      if (!at) return be_.host_input(p, bytes);
       const BufferRange t = temp(bytes);
-      if (const auto at = be_.resident(p)) {
-        const vulkan::Device::CopyRegion region{at->offset, t.offset, bytes};
-        be_.device_->copy(*at->buffer, *t.buffer, {&region, 1});
-      } else {
-        be_.device_->write(*t.buffer, t.offset, p, bytes);
-      }
+      const vulkan::Device::CopyRegion region{at->offset, t.offset, bytes};
+      be_.device_->copy(*at->buffer, *t.buffer, {&region, 1});
       return t;
     }
     void finish() {
@@ -765,6 +770,32 @@ class VulkanBackend final : public Backend {
     }
     return it->second;
   }
+  // Host bytes an op reads (positions, page tables, KV rows...), each in a place of its
+  // own until the submission: from the arena, the next op's input would take the bytes
+  // the last op still reads, a write after read that needs a barrier between ops that
+  // need none. A bump allocator over one buffer, reset once a submission has waited
+  // and no op holds a range of it (reuse_host_inputs, as an outermost Call begins).
+  void reuse_host_inputs() {
+    if (device_->submissions() == input_epoch_) return;
+    input_epoch_ = device_->submissions();
+    input_used_ = 0;
+    // The largest alone: what the other ones held was read by work that has run.
+    while (input_buffers_.size() > 1) input_buffers_.pop_front();
+  }
+  BufferRange host_input(const void* p, size_t bytes) {
+    const size_t aligned = (bytes + alignment_ - 1) / alignment_ * alignment_;
+    if (input_buffers_.empty() || aligned > input_buffers_.back().size() - input_used_) {
+      // A new, larger buffer; the ones before stay (ranges into them are recorded).
+      const size_t last = input_buffers_.empty() ? 0 : input_buffers_.back().size();
+      input_buffers_.push_back(device_->allocate(std::max({aligned, 2 * last, size_t{64} << 10})));
+      input_used_ = 0;
+    }
+    Buffer& buffer = input_buffers_.back();
+    const BufferRange r{&buffer, input_used_, bytes};
+    input_used_ += aligned;
+    device_->write(buffer, r.offset, p, bytes);
+    return r;
+  }
   const vulkan::DeviceExperts& expert_stacks(const ExpertWeights& w) {
     auto it = experts_.find(w.gate.data);
     if (it == experts_.end()) {
@@ -785,6 +816,10 @@ class VulkanBackend final : public Backend {
   Buffer moe_scratch_;
   std::map<std::tuple<const void*, GgmlType, int64_t, int64_t>, vulkan::DeviceWeight> weights_;
   std::map<const void*, vulkan::DeviceExperts> experts_;
+  std::deque<Buffer> input_buffers_;  // host_input()'s, the one in use last (deque: ranges keep their buffer)
+  size_t input_used_ = 0;
+  uint64_t input_epoch_ = 0;  // the submissions when input_used_ counted from 0
+  int open_calls_ = 0;        // Calls alive (an op's may hold host inputs)
   uint64_t weight_bytes_ = 0;
 };
 
