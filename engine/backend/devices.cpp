@@ -21,4 +21,17 @@ std::unique_ptr<Backend> open_backend(const std::string& backend, int device, in
   throw std::invalid_argument("unknown backend \"" + backend + "\" (cpu, vulkan)");
 }
 
+std::string missing_device(const std::string& backend, int device) {
+  if (backend == "cpu") return "";
+  if (backend != "vulkan") return "unknown backend \"" + backend + "\"";
+  const DeviceListing listing = list_vulkan_devices();
+  for (const ComputeDevice& d : listing.devices) {
+    if (static_cast<int>(d.index) != device) continue;
+    return d.usable ? "" : "vulkan device " + std::to_string(device) + " (" + d.name + "): " + d.unusable_reason;
+  }
+  std::string why = "no vulkan device " + std::to_string(device);
+  for (const std::string& note : listing.notes) why += "; " + note;
+  return why;
+}
+
 }  // namespace pico::backend

@@ -38,6 +38,11 @@ DeviceListing list_compute_devices();
 // std::invalid_argument for an unknown name, std::runtime_error when the backend is not
 // in this build or the device cannot be opened (the message says which).
 std::unique_ptr<Backend> open_backend(const std::string& backend, int device, int cpu_threads);
+// Why `backend` has no usable device `device` here (not in this build, no driver, no
+// such device, or the device lacks what the shaders need), or empty when it has one,
+// which open_backend must then open. For tests that need a device: they skip saying
+// this, and fail when a device that is there does not open.
+std::string missing_device(const std::string& backend, int device);
 
 // One backend's part (each implemented in the backend's folder, or by a stub when the
 // build leaves that backend out).
