@@ -7,25 +7,32 @@
 #include <memory>
 
 #include "cluster_measures.hpp"
+#include "placement.hpp"
 
 namespace pico::coordinator {
 
-std::optional<double> profiled_seconds(const StageInfo& info, model::LayerRange layers, bool head, bool batch) {
+namespace {
+// The sum of time(a layer's measures) over layers [first, last) of the worker's profile
+// (+ the head's); nullopt without a profile covering them.
+template <class Time>
+std::optional<double> over_profile(const StageInfo& info, model::LayerRange layers, bool head, Time&& time) {
   if (!info.profile || layers.last > static_cast<int32_t>(info.profile->layers.size())) return std::nullopt;
-  auto time = [&](const worker::LayerTime& t) { return batch ? t.batch_seconds_per_token : t.decode_seconds; };
   double total = head ? time(info.profile->head) : 0.0;
   for (int32_t l = layers.first; l < layers.last; ++l) total += time(info.profile->layers[static_cast<size_t>(l)]);
   return total;
 }
+}  // namespace
+
+std::optional<double> profiled_seconds(const StageInfo& info, model::LayerRange layers, bool head, bool batch) {
+  return over_profile(info, layers, head, [&](const worker::LayerTime& t) {
+    return batch ? t.batch_seconds_per_token : t.decode_seconds;
+  });
+}
 
 std::optional<double> predicted_step_seconds(const StageInfo& info, model::LayerRange layers, bool head, size_t tokens) {
-  if (!info.profile || layers.last > static_cast<int32_t>(info.profile->layers.size())) return std::nullopt;
-  auto time = [&](const worker::LayerTime& t) {
-    return std::max(t.decode_seconds, static_cast<double>(tokens) * t.batch_seconds_per_token);
-  };
-  double total = head ? time(info.profile->head) : 0.0;
-  for (int32_t l = layers.first; l < layers.last; ++l) total += time(info.profile->layers[static_cast<size_t>(l)]);
-  return total;
+  return over_profile(info, layers, head, [&](const worker::LayerTime& t) {
+    return roofline_seconds(t.decode_seconds, t.batch_seconds_per_token, static_cast<double>(tokens));
+  });
 }
 
 std::optional<size_t> slow_position(std::span<const StageWindow> windows, double factor, double window_seconds) {

@@ -24,10 +24,10 @@ class Costs {
     for (const WorkerMeasures& w : p.workers) {
       std::vector<double> prefix(layers_ + 1, 0.0);
       for (int l = 0; l < layers_; ++l) {
-        prefix[l + 1] = prefix[l] + std::max(w.decode_seconds[l], n * w.batch_seconds_per_token[l]);
+        prefix[l + 1] = prefix[l] + roofline_seconds(w.decode_seconds[l], w.batch_seconds_per_token[l], n);
       }
       time_prefix_.push_back(std::move(prefix));
-      head_.push_back(std::max(w.head_decode_seconds, n * w.head_batch_seconds_per_token));
+      head_.push_back(roofline_seconds(w.head_decode_seconds, w.head_batch_seconds_per_token, n));
     }
     // The memory of a range in O(1): stage_memory_bytes of a range is the prefix sums'
     // difference plus the first and last stages' share.

@@ -31,6 +31,12 @@ namespace pico::coordinator {
 
 enum class Objective { latency, throughput };
 
+// A layer's time for a step of `tokens` tokens from its profile's two measures: one
+// token's time, and the time per token of a prefill-sized batch (the roofline above).
+inline double roofline_seconds(double decode_seconds, double batch_seconds_per_token, double tokens) {
+  return decode_seconds > tokens * batch_seconds_per_token ? decode_seconds : tokens * batch_seconds_per_token;
+}
+
 // Throws std::invalid_argument unless "latency" or "throughput".
 Objective parse_objective(const std::string& text);
 const char* to_string(Objective objective);

@@ -585,9 +585,10 @@ class VulkanBackend final : public Backend {
 
   // One op's operands on the device. Activation memory is bound where it lies (through
   // an aligned copy when its offset is not one the device binds); host memory goes in
-  // through recorded writes, and host results come back in finish(), which submits.
-  // Temporaries are activation memory given back when the call ends (the device runs
-  // the recorded work in order, so a later op reusing them cannot overtake this one).
+  // through recorded writes into host_input()'s places, and host results come back in
+  // finish(), which submits. Temporaries are activation memory given back when the call
+  // ends (a later op reusing them writes what this one's work bound, so the device puts
+  // a barrier between).
   class Call {
    public:
     explicit Call(VulkanBackend& be) : be_(be), scope_(be) {
@@ -773,8 +774,9 @@ class VulkanBackend final : public Backend {
   // Host bytes an op reads (positions, page tables, KV rows...), each in a place of its
   // own until the submission: from the arena, the next op's input would take the bytes
   // the last op still reads, a write after read that needs a barrier between ops that
-  // need none. A bump allocator over one buffer, reset once a submission has waited
-  // and no op holds a range of it (reuse_host_inputs, as an outermost Call begins).
+  // need none. A bump allocator (a larger buffer when one fills), reset once a
+  // submission has waited and no op holds a range of it (reuse_host_inputs, as an
+  // outermost Call begins).
   void reuse_host_inputs() {
     if (device_->submissions() == input_epoch_) return;
     input_epoch_ = device_->submissions();

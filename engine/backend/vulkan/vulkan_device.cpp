@@ -647,6 +647,8 @@ Device::Impl::Pipeline& Device::Impl::pipeline(Device& owner, Shader shader) {
   if (p.pipeline) return p;
   const ShaderCode code = shader_code(shader);
   p.bindings = code.bindings;
+  if (p.bindings > kMaxBindings)
+    throw std::logic_error("vulkan: shader " + std::string(shader_name(shader)) + " binds over " + std::to_string(kMaxBindings) + " buffers");
   p.written = written_bindings(code.words);
   VkShaderModuleCreateInfo module = make<VkShaderModuleCreateInfo>(VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO);
   module.codeSize = code.words.size() * sizeof(uint32_t);
@@ -699,9 +701,10 @@ void Device::dispatch(Shader shader, std::span<const BufferRange> buffers, const
   if (groups_x == 0 || groups_y == 0 || groups_z == 0) return;
   std::optional<Impl::Timer> recording(std::in_place, m.queries != VK_NULL_HANDLE, m.recording_ms);
   m.begin();
-  std::vector<VkDescriptorBufferInfo> infos(buffers.size());
-  std::vector<VkWriteDescriptorSet> writes(buffers.size());
-  std::vector<Impl::Access> accesses(buffers.size());
+  // On the stack: a step records hundreds of dispatches.
+  std::array<VkDescriptorBufferInfo, kMaxBindings> infos{};
+  std::array<VkWriteDescriptorSet, kMaxBindings> writes{};
+  std::array<Impl::Access, kMaxBindings> accesses{};
   for (size_t i = 0; i < buffers.size(); ++i) {
     const BufferRange& r = buffers[i];
     if (!r.buffer || !*r.buffer) throw std::invalid_argument("vulkan: an unbound buffer");
@@ -721,9 +724,9 @@ void Device::dispatch(Shader shader, std::span<const BufferRange> buffers, const
     writes[i].descriptorType = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER;
     writes[i].pBufferInfo = &infos[i];
   }
-  m.order(accesses);
+  m.order(std::span(accesses.data(), buffers.size()));
   vkCmdBindPipeline(m.commands, VK_PIPELINE_BIND_POINT_COMPUTE, p.pipeline);
-  m.push_descriptor_set(m.commands, VK_PIPELINE_BIND_POINT_COMPUTE, p.layout, 0, static_cast<uint32_t>(writes.size()),
+  m.push_descriptor_set(m.commands, VK_PIPELINE_BIND_POINT_COMPUTE, p.layout, 0, static_cast<uint32_t>(buffers.size()),
                         writes.data());
   std::array<uint8_t, kPushConstantBytes> constants{};
   if (push_bytes) std::memcpy(constants.data(), push, push_bytes);

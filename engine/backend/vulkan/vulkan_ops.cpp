@@ -286,6 +286,7 @@ void Ops::round_rows(BufferRange x, int64_t n, int64_t rows, GgmlType weight_typ
   const struct {
     uint32_t count, kind;
   } push{checked_u32(n * rows, "values"), kind};
+  if (kind == kF32 && x.buffer == y.buffer && x.offset == y.offset) return;  // nothing to round or move
   const BufferRange bindings[] = {floats(x, 0, n * rows), floats(y, 0, n * rows)};
   const auto [gx, gy] = grid((static_cast<uint64_t>(n * rows) + kRoundGroupValues - 1) / kRoundGroupValues);
   device_.dispatch(Shader::round_rows, bindings, &push, sizeof push, gx, gy);

@@ -13,6 +13,8 @@ namespace pico::backend::vulkan {
 // minimum) and a workgroup of WG invocations (specialization constant 0), a power of
 // two: its reductions run over a fixed tree of WG leaves on every device.
 inline constexpr uint32_t kPushConstantBytes = 128;
+// Storage buffers a shader binds at most (delta_rule's 8).
+inline constexpr uint32_t kMaxBindings = 8;
 inline constexpr uint32_t kWorkgroupSize = 64;
 // RMSNorm and LayerNorm take a row per workgroup, of 256 (every device pico opens has
 // them): a decode step's single row of 2048 is loaded in two rounds, not eight.
