@@ -31,7 +31,7 @@ std::optional<double> profiled_seconds(const StageInfo& info, model::LayerRange 
 
 std::optional<double> predicted_step_seconds(const StageInfo& info, model::LayerRange layers, bool head, size_t tokens) {
   return over_profile(info, layers, head, [&](const worker::LayerTime& t) {
-    return roofline_seconds(t.decode_seconds, t.batch_seconds_per_token, static_cast<double>(tokens));
+    return layer_step_seconds(t.decode_seconds, t.batch_seconds_per_token, info.profile->batch, static_cast<double>(tokens));
   });
 }
 

@@ -49,8 +49,7 @@ struct ClusterView {
 // nullopt without a profile covering them.
 std::optional<double> profiled_seconds(const StageInfo& info, model::LayerRange layers, bool head, bool batch);
 // What its profile predicts for a step of `tokens` tokens through those layers: per
-// layer the larger of one token's time and tokens x the batch time per token (the
-// placement's roofline).
+// layer, the placement's layer_step_seconds.
 std::optional<double> predicted_step_seconds(const StageInfo& info, model::LayerRange layers, bool head, size_t tokens);
 
 // A position's last window of steps, as the slow-worker rule judges it.

@@ -114,6 +114,7 @@ PlaceableWorkers add_placeable_workers(PlacementProblem& problem, const std::vec
     }
     w.head_decode_seconds = m.info->profile->head.decode_seconds;
     w.head_batch_seconds_per_token = m.info->profile->head.batch_seconds_per_token;
+    w.profile_batch = m.info->profile->batch;
     w.memory_bytes = m.info->profile->memory_bytes;
     if (i < entries.size() && entries[i].memory) w.memory_bytes = std::min(w.memory_bytes, *entries[i].memory);
     problem.workers.push_back(std::move(w));

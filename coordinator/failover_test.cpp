@@ -356,18 +356,28 @@ TEST(SlowPosition, ASlowStageAgainstTheOthersAndItsProfile) {
   EXPECT_EQ(slow_position(w, factor, window), std::optional<size_t>(2));
 }
 
-// A step's prediction is the placement's roofline over the worker's profile.
-TEST(SlowPosition, PredictedStepIsTheRooflineOfTheProfile) {
+// A step's prediction: per layer, the line through the profile's two measures.
+TEST(SlowPosition, PredictedStepLiesBetweenTheProfilesMeasures) {
   StageInfo info;
   info.profile.emplace();
+  info.profile->batch = 64;
   info.profile->layers = {{0.010, 0.001}, {0.020, 0.001}, {0.030, 0.004}};
   info.profile->head = {0.005, 0.002};
   EXPECT_EQ(predicted_step_seconds(StageInfo{}, {0, 2}, false, 1), std::nullopt);  // no profile
   EXPECT_EQ(predicted_step_seconds(info, {0, 4}, false, 1), std::nullopt);        // past it
   EXPECT_DOUBLE_EQ(*predicted_step_seconds(info, {1, 3}, false, 1), 0.050);
   EXPECT_DOUBLE_EQ(*predicted_step_seconds(info, {1, 3}, true, 1), 0.055);
-  // 10 tokens: max(0.020, 0.010) + max(0.030, 0.040) + head max(0.005, 0.020).
-  EXPECT_DOUBLE_EQ(*predicted_step_seconds(info, {1, 3}, true, 10), 0.080);
+  // 64 tokens and more: tokens x the batch's time per token.
+  EXPECT_DOUBLE_EQ(*predicted_step_seconds(info, {1, 3}, true, 64), 0.064 + 0.256 + 0.128);
+  EXPECT_DOUBLE_EQ(*predicted_step_seconds(info, {1, 3}, true, 100), 0.100 + 0.400 + 0.200);
+  // 22 tokens, a third of the way from 1 to 64: a third of the way from each decode
+  // time to its batch's (layer 1: 0.020 to 0.064, layer 2: 0.030 to 0.256, head: 0.005
+  // to 0.128).
+  EXPECT_NEAR(*predicted_step_seconds(info, {1, 3}, true, 22),
+              (0.020 + 0.044 / 3) + (0.030 + 0.226 / 3) + (0.005 + 0.123 / 3), 1e-12);
+  // A decode slower than its batch's tokens: never below one token's time.
+  info.profile->layers[1] = {0.200, 0.001};
+  EXPECT_DOUBLE_EQ(*predicted_step_seconds(info, {1, 2}, false, 22), 0.200);
 }
 
 }  // namespace

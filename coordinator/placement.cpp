@@ -24,10 +24,10 @@ class Costs {
     for (const WorkerMeasures& w : p.workers) {
       std::vector<double> prefix(layers_ + 1, 0.0);
       for (int l = 0; l < layers_; ++l) {
-        prefix[l + 1] = prefix[l] + roofline_seconds(w.decode_seconds[l], w.batch_seconds_per_token[l], n);
+        prefix[l + 1] = prefix[l] + layer_step_seconds(w.decode_seconds[l], w.batch_seconds_per_token[l], w.profile_batch, n);
       }
       time_prefix_.push_back(std::move(prefix));
-      head_.push_back(roofline_seconds(w.head_decode_seconds, w.head_batch_seconds_per_token, n));
+      head_.push_back(layer_step_seconds(w.head_decode_seconds, w.head_batch_seconds_per_token, w.profile_batch, n));
     }
     // The memory of a range in O(1): stage_memory_bytes of a range is the prefix sums'
     // difference plus the first and last stages' share.

@@ -10,15 +10,15 @@
 // for its logits, so the time per step is a sum over the stages (compute, then the
 // hidden states sent on) plus the coordinator's two links. The objective sets the
 // step's batch: `latency` one token (one stream), `throughput` `concurrency` tokens
-// (that many streams at once). A layer's time at batch n is a roofline,
-// max(decode time, n x per-token time at the prefill batch): reading the weights
-// bounds a small batch, arithmetic a large one. Both objectives are then additive over
+// (that many streams at once). A layer's time at batch n lies on the line through its
+// two measures, one token and a prefill-sized batch (layer_step_seconds). Both objectives are then additive over
 // stages, and the search is exact: dynamic programming over (workers used, last
 // worker, layers covered) tries every subset and order of up to
 // `exhaustive_order_limit` workers; beyond that the workers keep the order given and
 // the search chooses which take part and their ranges.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <stdexcept>
@@ -32,9 +32,16 @@ namespace pico::coordinator {
 enum class Objective { latency, throughput };
 
 // A layer's time for a step of `tokens` tokens from its profile's two measures: one
-// token's time, and the time per token of a prefill-sized batch (the roofline above).
-inline double roofline_seconds(double decode_seconds, double batch_seconds_per_token, double tokens) {
-  return decode_seconds > tokens * batch_seconds_per_token ? decode_seconds : tokens * batch_seconds_per_token;
+// token's time, and the time per token of a batch of `profile_batch` tokens. Between
+// the two measured batches, the line through both points (a step's weights are read
+// once and its arithmetic grows with its tokens); past the larger one, its time per
+// token; never less than one token's time.
+inline double layer_step_seconds(double decode_seconds, double batch_seconds_per_token, int profile_batch,
+                                 double tokens) {
+  const double batch = profile_batch > 1 ? profile_batch : 1;
+  if (tokens >= batch) return std::max(decode_seconds, tokens * batch_seconds_per_token);
+  const double line = decode_seconds + (tokens - 1) / (batch - 1) * (batch * batch_seconds_per_token - decode_seconds);
+  return std::max(decode_seconds, line);
 }
 
 // Throws std::invalid_argument unless "latency" or "throughput".
@@ -55,6 +62,7 @@ struct WorkerMeasures {
   std::vector<double> batch_seconds_per_token;   // per layer: per token of a prefill-sized batch
   double head_decode_seconds = 0;                // output norm and head (the last stage)
   double head_batch_seconds_per_token = 0;
+  int profile_batch = 64;                        // tokens of the batch measured per token
   uint64_t memory_bytes = 0;                     // what it offers for weights + KV + state
 };
 

@@ -108,7 +108,7 @@ TEST(Placement, TheObjectiveSetsTheBatchAndSoWhoIsFaster) {
   expect_stages(latency, {{0, 0, 4}});
   EXPECT_EQ(latency.batch, 1);
   p.objective = Objective::throughput;
-  p.concurrency = 32;  // cpu: max(5 ms, 32 x 4 ms) = 128 ms a layer; gpu: max(10 ms, 3.2 ms)
+  p.concurrency = 32;  // cpu: 5 ms + 31/63 of the way to 64 x 4 ms, 128 ms a layer; gpu: 10 ms (64 x 0.1 ms is less)
   Placement throughput = place(p);
   expect_stages(throughput, {{1, 0, 4}});
   EXPECT_EQ(throughput.batch, 32);
@@ -172,8 +172,16 @@ double brute_force(const PlacementProblem& p, bool keep_order) {
   const size_t W = p.workers.size();
   const int L = static_cast<int>(p.layers.size());
   const int batch = p.objective == Objective::throughput ? p.concurrency : 1;
+  // The definition: one token's time at batch 1, the batch's time per token from the
+  // profile's batch on, the straight line between (never below one token's time).
+  const auto at_batch = [&](size_t w, double decode, double per_token) {
+    const double measured_batch = p.workers[w].profile_batch;
+    if (batch >= measured_batch) return std::max(decode, batch * per_token);
+    const double slope = (measured_batch * per_token - decode) / (measured_batch - 1);
+    return std::max(decode, decode + slope * (batch - 1));
+  };
   const auto layer_time = [&](size_t w, int l) {
-    return std::max(p.workers[w].decode_seconds[l], batch * p.workers[w].batch_seconds_per_token[l]);
+    return at_batch(w, p.workers[w].decode_seconds[l], p.workers[w].batch_seconds_per_token[l]);
   };
   const auto link = [&](size_t a, size_t b) -> LinkMeasure {
     if (p.worker_links.size() > a && p.worker_links[a].size() > b && p.worker_links[a][b]) return *p.worker_links[a][b];
@@ -200,7 +208,7 @@ double brute_force(const PlacementProblem& p, bool keep_order) {
       double c = cost;
       for (int l = from; l < to; ++l) c += layer_time(w, l);
       if (last) {
-        c += std::max(p.workers[w].head_decode_seconds, batch * p.workers[w].head_batch_seconds_per_token);
+        c += at_batch(w, p.workers[w].head_decode_seconds, p.workers[w].head_batch_seconds_per_token);
         c += send(p.coordinator_links[w], p.logits_bytes_per_token);
         best = std::min(best, c);
       } else {
@@ -255,6 +263,7 @@ TEST(Placement, MatchesEveryOrderedSplitOnRandomClusters) {
       }
       m.head_decode_seconds = time(rng);
       m.head_batch_seconds_per_token = time(rng) / 10;
+      m.profile_batch = trial % 4 == 0 ? 8 : 64;  // some concurrencies past the measured batch
       m.memory_bytes = memory(rng) * static_cast<uint64_t>(L);
       p.workers.push_back(m);
       p.coordinator_links.push_back({latency(rng), bandwidth(rng)});

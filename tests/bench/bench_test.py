@@ -356,9 +356,12 @@ def test_placement():
             covered = ranges[0][0] == 0 and ranges[-1][1] == 3 and all(
                 b[0] == a[1] + 1 for a, b in zip(ranges, ranges[1:]))
             check(covered, "%s: layers %s cover 0-3" % (key[0], m.group(2).strip()))
+            decode = re.match(r"([\d.]+) ", m.group(6))
+            check(decode is not None and float(decode.group(1)) > 0,
+                  "%s at %d stream(s): a positive decode tok/s (%s)" % (key + (m.group(6),)))
             if key[0].startswith("planned"):
-                check(re.search(r"[\d.]+ \([+-]\d+ %\)", m.group(6)) is not None,
-                      "%s: the prediction against the measure (%s)" % (key[0], m.group(6)))
+                check(len(re.findall(r"[\d.]+ \([+-]\d+ %\)", m.group(6))) == 2,
+                      "%s: the prediction against tok/s and against decode (%s)" % (key[0], m.group(6)))
 
 
 def main():
