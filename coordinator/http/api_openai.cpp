@@ -2,6 +2,7 @@
 #include <boost/asio/this_coro.hpp>
 #include <algorithm>
 #include <cctype>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -59,11 +60,21 @@ json usage_json(const std::vector<Usage>& choices) {
 
 std::string finish_reason(const std::string& reason) { return reason == "length" ? "length" : "stop"; }
 
+// A chat reply's calls as OpenAI writes them (message.tool_calls, or a stream's
+// delta.tool_calls with `index`).
+json tool_call_json(const ToolCall& call, std::optional<size_t> index = std::nullopt) {
+  json out = {{"id", call.id}, {"type", "function"}, {"function", {{"name", call.name}, {"arguments", call.arguments}}}};
+  if (index) out["index"] = *index;
+  return out;
+}
+
 // What one choice has produced so far.
 struct Choice {
   std::string text;                // raw, as generated
   ReasoningSplitter split;         // chat: text -> reasoning + content
+  ToolCallSplitter tool_split;     // chat: content -> content + tool calls
   std::string reasoning, content;  // chat
+  std::vector<ToolCall> calls;     // chat
   json chat_lp = json::array();
   CompletionLogprobs comp_lp;
   std::string reason;
@@ -92,13 +103,57 @@ awaitable<void> generate(Session& s, ParsedGeneration parsed, bool chat) {
 
   Generation gen(s.state.engine, co_await asio::this_coro::executor, s.socket, std::move(parsed.choices));
   std::vector<Choice> choices(gen.size());
-  for (auto& c : choices) c.split = ReasoningSplitter::for_reply(parsed.reasoning, stream);
+  for (auto& c : choices) {
+    c.split = ReasoningSplitter::for_reply(parsed.reasoning, stream);
+    if (parsed.tools.active()) c.tool_split = ToolCallSplitter(parsed.tools, [] { return random_id("call_"); });
+  }
   size_t remaining = choices.size();
   // A chat delta of reasoning and/or content.
   auto delta = [](const ReasoningSplitter::Split& d) {
     json out = json::object();
     if (!d.reasoning.empty()) out["reasoning_content"] = d.reasoning;
     if (!d.content.empty() || d.reasoning.empty()) out["content"] = d.content;
+    return out;
+  };
+  // Reasoning and content of a chat reply; the content through the tool-call splitter
+  // (final: the reply ended). What is new, to stream: text, then each finished call.
+  struct ChatPart {
+    ReasoningSplitter::Split text;
+    std::vector<ToolCall> calls;
+    bool empty() const { return text.empty() && calls.empty(); }
+  };
+  auto chat_part = [](Choice& c, ReasoningSplitter::Split part, bool final) {
+    ToolCallSplitter::Part tools = c.tool_split.feed(part.content);
+    if (final) {
+      ToolCallSplitter::Part rest = c.tool_split.finish();
+      tools.content += rest.content;
+      for (ToolCall& call : rest.calls) tools.calls.push_back(std::move(call));
+    }
+    c.reasoning += part.reasoning;
+    c.content += tools.content;
+    ChatPart out{{std::move(part.reasoning), std::move(tools.content)}, std::move(tools.calls)};
+    for (const ToolCall& call : out.calls) c.calls.push_back(call);
+    return out;
+  };
+  // The chunks of a chat part: its text, then per call its header (id, name, empty
+  // arguments) and its arguments, as OpenAI streams them.
+  auto part_chunks = [&](const Choice& c, const ChatPart& part, const json& lp, size_t choice) {
+    std::vector<json> out;
+    if (!part.text.empty() || !lp.is_null()) {
+      out.push_back(chunk({{"delta", delta(part.text)}, {"logprobs", lp}, {"finish_reason", nullptr}}, choice));
+    }
+    size_t index = c.calls.size() - part.calls.size();
+    for (const ToolCall& call : part.calls) {
+      json header = tool_call_json(call, index);
+      header["function"]["arguments"] = "";
+      out.push_back(chunk({{"delta", {{"tool_calls", json::array({header})}}}, {"logprobs", nullptr}, {"finish_reason", nullptr}},
+                          choice));
+      out.push_back(chunk({{"delta", {{"tool_calls", json::array({{{"index", index}, {"function", {{"arguments", call.arguments}}}}})}}},
+                           {"logprobs", nullptr},
+                           {"finish_reason", nullptr}},
+                          choice));
+      ++index;
+    }
     return out;
   };
 
@@ -138,12 +193,10 @@ awaitable<void> generate(Session& s, ParsedGeneration parsed, bool chat) {
       c.reason = finish_reason(ev.reason);
       c.usage = ev.usage;
       --remaining;
-      if (chat) {  // what the splitter held back (a partial tag, trailing whitespace)
-        const ReasoningSplitter::Split rest = c.split.finish();
-        c.reasoning += rest.reasoning;
-        c.content += rest.content;
-        if (stream && !rest.empty()) {
-          const json piece = chunk({{"delta", delta(rest)}, {"logprobs", nullptr}, {"finish_reason", nullptr}}, ev.choice);
+      if (chat) {  // what the splitters held back (a partial tag, trailing whitespace, a call)
+        const ChatPart rest = chat_part(c, c.split.finish(), true);
+        if (!c.calls.empty()) c.reason = "tool_calls";
+        for (const json& piece : stream ? part_chunks(c, rest, nullptr, ev.choice) : std::vector<json>{}) {
           const std::string piece_text = piece.dump(-1, ' ', false, json::error_handler_t::replace);
           if (!co_await s.stream_data(piece_text)) {
             gen.cancel();
@@ -168,12 +221,8 @@ awaitable<void> generate(Session& s, ParsedGeneration parsed, bool chat) {
     const TokenEvent& t = ev.token;
     const size_t offset = c.text.size();
     c.text += t.text;
-    ReasoningSplitter::Split part;
-    if (chat) {
-      part = c.split.feed(t.text);
-      c.reasoning += part.reasoning;
-      c.content += part.content;
-    }
+    ChatPart part;
+    if (chat) part = chat_part(c, c.split.feed(t.text), false);
     json lp = nullptr;
     if (want_logprobs && t.id >= 0) {
       if (chat) {
@@ -187,10 +236,13 @@ awaitable<void> generate(Session& s, ParsedGeneration parsed, bool chat) {
         lp = one.to_json();
       }
     }
-    const bool has_text = chat ? !part.empty() : !t.text.empty();
-    if (stream && (has_text || !lp.is_null())) {
-      const json piece = chat ? chunk({{"delta", delta(part)}, {"logprobs", lp}, {"finish_reason", nullptr}}, ev.choice)
-                              : chunk({{"text", t.text}, {"logprobs", lp}, {"finish_reason", nullptr}}, ev.choice);
+    std::vector<json> pieces;
+    if (stream && chat) {
+      pieces = part_chunks(c, part, lp, ev.choice);
+    } else if (stream && (!t.text.empty() || !lp.is_null())) {
+      pieces.push_back(chunk({{"text", t.text}, {"logprobs", lp}, {"finish_reason", nullptr}}, ev.choice));
+    }
+    for (const json& piece : pieces) {
       const std::string piece_text = piece.dump(-1, ' ', false, json::error_handler_t::replace);
       if (!co_await s.stream_data(piece_text)) {
         gen.cancel();  // the client is gone
@@ -207,6 +259,11 @@ awaitable<void> generate(Session& s, ParsedGeneration parsed, bool chat) {
       const Choice& c = choices[i];
       json message = {{"role", "assistant"}, {"content", c.content}};
       if (!c.reasoning.empty()) message["reasoning_content"] = c.reasoning;  // as llama-server: only when there is some
+      if (!c.calls.empty()) {  // as OpenAI: no content is null beside calls
+        if (c.content.empty()) message["content"] = nullptr;
+        message["tool_calls"] = json::array();
+        for (const ToolCall& call : c.calls) message["tool_calls"].push_back(tool_call_json(call));
+      }
       list.push_back(chat ? json{{"index", i},
                                  {"message", message},
                                  {"logprobs", want_logprobs ? json{{"content", c.chat_lp}} : json(nullptr)},

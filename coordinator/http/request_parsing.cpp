@@ -4,6 +4,7 @@
 #include "http/json_schema_grammar.hpp"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdlib>
 #include <limits>
@@ -217,30 +218,15 @@ bool is_empty_list(const json& v) { return v.is_array() && v.empty(); }
 bool is_empty_text(const json& v) { return v.is_string() && v.get_ref<const std::string&>().empty(); }
 bool non_positive(const json& v) { return v.is_number() && v.get<double>() <= 0.0; }
 
-void parse_tool_choice(Parse& p, const std::string& name, const json& v) {
-  if (v.is_string()) {
-    const std::string& s = v.get_ref<const std::string&>();
-    if (s != "none" && s != "auto" && s != "required") invalid(name, "must be 'none', 'auto', 'required' or an object");
-    if (s == "required") unsupported(name + "' 'required");
-    return;
-  }
-  if (!v.is_object() || v.value("type", json()) != "function" || !v.contains("function") ||
-      !v["function"].is_object() || !v["function"].contains("name") || !v["function"]["name"].is_string()) {
-    invalid(name, "must be 'none', 'auto', 'required' or {\"type\": \"function\", \"function\": {\"name\": ...}}");
-  }
-  (void)p;
-  unsupported(name);  // a named function: pico has no tools
-}
-
 // The request's one grammar, from GBNF text (grammar, or a converted JSON Schema); the
 // sampler applies it where llama.cpp does (sample/sampler.hpp).
-void set_grammar(Parse& p, const std::string& name, const std::string& gbnf) {
+void set_grammar(Parse& p, const std::string& name, const std::string& gbnf, std::string_view root = "root") {
   if (!p.grammar_field.empty()) {
     invalid(name, "cannot be given with '" + p.grammar_field + "': a request has one grammar");
   }
   p.grammar_field = name;
   try {
-    p.req.sampling.grammar = sample::Grammar::parse(gbnf);
+    p.req.sampling.grammar = sample::Grammar::parse(gbnf, root);
   } catch (const sample::GrammarError& e) {
     // A converted schema fails only by a limit (its grammar too large to follow).
     invalid(name, std::string(name == "grammar" ? "is not a valid GBNF grammar: " : "makes a grammar pico refuses: ") +
@@ -405,20 +391,15 @@ const Field kGenerationFields[] = {
        const int64_t x = integer(n, v, 1, p.ctx.max_choices);
        if (x != 1 && x != p.body.value("n", json(1))) unsupported(n);
      }},
-    {"tools", kChat,
-     [](Parse&, const std::string& n, const json& v) {
-       if (!v.is_array()) invalid(n, "must be a list");
-       neutral_only(n, v, is_empty_list);
-     }},
+    // tools, tool_choice, parallel_tool_calls: parse_tool_calling (chat). The legacy
+    // functions API only at its neutral values.
     {"functions", kChat, [](Parse&, const std::string& n, const json& v) { neutral_only(n, v, is_empty_list); }},
-    {"tool_choice", kChat, parse_tool_choice},
     {"function_call", kChat,
      [](Parse&, const std::string& n, const json& v) {
        if (v.is_string() && (v == "none" || v == "auto")) return;
        if (v.is_object() && v.contains("name") && v["name"].is_string()) unsupported(n);
        invalid(n, "must be 'none', 'auto' or {\"name\": ...}");
      }},
-    {"parallel_tool_calls", kChat, [](Parse&, const std::string& n, const json& v) { boolean(n, v); }},  // no tools: no effect
     {"response_format", kAll, parse_response_format},
     {"modalities", kChat,
      [](Parse&, const std::string& n, const json& v) {
@@ -564,12 +545,42 @@ std::string message_content(const json& m, const std::string& where, bool may_be
   return text;
 }
 
-std::vector<tokenizer::ChatMessage> parse_messages(const json& body) {
+// An assistant message's tool_calls: [{id, type: "function", function: {name, arguments}}],
+// arguments a JSON object or its text.
+std::vector<ToolCall> parse_message_tool_calls(const std::string& where, const json& v) {
+  if (!v.is_array()) invalid(where, "must be a list");
+  std::vector<ToolCall> calls;
+  for (size_t i = 0; i < v.size(); ++i) {
+    const json& c = v[i];
+    const std::string at = where + "[" + std::to_string(i) + "]";
+    if (!c.is_object()) invalid(at, "must be an object");
+    if (auto type = c.find("type"); type != c.end() && !type->is_null() && *type != "function") {
+      invalid(at + ".type", "must be 'function'");
+    }
+    if (!c.contains("function") || !c["function"].is_object()) invalid(at + ".function", "is required (an object)");
+    const json& f = c["function"];
+    ToolCall call;
+    if (!f.contains("name")) invalid(at + ".function.name", "is required");
+    call.name = string(at + ".function.name", f["name"]);
+    if (auto id = c.find("id"); id != c.end() && !id->is_null()) call.id = string(at + ".id", *id);
+    json arguments = f.value("arguments", json::object());
+    if (arguments.is_string()) {
+      arguments = json::parse(arguments.get<std::string>(), nullptr, false);
+      if (arguments.is_discarded()) invalid(at + ".function.arguments", "is not valid JSON");
+    }
+    if (!arguments.is_object()) invalid(at + ".function.arguments", "must be a JSON object (or its text)");
+    call.arguments = arguments.dump(-1, ' ', false, json::error_handler_t::replace);
+    calls.push_back(std::move(call));
+  }
+  return calls;
+}
+
+std::vector<RequestMessage> parse_messages(const json& body) {
   auto it = body.find("messages");
   if (it == body.end() || it->is_null()) invalid("messages", "is required");
   if (!it->is_array()) invalid("messages", "must be a list");
   if (it->empty()) invalid("messages", "must not be empty");
-  std::vector<tokenizer::ChatMessage> messages;
+  std::vector<RequestMessage> messages;
   for (size_t i = 0; i < it->size(); ++i) {
     const json& m = (*it)[i];
     const std::string where = "messages[" + std::to_string(i) + "]";
@@ -577,28 +588,112 @@ std::vector<tokenizer::ChatMessage> parse_messages(const json& body) {
     if (!m.contains("role") || m["role"].is_null()) invalid(where + ".role", "is required");
     std::string role = string(where + ".role", m["role"]);
     if (role == "developer") role = "system";  // OpenAI's newer name for it
-    if (role != "system" && role != "user" && role != "assistant") {
-      if (role == "tool" || role == "function") unsupported(where + ".role' '" + role);
-      invalid(where + ".role", "must be 'system', 'developer', 'user' or 'assistant'");
+    if (role != "system" && role != "user" && role != "assistant" && role != "tool") {
+      if (role == "function") unsupported(where + ".role' '" + role);
+      invalid(where + ".role", "must be 'system', 'developer', 'user', 'assistant' or 'tool'");
     }
     if (m.contains("name") && !m["name"].is_null()) string(where + ".name", m["name"]);
+    RequestMessage message;
     std::optional<std::string> reasoning;
     if (auto r = m.find("reasoning_content"); r != m.end() && !r->is_null()) {
       reasoning = string(where + ".reasoning_content", *r);
     }
-    if (auto tc = m.find("tool_calls"); tc != m.end() && !tc->is_null() && !is_empty_list(*tc)) {
-      unsupported(where + ".tool_calls");
+    if (auto tc = m.find("tool_calls"); tc != m.end() && !tc->is_null()) {
+      if (role != "assistant") invalid(where + ".tool_calls", "is for assistant messages");
+      message.tool_calls = parse_message_tool_calls(where + ".tool_calls", *tc);
+    }
+    if (role == "tool") {
+      auto id = m.find("tool_call_id");
+      if (id == m.end() || id->is_null()) invalid(where + ".tool_call_id", "is required");
+      message.tool_call_id = string(where + ".tool_call_id", *id);
     }
     if (auto fc = m.find("function_call"); fc != m.end() && !fc->is_null()) unsupported(where + ".function_call");
-    messages.push_back({role, message_content(m, where, role == "assistant"), std::move(reasoning)});
+    message.message = {role, message_content(m, where, role == "assistant"), std::move(reasoning)};
+    messages.push_back(std::move(message));
   }
   return messages;
 }
 
+// tools, tool_choice, parallel_tool_calls of a chat request.
+ToolCalling parse_tool_calling(const json& body, tokenizer::ChatFormat format) {
+  constexpr size_t kMaxTools = 128;
+  ToolCalling calling;
+  calling.style = tool_style(format);
+  if (auto it = body.find("tools"); it != body.end() && !it->is_null()) {
+    if (!it->is_array()) invalid("tools", "must be a list");
+    if (it->size() > kMaxTools) invalid("tools", "has more than " + std::to_string(kMaxTools) + " tools");
+    for (size_t i = 0; i < it->size(); ++i) {
+      const json& t = (*it)[i];
+      const std::string at = "tools[" + std::to_string(i) + "]";
+      if (!t.is_object()) invalid(at, "must be an object");
+      const json type = t.value("type", json());
+      if (type != "function") {
+        if (type.is_string()) unsupported(at + ".type' '" + type.get<std::string>());
+        invalid(at + ".type", "must be 'function'");
+      }
+      if (!t.contains("function") || !t["function"].is_object()) invalid(at + ".function", "is required (an object)");
+      const json& f = t["function"];
+      ToolFunction tool;
+      if (!f.contains("name")) invalid(at + ".function.name", "is required");
+      tool.name = string(at + ".function.name", f["name"]);
+      // OpenAI's rule for a function name.
+      const bool name_ok = !tool.name.empty() && tool.name.size() <= 64 &&
+                           std::all_of(tool.name.begin(), tool.name.end(), [](char c) {
+                             return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-';
+                           });
+      if (!name_ok) invalid(at + ".function.name", "must be 1 to 64 letters, digits, '_' or '-'");
+      if (calling.find(tool.name)) invalid(at + ".function.name", "names '" + tool.name + "' a second time");
+      if (auto d = f.find("description"); d != f.end() && !d->is_null()) {
+        tool.description = string(at + ".function.description", *d);
+      }
+      if (auto params = f.find("parameters"); params != f.end() && !params->is_null()) {
+        if (!params->is_object()) invalid(at + ".function.parameters", "must be a JSON Schema (an object)");
+        tool.parameters = *params;
+      }
+      if (auto strict = f.find("strict"); strict != f.end() && !strict->is_null()) boolean(at + ".function.strict", *strict);
+      tool.definition = t;
+      calling.tools.push_back(std::move(tool));
+    }
+  }
+  if (auto it = body.find("tool_choice"); it != body.end() && !it->is_null()) {
+    const json& v = *it;
+    if (v.is_string()) {
+      const std::string& s = v.get_ref<const std::string&>();
+      if (s == "none") calling.choice = ToolChoice::None;
+      else if (s == "auto") calling.choice = ToolChoice::Auto;
+      else if (s == "required") calling.choice = ToolChoice::Required;
+      else invalid("tool_choice", "must be 'none', 'auto', 'required' or an object");
+    } else {
+      if (!v.is_object() || v.value("type", json()) != "function" || !v.contains("function") ||
+          !v["function"].is_object() || !v["function"].contains("name") || !v["function"]["name"].is_string()) {
+        invalid("tool_choice",
+                "must be 'none', 'auto', 'required' or {\"type\": \"function\", \"function\": {\"name\": ...}}");
+      }
+      calling.choice = ToolChoice::Named;
+      calling.named = v["function"]["name"].get<std::string>();
+      if (!calling.find(calling.named)) invalid("tool_choice", "names '" + calling.named + "', which is not in 'tools'");
+    }
+    if (calling.tools.empty() && calling.choice == ToolChoice::Required) invalid("tool_choice", "'required' needs 'tools'");
+  }
+  if (auto it = body.find("parallel_tool_calls"); it != body.end() && !it->is_null()) {
+    calling.parallel = boolean("parallel_tool_calls", *it);
+  }
+  if (calling.active() && calling.style == ToolStyle::Llama3) {
+    const auto messages = body.find("messages");
+    const bool has_user = messages != body.end() && messages->is_array() &&
+                          std::any_of(messages->begin(), messages->end(), [](const json& m) {
+                            return m.is_object() && m.value("role", json()) == "user";
+                          });
+    if (!has_user) invalid("messages", "needs a user message: the llama3 template puts the tools in the first");
+  }
+  return calling;
+}
+
 // The prompt text of a chat request (a conversation the template refuses: 400).
-std::string render_chat(const ParseContext& ctx, const json& body, const tokenizer::ChatOptions& options) {
+std::string render_chat(const ParseContext& ctx, const json& body, const tokenizer::ChatOptions& options,
+                        const ToolCalling& calling) {
   if (!ctx.chat) throw ApiError(500, "no chat template", "server_error");
-  const auto messages = parse_messages(body);
+  const auto messages = render_tool_messages(ctx.chat->format(), calling, parse_messages(body));
   try {
     return ctx.chat->apply(messages, options);
   } catch (const std::invalid_argument& e) {
@@ -688,7 +783,16 @@ ParsedGeneration parse_generation_request(const ParseContext& ctx, Endpoint endp
     if (p.top_logprobs && !p.out.logprobs) invalid("top_logprobs", "needs 'logprobs': true");
     if (p.out.logprobs) p.req.logprobs = static_cast<int>(p.top_logprobs.value_or(0));
     if (p.no_thinking) p.chat.enable_thinking = false;
-    p.req.prompt = ctx.tok.encode(render_chat(ctx, body, p.chat), true, true);
+    if (!ctx.chat) throw ApiError(500, "no chat template", "server_error");
+    p.out.tools = parse_tool_calling(body, ctx.chat->format());
+    if (p.out.tools.forced()) {
+      try {
+        set_grammar(p, "tool_choice", tool_call_grammar(p.out.tools), kToolCallsRule);
+      } catch (const SchemaError& e) {
+        invalid("tools", std::string("has parameters pico cannot turn into a grammar: ") + e.what());
+      }
+    }
+    p.req.prompt = ctx.tok.encode(render_chat(ctx, body, p.chat, p.out.tools), true, true);
     if (const auto tags = ctx.chat->thinking_tags()) {
       const tokenizer::ReplyStart start = ctx.chat->reply_start(p.chat);
       if (start != tokenizer::ReplyStart::Content) {
@@ -725,7 +829,7 @@ std::string parse_apply_template_request(const ParseContext& ctx, const json& bo
   if (auto it = body.find("chat_template_kwargs"); it != body.end() && !it->is_null()) {
     options = parse_chat_template_kwargs("chat_template_kwargs", *it);
   }
-  return render_chat(ctx, body, options);
+  return render_chat(ctx, body, options, ctx.chat ? parse_tool_calling(body, ctx.chat->format()) : ToolCalling{});
 }
 
 TokenizeRequest parse_tokenize_request(const json& body) {

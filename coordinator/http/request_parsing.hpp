@@ -5,7 +5,7 @@
 //
 // Each endpoint has one table of the fields it reads (request_parsing.cpp), after
 // llama-server's schema (tools/server/server-schema.cpp: names, aliases, limits) and
-// OpenAI's documented ranges. A field pico does not implement (tools, ...) is
+// OpenAI's documented ranges. A field pico does not implement (audio, ...) is
 // accepted only at its neutral value, else refused with "'X' is not
 // supported"; a name in no table is ignored, as llama-server ignores it.
 #pragma once
@@ -21,6 +21,7 @@
 
 #include "engine.hpp"
 #include "http/reasoning.hpp"
+#include "http/tool_calls.hpp"
 #include "sample/dry.hpp"
 #include "sample/grammar.hpp"
 #include "tokenizer/chat_template.hpp"
@@ -98,6 +99,7 @@ struct ParsedGeneration {
   bool logprobs = false;       // OpenAI: return logprobs (choices[i].logprobs top ones each)
   int n_probs = 0;             // /completion: completion_probabilities with this many top tokens (0: none)
   ReplyReasoning reasoning;    // chat: how the reply's reasoning is separated (content only elsewhere)
+  ToolCalling tools;           // chat: the request's tools (ToolCalling::active: the reply is parsed for calls)
 };
 
 struct TokenizeRequest {

@@ -42,6 +42,14 @@ int main(int argc, char** argv) {
         {2, R"({"messages":[{"role":"user","content":"t3"}],"response_format":{"type":"json_schema",)"
             R"("json_schema":{"name":"n","strict":true,"schema":{"type":"object","properties":{"t":{"$ref":"#"}}}}}})"},
         {2, R"({"messages":[{"role":"user","content":"t3"}],"response_format":{"type":"json_object"}})"},
+        // Tools: definitions, a forced call (its grammar), a history of calls and results.
+        {2, R"({"messages":[{"role":"user","content":"t3"},{"role":"assistant","content":null,"tool_calls":[)"
+            R"({"id":"c1","type":"function","function":{"name":"f","arguments":"{\"a\":1}"}}]},)"
+            R"({"role":"tool","tool_call_id":"c1","content":"t4"}],"tools":[{"type":"function","function":{"name":"f",)"
+            R"("parameters":{"type":"object","properties":{"a":{"type":"integer"}},"required":["a"]}}},)"
+            R"({"type":"function","function":{"name":"g"}}],"tool_choice":"required","parallel_tool_calls":true})"},
+        {2, R"({"messages":[{"role":"user","content":"t3"}],"tools":[{"type":"function","function":{"name":"f"}}],)"
+            R"("tool_choice":{"type":"function","function":{"name":"f"}}})"},
         // Anthropic's Messages API.
         {7, R"({"model":"m","max_tokens":5,"system":[{"type":"text","text":"t4"}],"messages":[{"role":"user",)"
             R"("content":[{"type":"text","text":"t3"}]},{"role":"assistant","content":"t5"}],"stop_sequences":["t6"],)"

@@ -4,7 +4,8 @@
     http_test.py BUILD_DIR MODE      MODE: local | cluster | auth | openai | prefill | limits | reasoning | hybrid
 
 openai: the official npm client (tests/conformance/node_modules/openai) via
-openai_client_test.mjs; fails without node or the package (scripts/setup.sh installs both).
+openai_client_test.mjs, against 2 pico-workers (chat, streaming, structured output, tool
+calls, a runTools loop); fails without node or the package (scripts/setup.sh installs both).
 
 Writes a synthetic qwen3 model (Qwen3's template), starts pico-coord on a free loopback
 port (in-process, or against 2 pico-workers), and checks every endpoint: greedy text
@@ -450,7 +451,7 @@ def main():
                     "-o", model], check=True, stdout=subprocess.DEVNULL)
     coord_args = [COORD, "-m", model, "--port", "0", "-c", str(CTX), "--http-threads", "4"]
     workers = []
-    if MODE == "cluster":
+    if MODE in ("cluster", "openai"):  # the openai client against a 2-worker cluster
         for k, layers in enumerate(["0-0", "1-1"]):
             addr = "tcp://127.0.0.1:%d" % free_port()
             args = [WORKER, "-m", model, "--layers", layers, "--listen", addr, "-t", "1"]

@@ -1,5 +1,6 @@
 // The official openai client (tests/conformance/node_modules) against pico-coord:
-// chat, streaming chat (with usage), completions, models, structured output (.parse).
+// chat, streaming chat (with usage), completions, models, structured output (.parse),
+// tool calls (required, named, parallel, streamed) and a runTools loop.
 //   node openai_client_test.mjs PORT REF_TEXT_FILE
 import { readFileSync } from 'node:fs';
 import { dirname, join } from 'node:path';
@@ -47,4 +48,69 @@ const place = parsed.choices[0].message.parsed;
 check(place && Object.keys(place).sort().join() === 'city,rank' && typeof place.city === 'string' &&
       place.city.length <= 5 && Number.isInteger(place.rank) && place.rank >= 1 && place.rank <= 9,
       `chat.completions.parse with a json_schema: ${JSON.stringify(place)}`);
+
+// Tools. The synthetic model writes prose, so tool_choice 'required' (a grammar) is what
+// makes it call: the calls must be well-formed, the same streamed, and a whole tool
+// loop (runTools) must go through the server, results and all.
+const weather = { type: 'object', additionalProperties: false, required: ['city', 'days'],
+                  properties: { city: { type: 'string', enum: ['Oslo', 'Rome'] }, days: { type: 'integer', minimum: 1, maximum: 7 } } };
+const tools = [{ type: 'function', function: { name: 'get_weather', description: 'Weather of a city', parameters: weather } },
+               { type: 'function', function: { name: 'get_time', parameters: { type: 'object', properties: {} } } }];
+const wellFormed = (call) => {
+  try {
+    const args = JSON.parse(call.function.arguments);
+    return call.type === 'function' && typeof call.id === 'string' && call.id.length > 0 &&
+      (call.function.name === 'get_time' ? typeof args === 'object' :
+        call.function.name === 'get_weather' && ['Oslo', 'Rome'].includes(args.city) && Number.isInteger(args.days) &&
+        args.days >= 1 && args.days <= 7);
+  } catch { return false; }
+};
+const toolRequest = { model: 'M', messages: [{ role: 'user', content: 'Weather in Oslo?' }], tools, tool_choice: 'required',
+                      max_tokens: 300, temperature: 0 };
+const called = await client.chat.completions.create(toolRequest);
+const calls = called.choices[0].message.tool_calls ?? [];
+check(calls.length === 1 && calls.every(wellFormed) && called.choices[0].finish_reason === 'tool_calls',
+      `tool_choice required: one well-formed call, finish_reason tool_calls (${JSON.stringify(called.choices[0])})`);
+
+const toolStream = await client.chat.completions.create({ ...toolRequest, stream: true });
+const streamed = [];
+let toolFinish = null;
+for await (const chunk of toolStream) {
+  const choice = chunk.choices[0];
+  if (!choice) continue;
+  for (const d of choice.delta.tool_calls ?? []) {
+    streamed[d.index] ??= { id: '', type: 'function', function: { name: '', arguments: '' } };
+    if (d.id) streamed[d.index].id = d.id;
+    if (d.function?.name) streamed[d.index].function.name += d.function.name;
+    streamed[d.index].function.arguments += d.function?.arguments ?? '';
+  }
+  toolFinish = choice.finish_reason ?? toolFinish;
+}
+check(streamed.length === 1 && wellFormed(streamed[0]) && streamed[0].function.name === calls[0]?.function.name &&
+      streamed[0].function.arguments === calls[0]?.function.arguments && toolFinish === 'tool_calls',
+      `streamed tool call equals the plain one (${JSON.stringify(streamed)})`);
+
+const named = await client.chat.completions.create({ ...toolRequest, tool_choice: { type: 'function', function: { name: 'get_weather' } } });
+check(named.choices[0].message.tool_calls?.length === 1 && named.choices[0].message.tool_calls[0].function.name === 'get_weather' &&
+      wellFormed(named.choices[0].message.tool_calls[0]),
+      `a named tool_choice calls that tool, arguments valid (${JSON.stringify(named.choices[0].message.tool_calls)})`);
+const parallel = await client.chat.completions.create({ ...toolRequest, parallel_tool_calls: true, temperature: 1, seed: 5 });
+check((parallel.choices[0].message.tool_calls ?? []).length >= 1 && parallel.choices[0].message.tool_calls.every(wellFormed),
+      `parallel_tool_calls: well-formed calls (${(parallel.choices[0].message.tool_calls ?? []).length})`);
+
+let ran = 0;
+try {
+  const runner = client.chat.completions.runTools({
+    model: 'M', messages: [{ role: 'user', content: 'Weather in Oslo?' }], tool_choice: 'required', max_tokens: 300,
+    temperature: 0,
+    tools: [{ type: 'function', function: { name: 'get_weather', parameters: weather, parse: JSON.parse,
+                                            function: (args) => { ran += wellFormed({ type: 'function', id: 'x', function: { name: 'get_weather', arguments: JSON.stringify(args) } }) ? 1 : 0; return { celsius: 21 }; } } }],
+  }, { maxChatCompletions: 2 });
+  await runner.done();
+  const sent = runner.messages.map((m) => m.role).join(',');
+  check(ran === 2 && sent.includes('assistant,tool,assistant,tool'),
+        `runTools: the function ran on each well-formed call and its results went back (${ran} runs; ${sent})`);
+} catch (e) {
+  check(false, `runTools: ${e}`);
+}
 process.exit(failed ? 1 : 0);

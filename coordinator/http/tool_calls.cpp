@@ -1,0 +1,511 @@
+#include "http/tool_calls.hpp"
+
+#include <algorithm>
+#include <utility>
+
+#include "http/json_schema_grammar.hpp"
+
+namespace pico::coordinator::http_api {
+
+using json = nlohmann::json;
+using tokenizer::ChatFormat;
+using tokenizer::ChatMessage;
+
+namespace {
+
+constexpr std::string_view kCallOpen = "<tool_call>";
+constexpr std::string_view kCallClose = "</tool_call>";
+
+bool is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f'; }
+std::string_view trim(std::string_view s) {
+  while (!s.empty() && is_space(s.front())) s.remove_prefix(1);
+  while (!s.empty() && is_space(s.back())) s.remove_suffix(1);
+  return s;
+}
+
+// The longest suffix of `text` that is a proper prefix of `tag` (it may become the tag).
+size_t partial_tag_suffix(std::string_view text, std::string_view tag) {
+  for (size_t n = std::min(text.size(), tag.size() - 1); n > 0; --n) {
+    if (tag.starts_with(text.substr(text.size() - n))) return n;
+  }
+  return 0;
+}
+
+// Where the call's closing tag is: in a JSON call, outside its strings (an argument may
+// hold the tag's text); npos while it has not come.
+size_t find_close_tag(std::string_view text, bool json_body) {
+  if (!json_body) return text.find(kCallClose);
+  bool in_string = false, escaped = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (escaped) escaped = false;
+      else if (c == '\\') escaped = true;
+      else if (c == '"') in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '<' && text.substr(i).starts_with(kCallClose)) {
+      return i;
+    }
+  }
+  return std::string_view::npos;
+}
+
+std::string hermes_tools_block(const ToolCalling& calling) {
+  std::string out =
+      "# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with "
+      "function signatures within <tools></tools> XML tags:\n<tools>";
+  for (const ToolFunction& t : calling.tools) out += "\n" + python_json(t.definition);
+  out +=
+      "\n</tools>\n\nFor each function call, return a json object with function name and arguments within "
+      "<tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": "
+      "<args-json-object>}\n</tool_call>";
+  return out;
+}
+
+std::string qwen_xml_tools_block(const ToolCalling& calling) {
+  std::string out = "# Tools\n\nYou have access to the following functions:\n\n<tools>";
+  for (const ToolFunction& t : calling.tools) out += "\n" + python_json(t.definition);
+  out +=
+      "\n</tools>\n\nIf you choose to call a function ONLY reply in the following format with NO suffix:\n\n"
+      "<tool_call>\n<function=example_function_name>\n<parameter=example_parameter_1>\nvalue_1\n</parameter>\n"
+      "<parameter=example_parameter_2>\nThis is the value for the second parameter\nthat can span\nmultiple lines\n"
+      "</parameter>\n</function>\n</tool_call>\n\n<IMPORTANT>\nReminder:\n- Function calls MUST follow the specified "
+      "format: an inner <function=...></function> block must be nested within <tool_call></tool_call> XML tags\n- "
+      "Required parameters MUST be specified\n- You may provide optional reasoning for your function call in natural "
+      "language BEFORE the function call, but NOT after\n- If there is no function call available, answer the "
+      "question like normal with your current knowledge and do not tell the user about function calls\n</IMPORTANT>";
+  return out;
+}
+
+std::string llama3_tools_preamble(const ToolCalling& calling) {
+  std::string out =
+      "Given the following functions, please respond with a JSON for a function call with its proper arguments "
+      "that best answers the given prompt.\n\nRespond in the format {\"name\": function name, \"parameters\": "
+      "dictionary of argument name and its value}.Do not use variables.\n\n";
+  for (const ToolFunction& t : calling.tools) out += t.definition.dump(4) + "\n\n";
+  return out;
+}
+
+json arguments_of(const ToolCall& call) {
+  json args = json::parse(call.arguments, nullptr, false);
+  return args.is_discarded() ? json(call.arguments) : args;
+}
+
+// Python's str() of a JSON scalar, as the Qwen3.5 template's `| string` writes it.
+std::string python_str(const json& v) {
+  if (v.is_string()) return v.get<std::string>();
+  if (v.is_boolean()) return v.get<bool>() ? "True" : "False";
+  if (v.is_null()) return "None";
+  return v.dump();
+}
+
+// An assistant turn's calls appended to its content, in the format's syntax.
+std::string with_calls(ToolStyle style, const std::string& content, const std::vector<ToolCall>& calls) {
+  std::string out = content;
+  for (size_t i = 0; i < calls.size(); ++i) {
+    const ToolCall& c = calls[i];
+    if (style == ToolStyle::Hermes) {
+      if (i > 0 || !out.empty()) out += "\n";
+      out += "<tool_call>\n{\"name\": \"" + c.name + "\", \"arguments\": " + python_json(arguments_of(c)) + "}\n" +
+             std::string(kCallClose);
+    } else if (style == ToolStyle::QwenXml) {
+      if (i == 0) {
+        out = std::string(trim(out));
+        if (!out.empty()) out += "\n\n";
+      } else {
+        out += "\n";
+      }
+      out += "<tool_call>\n<function=" + c.name + ">\n";
+      const json args = arguments_of(c);
+      if (args.is_object()) {
+        for (const auto& [key, value] : args.items()) {
+          out += "<parameter=" + key + ">\n" + (value.is_structured() ? python_json(value) : python_str(value)) +
+                 "\n</parameter>\n";
+        }
+      }
+      out += "</function>\n" + std::string(kCallClose);
+    } else {  // Llama 3: one call is the turn
+      out = "{\"name\": \"" + c.name + "\", \"parameters\": " + python_json(arguments_of(c)) + "}";
+    }
+  }
+  return out;
+}
+
+// Formats whose renderer writes `tool` turns itself (the Qwen templates).
+bool renders_tool_turns(ChatFormat format) { return format == ChatFormat::Qwen3 || format == ChatFormat::Qwen35; }
+
+}  // namespace
+
+ToolStyle tool_style(ChatFormat format) {
+  if (format == ChatFormat::Qwen35) return ToolStyle::QwenXml;
+  if (format == ChatFormat::Llama3) return ToolStyle::Llama3;
+  return ToolStyle::Hermes;
+}
+
+const ToolFunction* ToolCalling::find(std::string_view name) const {
+  for (const ToolFunction& t : tools) {
+    if (t.name == name) return &t;
+  }
+  return nullptr;
+}
+
+std::string python_json(const json& value) {
+  if (value.is_object()) {
+    std::string out = "{";
+    bool first = true;
+    for (const auto& [key, v] : value.items()) {
+      if (!first) out += ", ";
+      first = false;
+      out += json(key).dump() + ": " + python_json(v);
+    }
+    return out + "}";
+  }
+  if (value.is_array()) {
+    std::string out = "[";
+    for (size_t i = 0; i < value.size(); ++i) out += (i ? ", " : "") + python_json(value[i]);
+    return out + "]";
+  }
+  return value.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+std::vector<ChatMessage> render_tool_messages(ChatFormat format, const ToolCalling& calling,
+                                              const std::vector<RequestMessage>& messages) {
+  const ToolStyle style = tool_style(format);
+  std::vector<ChatMessage> out;
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const RequestMessage& m = messages[i];
+    ChatMessage rendered = m.message;
+    if (!m.tool_calls.empty()) rendered.content = with_calls(style, rendered.content, m.tool_calls);
+    if (rendered.role == "tool") {
+      if (style == ToolStyle::Llama3) {
+        rendered.role = "ipython";
+      } else if (!renders_tool_turns(format)) {
+        // Consecutive results share one user turn, as the Qwen2.5 / Hermes templates write them.
+        const std::string response = "<tool_response>\n" + rendered.content + "\n</tool_response>";
+        if (i > 0 && messages[i - 1].message.role == "tool") {
+          out.back().content += "\n" + response;
+          continue;
+        }
+        rendered.role = "user";
+        rendered.content = response;
+      }
+    }
+    out.push_back(std::move(rendered));
+  }
+  if (!calling.active()) return out;
+  const bool has_system = !out.empty() && out.front().role == "system";
+  if (style == ToolStyle::Llama3) {
+    // The template's system block for custom tools, and the tools in the first user message.
+    const std::string environment = "Environment: ipython\nCutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\n";
+    if (has_system) {
+      out.front().content = environment + std::string(trim(out.front().content));
+    } else {
+      out.insert(out.begin(), ChatMessage{"system", environment});
+    }
+    for (ChatMessage& m : out) {
+      if (m.role == "user") {
+        m.content = llama3_tools_preamble(calling) + std::string(trim(m.content));
+        break;
+      }
+    }
+    return out;
+  }
+  if (style == ToolStyle::QwenXml) {
+    const std::string system = has_system ? std::string(trim(out.front().content)) : "";
+    const std::string text = qwen_xml_tools_block(calling) + (system.empty() ? "" : "\n\n" + system);
+    if (has_system) {
+      out.front().content = text;
+    } else {
+      out.insert(out.begin(), ChatMessage{"system", text});
+    }
+    return out;
+  }
+  if (has_system) {
+    out.front().content += "\n\n" + hermes_tools_block(calling);
+  } else {
+    out.insert(out.begin(), ChatMessage{"system", hermes_tools_block(calling)});
+  }
+  return out;
+}
+
+namespace {
+
+std::string gbnf_literal(std::string_view text) {
+  std::string out = "\"";
+  for (const char c : text) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (c == '\n') {
+      out += "\\n";
+    } else if (c == '\r') {
+      out += "\\r";
+    } else if (c == '\t') {
+      out += "\\t";
+    } else {
+      out += c;
+    }
+  }
+  return out + "\"";
+}
+
+// The schema of one call's JSON object, its name fixed: {"name": ..., key: arguments}.
+nlohmann::ordered_json call_schema(const ToolFunction& tool, const char* arguments_key) {
+  nlohmann::ordered_json parameters = nlohmann::ordered_json::parse(tool.parameters.dump());
+  if (!parameters.is_object() || parameters.empty()) parameters = {{"type", "object"}};
+  nlohmann::ordered_json schema = nlohmann::ordered_json::object();
+  schema["type"] = "object";
+  schema["properties"] = nlohmann::ordered_json::object();
+  schema["properties"]["name"] = {{"const", tool.name}};
+  schema["properties"][arguments_key] = parameters;
+  schema["required"] = {"name", arguments_key};
+  schema["additionalProperties"] = false;
+  return schema;
+}
+
+std::vector<const ToolFunction*> allowed_tools(const ToolCalling& calling) {
+  std::vector<const ToolFunction*> out;
+  for (const ToolFunction& t : calling.tools) {
+    if (calling.choice != ToolChoice::Named || t.name == calling.named) out.push_back(&t);
+  }
+  return out;
+}
+
+std::string qwen_xml_grammar(const ToolCalling& calling) {
+  std::string rules;
+  std::string functions;
+  const auto tools = allowed_tools(calling);
+  for (size_t i = 0; i < tools.size(); ++i) {
+    const ToolFunction& t = *tools[i];
+    const std::string rule = "pico-function-" + std::to_string(i);
+    functions += (i ? " | " : "") + rule;
+    rules += rule + " ::= " + gbnf_literal(t.name + ">\n");
+    const json* required = t.parameters.contains("required") ? &t.parameters["required"] : nullptr;
+    if (required && required->is_array()) {
+      for (const json& key : *required) {
+        if (!key.is_string()) continue;
+        rules += " " + gbnf_literal("<parameter=" + key.get<std::string>() + ">\n") + " pico-value " +
+                 gbnf_literal("\n</parameter>\n");
+      }
+    }
+    rules += "\n";
+  }
+  const std::string block = "pico-block ::= " + gbnf_literal("<tool_call>\n<function=") + " (" + functions + ") " +
+                            gbnf_literal("</function>\n</tool_call>") + "\n";
+  const std::string root = calling.parallel ? "pico-tool-calls ::= pico-block (\"\\n\" pico-block)*\n"
+                                            : "pico-tool-calls ::= pico-block\n";
+  // A value runs to the next tag: no '<' in it.
+  return root + block + rules + "pico-value ::= [^<]*\n";
+}
+
+}  // namespace
+
+std::string tool_call_grammar(const ToolCalling& calling) {
+  if (calling.style == ToolStyle::QwenXml) return qwen_xml_grammar(calling);
+  const char* arguments_key = calling.style == ToolStyle::Llama3 ? "parameters" : "arguments";
+  const auto tools = allowed_tools(calling);
+  nlohmann::ordered_json schema;
+  if (tools.size() == 1) {
+    schema = call_schema(*tools[0], arguments_key);
+  } else {
+    schema = {{"anyOf", nlohmann::ordered_json::array()}};
+    for (const ToolFunction* t : tools) schema["anyOf"].push_back(call_schema(*t, arguments_key));
+  }
+  // The converter's start rule is "root": rename it by writing ours around it.
+  std::string call = json_schema_to_grammar(schema);
+  std::string start;
+  if (calling.style == ToolStyle::Llama3) {
+    start = "pico-tool-calls ::= root\n";  // Llama 3.1's template takes one call a turn
+  } else {
+    start = "pico-tool-call ::= " + gbnf_literal("<tool_call>\n") + " root " + gbnf_literal("\n</tool_call>") + "\n";
+    start += calling.parallel ? "pico-tool-calls ::= pico-tool-call (\"\\n\" pico-tool-call)*\n"
+                              : "pico-tool-calls ::= pico-tool-call\n";
+  }
+  return start + call;
+}
+
+ToolCallSplitter::ToolCallSplitter(ToolCalling calling, std::function<std::string()> make_id)
+    : calling_(std::move(calling)), make_id_(std::move(make_id)), active_(calling_.active()) {
+  if (active_ && calling_.style == ToolStyle::Llama3) state_ = State::Llama3Start;
+}
+
+size_t ToolCallSplitter::find_close(std::string_view text) const {
+  return find_close_tag(text, calling_.style == ToolStyle::Hermes);
+}
+
+void ToolCallSplitter::emit_content(Part& out, std::string_view text) {
+  // Whitespace is held: if a call follows it, it goes; so does the whitespace after a call.
+  if (after_call_) {
+    while (!text.empty() && is_space(text.front())) text.remove_prefix(1);
+    if (!text.empty()) after_call_ = false;
+  }
+  if (text.empty()) return;
+  size_t end = text.size();
+  while (end > 0 && is_space(text[end - 1])) --end;
+  if (end > 0) {
+    out.content += held_space_;
+    held_space_.clear();
+    out.content.append(text.substr(0, end));
+  }
+  held_space_.append(text.substr(end));
+}
+
+bool ToolCallSplitter::take_call(Part& out, std::string_view body) {
+  std::vector<ToolCall> calls;
+  auto add = [&](const std::string& name, const json& arguments) {
+    if (!calling_.find(name) || !arguments.is_object()) return false;
+    if (calling_.choice == ToolChoice::Named && name != calling_.named) return false;
+    calls.push_back({make_id_ ? make_id_() : std::string(), name, arguments.dump(-1, ' ', false, json::error_handler_t::replace)});
+    return true;
+  };
+  // {"name": ..., "arguments" | "parameters": {...}}; arguments may come as JSON text.
+  auto json_call = [&](const json& call) {
+    if (!call.is_object() || !call.contains("name") || !call["name"].is_string()) return false;
+    json arguments = call.contains("arguments") ? call["arguments"] : call.value("parameters", json());
+    if (arguments.is_string()) arguments = json::parse(arguments.get<std::string>(), nullptr, false);
+    return add(call["name"].get<std::string>(), arguments);
+  };
+  const std::string_view text = trim(body);
+  if (calling_.style == ToolStyle::QwenXml) {
+    constexpr std::string_view kFunction = "<function=", kFunctionEnd = "</function>";
+    constexpr std::string_view kParameter = "<parameter=", kParameterEnd = "</parameter>";
+    if (!text.starts_with(kFunction) || !text.ends_with(kFunctionEnd)) return false;
+    std::string_view rest = text.substr(kFunction.size(), text.size() - kFunction.size() - kFunctionEnd.size());
+    const size_t name_end = rest.find('>');
+    if (name_end == std::string_view::npos) return false;
+    const std::string name(rest.substr(0, name_end));
+    const ToolFunction* tool = calling_.find(name);
+    if (!tool) return false;
+    rest = trim(rest.substr(name_end + 1));
+    json arguments = json::object();
+    while (!rest.empty()) {
+      if (!rest.starts_with(kParameter)) return false;
+      const size_t key_end = rest.find('>');
+      const size_t value_end = rest.find(kParameterEnd);
+      if (key_end == std::string_view::npos || value_end == std::string_view::npos || value_end < key_end) return false;
+      const std::string key(rest.substr(kParameter.size(), key_end - kParameter.size()));
+      std::string_view value = rest.substr(key_end + 1, value_end - key_end - 1);
+      if (value.starts_with('\n')) value.remove_prefix(1);
+      if (value.ends_with('\n')) value.remove_suffix(1);
+      // A string parameter is the text as it stands; any other is JSON where it parses.
+      const json* schema = tool->parameters.contains("properties") && tool->parameters["properties"].contains(key)
+                               ? &tool->parameters["properties"][key]
+                               : nullptr;
+      const bool is_string = schema && schema->is_object() && schema->value("type", json()) == "string";
+      const json parsed = is_string ? json(json::value_t::discarded) : json::parse(value, nullptr, false);
+      arguments[key] = parsed.is_discarded() ? json(std::string(value)) : parsed;
+      rest = trim(rest.substr(value_end + kParameterEnd.size()));
+    }
+    if (!add(name, arguments)) return false;
+  } else if (calling_.style == ToolStyle::Llama3) {
+    // One object, or several separated by ';' or whitespace.
+    std::string_view rest = text;
+    while (!rest.empty()) {
+      size_t end = 0;
+      int depth = 0;
+      bool in_string = false, escaped = false;
+      for (; end < rest.size(); ++end) {
+        const char c = rest[end];
+        if (in_string) {
+          if (escaped) escaped = false;
+          else if (c == '\\') escaped = true;
+          else if (c == '"') in_string = false;
+        } else if (c == '"') {
+          in_string = true;
+        } else if (c == '{' || c == '[') {
+          ++depth;
+        } else if ((c == '}' || c == ']') && --depth == 0) {
+          ++end;
+          break;
+        }
+      }
+      const json call = json::parse(rest.substr(0, end), nullptr, false);
+      if (call.is_discarded() || !json_call(call)) return false;
+      rest = trim(rest.substr(end));
+      if (rest.starts_with(';')) rest = trim(rest.substr(1));
+    }
+    if (calls.empty()) return false;
+  } else {
+    if (!json_call(json::parse(text, nullptr, false))) return false;
+  }
+  held_space_.clear();  // the whitespace between content and a call is neither's
+  after_call_ = true;
+  for (ToolCall& c : calls) out.calls.push_back(std::move(c));
+  calls_ += calls.size();
+  return true;
+}
+
+void ToolCallSplitter::run(Part& out, bool final) {
+  while (true) {
+    if (state_ == State::Llama3Start) {
+      size_t at = 0;
+      while (at < pending_.size() && is_space(pending_[at])) ++at;
+      if (at == pending_.size() && !final) return;  // nothing but whitespace yet
+      if (at < pending_.size() && pending_[at] == '{') {
+        state_ = State::InCall;  // the whole reply is the call
+        continue;
+      }
+      state_ = State::Content;
+      continue;
+    }
+    if (state_ == State::InCall) {
+      if (calling_.style == ToolStyle::Llama3) {
+        if (!final) return;
+        if (!take_call(out, pending_)) emit_content(out, pending_);
+        pending_.clear();
+        state_ = State::Content;
+        return;
+      }
+      const size_t close = find_close(pending_);
+      if (close == std::string::npos) {
+        if (!final) return;
+        // The reply ended inside the block (a stop word, end of generation): a call if it parses.
+        if (!take_call(out, pending_)) emit_content(out, std::string(kCallOpen) + pending_);
+        pending_.clear();
+        state_ = State::Content;
+        return;
+      }
+      const std::string body = pending_.substr(0, close);
+      if (!take_call(out, body)) emit_content(out, std::string(kCallOpen) + body + std::string(kCallClose));
+      pending_.erase(0, close + kCallClose.size());
+      state_ = State::Content;
+      continue;
+    }
+    // Content. Without parallel calls, nothing after the first call is parsed.
+    const bool parse = active_ && calling_.style != ToolStyle::Llama3 && (calling_.parallel || calls_ == 0);
+    const size_t open = parse ? pending_.find(kCallOpen) : std::string::npos;
+    if (open != std::string::npos) {
+      emit_content(out, std::string_view(pending_).substr(0, open));
+      pending_.erase(0, open + kCallOpen.size());
+      state_ = State::InCall;
+      continue;
+    }
+    const size_t keep = parse && !final ? partial_tag_suffix(pending_, kCallOpen) : 0;
+    emit_content(out, std::string_view(pending_).substr(0, pending_.size() - keep));
+    pending_.erase(0, pending_.size() - keep);
+    return;
+  }
+}
+
+ToolCallSplitter::Part ToolCallSplitter::feed(std::string_view piece) {
+  Part out;
+  if (!active_) {
+    out.content = std::string(piece);
+    return out;
+  }
+  pending_.append(piece);
+  run(out, false);
+  return out;
+}
+
+ToolCallSplitter::Part ToolCallSplitter::finish() {
+  Part out;
+  if (!active_) return out;
+  run(out, true);
+  if (calls_ == 0) out.content += held_space_;  // the trailing whitespace of a reply without calls stays
+  held_space_.clear();
+  return out;
+}
+
+}  // namespace pico::coordinator::http_api

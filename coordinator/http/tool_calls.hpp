@@ -1,0 +1,122 @@
+// Tool calling on /v1/chat/completions, as llama-server does it for the chat formats
+// pico writes: the tools, and the calls and results of the history, rendered into the
+// prompt the way each format's template writes them; the calls of the reply parsed
+// back out of its text; `tool_choice` required or a named function enforced by a
+// grammar, so that the call is well-formed.
+//
+// The syntax of a call, by chat format (tool_style):
+//   Hermes   ChatML, Qwen3 (Qwen2.5 / Qwen3 / Hermes 2 Pro templates), and the fallback
+//            for formats without a tool syntax of their own:
+//              <tool_call>\n{"name": "f", "arguments": {...}}\n</tool_call>
+//   QwenXml  Qwen3.5 (its template's XML):
+//              <tool_call>\n<function=f>\n<parameter=p>\nvalue\n</parameter>\n</function>\n</tool_call>
+//   Llama3   Llama 3.1+: the whole reply is {"name": "f", "parameters": {...}}; results
+//            come back in `ipython` turns; the tools open the first user message.
+//
+//   ToolCallSplitter split(calling, make_id);
+//   for (piece : reply) { auto part = split.feed(piece); send(part.content, part.calls); }
+//   auto rest = split.finish();
+#pragma once
+
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "tokenizer/chat_template.hpp"
+
+namespace pico::coordinator::http_api {
+
+struct ToolFunction {
+  std::string name, description;
+  nlohmann::json parameters = nlohmann::json::object();  // a JSON Schema of the arguments object
+  nlohmann::json definition;                              // the request's whole tool entry (rendered as given)
+};
+
+struct ToolCall {
+  std::string id, name;
+  std::string arguments;  // JSON text of an object
+};
+
+enum class ToolStyle { Hermes, QwenXml, Llama3 };
+ToolStyle tool_style(tokenizer::ChatFormat format);
+
+enum class ToolChoice { None, Auto, Required, Named };
+
+// One chat request's tools and what it allows.
+struct ToolCalling {
+  std::vector<ToolFunction> tools;
+  ToolChoice choice = ToolChoice::Auto;
+  std::string named;      // ToolChoice::Named: the function it must call
+  bool parallel = false;  // parallel_tool_calls: several calls in one reply
+  ToolStyle style = ToolStyle::Hermes;
+  // The tools reach the prompt and the reply is parsed for calls.
+  bool active() const { return !tools.empty() && choice != ToolChoice::None; }
+  // The reply must be calls (the grammar of tool_call_grammar).
+  bool forced() const { return active() && (choice == ToolChoice::Required || choice == ToolChoice::Named); }
+  const ToolFunction* find(std::string_view name) const;
+};
+
+// A request's message with its tool parts.
+struct RequestMessage {
+  tokenizer::ChatMessage message;  // role (developer already as system), content, reasoning
+  std::vector<ToolCall> tool_calls;  // an assistant's calls
+  std::string tool_call_id;          // a tool result's
+};
+
+// The messages the chat format renders: with active tools, their block in the system
+// message (Llama 3: the first user message); every assistant turn's calls in its text
+// and every tool result in the format's tool turn, in the call syntax of `format`.
+std::vector<tokenizer::ChatMessage> render_tool_messages(tokenizer::ChatFormat format, const ToolCalling& calling,
+                                                         const std::vector<RequestMessage>& messages);
+
+// JSON as Jinja's tojson writes it (Python's json.dumps: ", " and ": " separators).
+std::string python_json(const nlohmann::json& value);
+
+// The start rule of tool_call_grammar's text.
+inline constexpr std::string_view kToolCallsRule = "pico-tool-calls";
+
+// GBNF whose start rule is kToolCallsRule: a reply of calls only, one (several, separated by a
+// newline, when parallel) of the allowed tools (every tool, or the named one), with
+// arguments that validate against the tool's parameters (Hermes, Llama 3; Qwen3.5's XML:
+// the parameters the schema requires, each once, in its order). Throws SchemaError
+// (json_schema_grammar.hpp) when a tool's parameters cannot be expressed.
+std::string tool_call_grammar(const ToolCalling& calling);
+
+// A reply split into content and calls as it streams: content passes through, except
+// what may be the start of a call (held until known); a call leaves only once whole and
+// valid (a known tool, arguments a JSON object); a block that does not parse stays
+// content. Without parallel calls, what follows the first call is content.
+class ToolCallSplitter {
+ public:
+  struct Part {
+    std::string content;
+    std::vector<ToolCall> calls;
+    bool empty() const { return content.empty() && calls.empty(); }
+  };
+  ToolCallSplitter() = default;  // content only
+  ToolCallSplitter(ToolCalling calling, std::function<std::string()> make_id);
+
+  Part feed(std::string_view piece);
+  Part finish();
+  size_t calls() const { return calls_; }
+
+ private:
+  enum class State { Content, InCall, Llama3Start };
+  void run(Part& out, bool final);
+  bool take_call(Part& out, std::string_view body);  // false: not a call
+  void emit_content(Part& out, std::string_view text);
+  size_t find_close(std::string_view text) const;
+
+  ToolCalling calling_;
+  std::function<std::string()> make_id_;
+  bool active_ = false;
+  State state_ = State::Content;
+  std::string pending_;
+  std::string held_space_;  // whitespace after content: dropped if a call follows
+  bool after_call_ = false;  // the whitespace that follows a call is dropped too
+  size_t calls_ = 0;
+};
+
+}  // namespace pico::coordinator::http_api

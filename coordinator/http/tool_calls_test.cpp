@@ -1,0 +1,365 @@
+#include "http/tool_calls.hpp"
+
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "sample/grammar.hpp"
+
+namespace pico::coordinator::http_api {
+namespace {
+
+using json = nlohmann::json;
+using tokenizer::ChatFormat;
+
+ToolCalling weather_tools(ToolStyle style = ToolStyle::Hermes) {
+  ToolCalling calling;
+  calling.style = style;
+  const json parameters = json::parse(R"({"type": "object", "properties": {"city": {"type": "string"},
+      "days": {"type": "integer"}}, "required": ["city"]})");
+  calling.tools.push_back({"get_weather", "Weather of a city", parameters,
+                           {{"type", "function"},
+                            {"function", {{"name", "get_weather"}, {"description", "Weather of a city"}, {"parameters", parameters}}}}});
+  calling.tools.push_back({"get_time", "", json::object(), {{"type", "function"}, {"function", {{"name", "get_time"}}}}});
+  return calling;
+}
+
+// system, user, an assistant turn of one call, its result, and the next question.
+std::vector<RequestMessage> tool_loop() {
+  std::vector<RequestMessage> m(5);
+  m[0].message = {"system", "Be brief."};
+  m[1].message = {"user", "Weather in Paris?"};
+  m[2].message = {"assistant", ""};
+  m[2].tool_calls = {{"call_1", "get_weather", R"({"city":"Paris","days":2})"}};
+  m[3].message = {"tool", "sunny"};
+  m[3].tool_call_id = "call_1";
+  m[4].message = {"user", "Thanks"};
+  return m;
+}
+
+const std::string kHermesTools =
+    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with function "
+    "signatures within <tools></tools> XML tags:\n<tools>\n"
+    R"({"function": {"description": "Weather of a city", "name": "get_weather", "parameters": {"properties": )"
+    R"({"city": {"type": "string"}, "days": {"type": "integer"}}, "required": ["city"], "type": "object"}}, )"
+    R"("type": "function"})"
+    "\n"
+    R"({"function": {"name": "get_time"}, "type": "function"})"
+    "\n</tools>\n\nFor each function call, return a json object with function name and arguments within "
+    "<tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": "
+    "<args-json-object>}\n</tool_call>";
+
+// The prompts below are what the Qwen2.5 / Qwen3 / Qwen3.5 / Llama 3.1 templates
+// (llama.cpp's models/templates) write for the same conversation, worked out by hand.
+TEST(ToolCalls, ChatmlRendersTheHermesTemplate) {
+  const tokenizer::ChatTemplate chat(ChatFormat::ChatML);
+  const std::string prompt = chat.apply(render_tool_messages(ChatFormat::ChatML, weather_tools(), tool_loop()), true);
+  const std::string expected = "<|im_start|>system\nBe brief.\n\n" + kHermesTools +
+                               "<|im_end|>\n"
+                               "<|im_start|>user\nWeather in Paris?<|im_end|>\n"
+                               "<|im_start|>assistant\n<tool_call>\n"
+                               R"({"name": "get_weather", "arguments": {"city": "Paris", "days": 2}})"
+                               "\n</tool_call><|im_end|>\n"
+                               "<|im_start|>user\n<tool_response>\nsunny\n</tool_response><|im_end|>\n"
+                               "<|im_start|>user\nThanks<|im_end|>\n<|im_start|>assistant\n";
+  EXPECT_EQ(prompt, expected);
+}
+
+TEST(ToolCalls, Qwen3RendersItsToolTurnsAndConsecutiveResultsShareOne) {
+  auto messages = tool_loop();
+  messages[2].message.content = "Let me look.";
+  messages[2].tool_calls.push_back({"call_2", "get_time", "{}"});
+  RequestMessage second;
+  second.message = {"tool", "12:00"};
+  second.tool_call_id = "call_2";
+  messages.insert(messages.begin() + 4, second);
+  messages.pop_back();  // the tool results end the conversation: a tool loop
+  const tokenizer::ChatTemplate chat(ChatFormat::Qwen3);
+  const std::string prompt = chat.apply(render_tool_messages(ChatFormat::Qwen3, weather_tools(), messages), true);
+  const std::string expected = "<|im_start|>system\nBe brief.\n\n" + kHermesTools +
+                               "<|im_end|>\n"
+                               "<|im_start|>user\nWeather in Paris?<|im_end|>\n"
+                               // after the last query: the think block, empty
+                               "<|im_start|>assistant\nLet me look.\n<tool_call>\n"
+                               R"({"name": "get_weather", "arguments": {"city": "Paris", "days": 2}})"
+                               "\n</tool_call>\n<tool_call>\n"
+                               R"({"name": "get_time", "arguments": {}})"
+                               "\n</tool_call><|im_end|>\n"
+                               "<|im_start|>user\n<tool_response>\nsunny\n</tool_response>\n<tool_response>\n12:00\n"
+                               "</tool_response><|im_end|>\n"
+                               "<|im_start|>assistant\n";
+  EXPECT_EQ(prompt, expected);
+}
+
+TEST(ToolCalls, Qwen35WritesItsXmlCallsAndToolsFirst) {
+  const tokenizer::ChatTemplate chat(ChatFormat::Qwen35);
+  const std::string prompt = chat.apply(render_tool_messages(ChatFormat::Qwen35, weather_tools(), tool_loop()), true);
+  EXPECT_TRUE(prompt.starts_with("<|im_start|>system\n# Tools\n\nYou have access to the following functions:\n\n<tools>\n"))
+      << prompt;
+  EXPECT_NE(prompt.find("</tool_call>\n\n<IMPORTANT>\nReminder:\n"), std::string::npos) << prompt;
+  EXPECT_NE(prompt.find("</IMPORTANT>\n\nBe brief.<|im_end|>\n"), std::string::npos) << prompt;
+  EXPECT_NE(prompt.find("<|im_start|>assistant\n<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n"
+                        "</parameter>\n<parameter=days>\n2\n</parameter>\n</function>\n</tool_call><|im_end|>\n"
+                        "<|im_start|>user\n<tool_response>\nsunny\n</tool_response><|im_end|>\n"),
+            std::string::npos)
+      << prompt;
+}
+
+TEST(ToolCalls, Llama3PutsTheToolsInTheFirstUserMessage) {
+  const tokenizer::ChatTemplate chat(ChatFormat::Llama3);
+  const std::string prompt = chat.apply(render_tool_messages(ChatFormat::Llama3, weather_tools(), tool_loop()), true);
+  const std::string expected =
+      "<|start_header_id|>system<|end_header_id|>\n\nEnvironment: ipython\nCutting Knowledge Date: December 2023\n"
+      "Today Date: 26 Jul 2024\n\nBe brief.<|eot_id|>"
+      "<|start_header_id|>user<|end_header_id|>\n\nGiven the following functions, please respond with a JSON for a "
+      "function call with its proper arguments that best answers the given prompt.\n\nRespond in the format "
+      "{\"name\": function name, \"parameters\": dictionary of argument name and its value}.Do not use variables.\n\n" +
+      weather_tools().tools[0].definition.dump(4) + "\n\n" + weather_tools().tools[1].definition.dump(4) +
+      "\n\nWeather in Paris?<|eot_id|>"
+      "<|start_header_id|>assistant<|end_header_id|>\n\n"
+      R"({"name": "get_weather", "parameters": {"city": "Paris", "days": 2}})"
+      "<|eot_id|><|start_header_id|>ipython<|end_header_id|>\n\nsunny<|eot_id|>"
+      "<|start_header_id|>user<|end_header_id|>\n\nThanks<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n";
+  EXPECT_EQ(prompt, expected);
+}
+
+TEST(ToolCalls, WithoutActiveToolsOnlyTheHistoryIsRendered) {
+  ToolCalling none = weather_tools();
+  none.choice = ToolChoice::None;
+  const tokenizer::ChatTemplate chat(ChatFormat::ChatML);
+  const std::string prompt = chat.apply(render_tool_messages(ChatFormat::ChatML, none, tool_loop()), true);
+  EXPECT_EQ(prompt.find("# Tools"), std::string::npos);
+  EXPECT_NE(prompt.find("<tool_response>\nsunny\n</tool_response>"), std::string::npos);
+}
+
+TEST(ToolCalls, PythonJsonSeparators) {
+  EXPECT_EQ(python_json(json::parse(R"({"b": [1, 2.5, true, null], "a": {"x": "\"q\""}, "e": {}, "f": []})")),
+            R"({"a": {"x": "\"q\""}, "b": [1, 2.5, true, null], "e": {}, "f": []})");
+}
+
+// The split of `text` fed in pieces of `size` bytes.
+ToolCallSplitter::Part split(const ToolCalling& calling, const std::string& text, size_t size) {
+  int next = 0;
+  ToolCallSplitter splitter(calling, [&] { return "call_" + std::to_string(next++); });
+  ToolCallSplitter::Part all;
+  auto add = [&](ToolCallSplitter::Part part) {
+    all.content += part.content;
+    for (auto& c : part.calls) all.calls.push_back(std::move(c));
+  };
+  for (size_t i = 0; i < text.size(); i += size) add(splitter.feed(std::string_view(text).substr(i, size)));
+  add(splitter.finish());
+  return all;
+}
+
+// Every piece size gives the same split.
+ToolCallSplitter::Part split_all_ways(const ToolCalling& calling, const std::string& text) {
+  const ToolCallSplitter::Part whole = split(calling, text, text.size() + 1);
+  for (size_t size : {1, 2, 3, 7}) {
+    const ToolCallSplitter::Part part = split(calling, text, size);
+    EXPECT_EQ(part.content, whole.content) << "pieces of " << size;
+    EXPECT_EQ(part.calls.size(), whole.calls.size()) << "pieces of " << size;
+    for (size_t i = 0; i < std::min(part.calls.size(), whole.calls.size()); ++i) {
+      EXPECT_EQ(part.calls[i].name, whole.calls[i].name);
+      EXPECT_EQ(part.calls[i].arguments, whole.calls[i].arguments);
+    }
+  }
+  return whole;
+}
+
+TEST(ToolCalls, HermesRepliesSplitIntoContentAndCalls) {
+  ToolCalling calling = weather_tools();
+  auto r = split_all_ways(calling, "Checking.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>");
+  EXPECT_EQ(r.content, "Checking.");
+  ASSERT_EQ(r.calls.size(), 1u);
+  EXPECT_EQ(r.calls[0].id, "call_0");
+  EXPECT_EQ(r.calls[0].name, "get_weather");
+  EXPECT_EQ(r.calls[0].arguments, R"({"city":"Oslo"})");
+  // The closing tag inside an argument is the argument's.
+  r = split_all_ways(calling, "<tool_call>{\"name\": \"get_weather\", \"arguments\": {\"city\": \"</tool_call>\\\"\"}}</tool_call>");
+  ASSERT_EQ(r.calls.size(), 1u);
+  EXPECT_EQ(r.calls[0].arguments, R"({"city":"</tool_call>\""})");
+  // Arguments given as JSON text, and a block the reply never closed.
+  r = split_all_ways(calling, "<tool_call>{\"name\": \"get_time\", \"arguments\": \"{}\"}");
+  EXPECT_EQ(r.content, "");
+  ASSERT_EQ(r.calls.size(), 1u);
+  EXPECT_EQ(r.calls[0].arguments, "{}");
+  // Not calls: an unknown tool, arguments that are no object, JSON that does not parse,
+  // a tag that never comes: all content, as written.
+  for (const std::string& text :
+       {std::string("<tool_call>\n{\"name\": \"rm\", \"arguments\": {}}\n</tool_call>"),
+        std::string("<tool_call>{\"name\": \"get_time\", \"arguments\": 3}</tool_call>"),
+        std::string("a <tool_call>{\"name\": \"get_time\"</tool_call> b"), std::string("x < y <tool_ca")}) {
+    r = split_all_ways(calling, text);
+    EXPECT_EQ(r.content, text);
+    EXPECT_TRUE(r.calls.empty()) << text;
+  }
+  // Two calls: both with parallel_tool_calls, else the second is content.
+  const std::string two =
+      "<tool_call>\n{\"name\": \"get_time\", \"arguments\": {}}\n</tool_call>\n<tool_call>\n{\"name\": \"get_weather\", "
+      "\"arguments\": {\"city\": \"Rome\"}}\n</tool_call>\n";
+  r = split_all_ways(calling, two);
+  ASSERT_EQ(r.calls.size(), 1u);
+  EXPECT_EQ(r.content, "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Rome\"}}\n</tool_call>");
+  calling.parallel = true;
+  r = split_all_ways(calling, two);
+  ASSERT_EQ(r.calls.size(), 2u);
+  EXPECT_EQ(r.calls[1].name, "get_weather");
+  EXPECT_EQ(r.content, "");
+  // A named choice takes only that tool.
+  calling.choice = ToolChoice::Named;
+  calling.named = "get_weather";
+  r = split_all_ways(calling, two);
+  ASSERT_EQ(r.calls.size(), 1u);
+  EXPECT_EQ(r.calls[0].name, "get_weather");
+  // Inactive: everything is content.
+  calling.choice = ToolChoice::None;
+  EXPECT_EQ(split_all_ways(calling, two).content, two);
+}
+
+TEST(ToolCalls, QwenXmlParametersFollowTheirSchemaTypes) {
+  const ToolCalling calling = weather_tools(ToolStyle::QwenXml);
+  const auto r = split_all_ways(
+      calling,
+      "Sure.\n\n<tool_call>\n<function=get_weather>\n<parameter=city>\n42\n</parameter>\n<parameter=days>\n3\n"
+      "</parameter>\n</function>\n</tool_call>");
+  EXPECT_EQ(r.content, "Sure.");
+  ASSERT_EQ(r.calls.size(), 1u);
+  EXPECT_EQ(r.calls[0].arguments, R"({"city":"42","days":3})");  // city is a string, days a number
+  EXPECT_TRUE(split_all_ways(calling, "<tool_call>\n<function=get_weather>\n<parameter=city>\nx\n</function>\n</tool_call>")
+                  .calls.empty());
+}
+
+TEST(ToolCalls, Llama3RepliesThatAreJsonAreCalls) {
+  const ToolCalling calling = weather_tools(ToolStyle::Llama3);
+  auto r = split_all_ways(calling, " {\"name\": \"get_weather\", \"parameters\": {\"city\": \"Lima\"}}");
+  ASSERT_EQ(r.calls.size(), 1u);
+  EXPECT_EQ(r.calls[0].arguments, R"({"city":"Lima"})");
+  EXPECT_EQ(r.content, "");
+  r = split_all_ways(calling, "It is {sunny} today.");
+  EXPECT_TRUE(r.calls.empty());
+  EXPECT_EQ(r.content, "It is {sunny} today.");
+  r = split_all_ways(calling, "{\"name\": \"get_weather\", \"parameters\": {\"city\": ");
+  EXPECT_TRUE(r.calls.empty());
+  EXPECT_EQ(r.content, "{\"name\": \"get_weather\", \"parameters\": {\"city\": ");
+}
+
+// The grammar over a vocabulary of single bytes (then the end of generation).
+std::shared_ptr<const sample::GrammarVocabulary> byte_vocabulary() {
+  static const auto bytes = [] {
+    std::vector<std::string> pieces;
+    for (int b = 0; b < 256; ++b) pieces.emplace_back(1, static_cast<char>(b));
+    pieces.emplace_back();
+    std::vector<bool> end(257, false);
+    end[256] = true;
+    return std::make_shared<const sample::GrammarVocabulary>(std::move(pieces), std::move(end));
+  }();
+  return bytes;
+}
+
+bool accepts(const std::string& grammar, const std::string& text) {
+  sample::GrammarMatcher matcher(sample::Grammar::parse(grammar, kToolCallsRule), byte_vocabulary());
+  for (unsigned char c : text) {
+    if (!matcher.allows(c)) return false;
+    matcher.accept(c);
+  }
+  return matcher.allows(256);
+}
+
+// A random text the grammar allows: at each byte, one of those it allows (the end of
+// generation when it may, with some chance).
+std::string random_walk(const std::string& grammar, std::mt19937& rng) {
+  sample::GrammarMatcher matcher(sample::Grammar::parse(grammar, kToolCallsRule), byte_vocabulary());
+  std::string text;
+  while (text.size() < 1500) {
+    std::vector<int> allowed;
+    for (int b = 0; b < 256; ++b) {
+      if ((b >= 32 && b < 127) || b == '\n' ? matcher.allows(b) : false) allowed.push_back(b);
+    }
+    if (matcher.allows(256) && (allowed.empty() || rng() % 2 == 0)) return text;
+    if (allowed.empty()) return text + "<stuck>";
+    // Prefer the quote and the closing characters so that strings and numbers end.
+    int pick = allowed[rng() % allowed.size()];
+    for (int c : {'"', '}', ']', '<'}) {
+      if (std::find(allowed.begin(), allowed.end(), c) != allowed.end() && rng() % 2 == 0) pick = c;
+    }
+    matcher.accept(pick);
+    text += static_cast<char>(pick);
+  }
+  return text;
+}
+
+TEST(ToolCalls, ForcedGrammarsAcceptCallsAndOnlyCalls) {
+  for (const ToolStyle style : {ToolStyle::Hermes, ToolStyle::Llama3, ToolStyle::QwenXml}) {
+    ToolCalling calling = weather_tools(style);
+    calling.choice = ToolChoice::Required;
+    const std::string grammar = tool_call_grammar(calling);
+    const std::string call =
+        style == ToolStyle::Hermes   ? "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>"
+        : style == ToolStyle::Llama3 ? "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Oslo\"}}"
+                                     : "<tool_call>\n<function=get_weather>\n<parameter=city>\nOslo\n</parameter>\n</function>\n</tool_call>";
+    EXPECT_TRUE(accepts(grammar, call)) << grammar;
+    EXPECT_FALSE(accepts(grammar, "Hello")) << grammar;
+    EXPECT_FALSE(accepts(grammar, call + "\n" + call)) << "one call without parallel_tool_calls";
+    calling.choice = ToolChoice::Named;
+    calling.named = "get_time";
+    EXPECT_FALSE(accepts(tool_call_grammar(calling), call)) << "only the named tool";
+    if (style != ToolStyle::QwenXml) {
+      calling.choice = ToolChoice::Required;
+      EXPECT_FALSE(accepts(tool_call_grammar(calling), style == ToolStyle::Hermes
+                                                         ? "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {}}\n</tool_call>"
+                                                         : "{\"name\": \"get_weather\", \"parameters\": {}}"))
+          << "city is required";
+    }
+    if (style != ToolStyle::Llama3) {
+      calling.choice = ToolChoice::Required;
+      calling.parallel = true;
+      EXPECT_TRUE(accepts(tool_call_grammar(calling), call + "\n" + call));
+    }
+  }
+}
+
+// What a constrained reply can be, it parses into calls of the allowed tools whose
+// arguments hold what the schema requires.
+TEST(ToolCalls, EveryTextAForcedGrammarAllowsParsesIntoCalls) {
+  std::mt19937 rng(7);
+  for (const ToolStyle style : {ToolStyle::Hermes, ToolStyle::Llama3, ToolStyle::QwenXml}) {
+    for (const bool parallel : {false, true}) {
+      ToolCalling calling = weather_tools(style);
+      calling.choice = ToolChoice::Required;
+      calling.parallel = parallel && style != ToolStyle::Llama3;
+      const std::string grammar = tool_call_grammar(calling);
+      int walks = 0;
+      for (int i = 0; i < 25; ++i) {
+        const std::string text = random_walk(grammar, rng);
+        if (text.size() >= 1500) continue;  // a walk that did not end
+        ASSERT_EQ(text.find("<stuck>"), std::string::npos) << text;
+        ++walks;
+        const auto r = split(calling, text, 5);
+        ASSERT_FALSE(r.calls.empty()) << "style " << static_cast<int>(style) << ": " << text;
+        EXPECT_EQ(r.content, "") << text;
+        for (const ToolCall& call : r.calls) {
+          const json arguments = json::parse(call.arguments);
+          EXPECT_TRUE(arguments.is_object());
+          if (call.name == "get_weather") {
+            EXPECT_TRUE(arguments.contains("city")) << text;
+            if (style != ToolStyle::QwenXml) {
+              EXPECT_TRUE(arguments["city"].is_string()) << text;
+              if (arguments.contains("days")) {
+                EXPECT_TRUE(arguments["days"].is_number_integer()) << text;
+              }
+            }
+          } else {
+            EXPECT_EQ(call.name, "get_time");
+          }
+        }
+      }
+      EXPECT_GT(walks, 12);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace pico::coordinator::http_api
