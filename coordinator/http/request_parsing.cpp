@@ -791,6 +791,18 @@ ParsedGeneration parse_generation_request(const ParseContext& ctx, Endpoint endp
       } catch (const SchemaError& e) {
         invalid("tools", std::string("has parameters pico cannot turn into a grammar: ") + e.what());
       }
+    } else if (p.out.tools.active() && p.grammar_field.empty()) {
+      // auto: free text, but a call the reply opens follows the grammar of calls (a lazy
+      // grammar, as llama-server's). Parameters the converter cannot express leave it free.
+      try {
+        const std::string gbnf = tool_call_grammar(p.out.tools);
+        set_grammar(p, "tools", gbnf, kToolCallsRule);
+        p.req.sampling.grammar_triggers = tool_call_triggers(p.out.tools.style);
+      } catch (const SchemaError&) {
+        p.req.sampling.grammar = nullptr;
+      } catch (const ApiError&) {  // a grammar past the matcher's limits
+        p.req.sampling.grammar = nullptr;
+      }
     }
     p.req.prompt = ctx.tok.encode(render_chat(ctx, body, p.chat, p.out.tools), true, true);
     if (const auto tags = ctx.chat->thinking_tags()) {

@@ -325,6 +325,11 @@ std::string tool_call_grammar(const ToolCalling& calling) {
   return start + call;
 }
 
+std::vector<std::string> tool_call_triggers(ToolStyle style) {
+  if (style == ToolStyle::Llama3) return {"{\"name\""};
+  return {std::string(kCallOpen)};
+}
+
 ToolCallSplitter::ToolCallSplitter(ToolCalling calling, std::function<std::string()> make_id)
     : calling_(std::move(calling)), make_id_(std::move(make_id)), active_(calling_.active()) {
   if (active_ && calling_.style == ToolStyle::Llama3) state_ = State::Llama3Start;

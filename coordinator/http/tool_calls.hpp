@@ -84,6 +84,10 @@ inline constexpr std::string_view kToolCallsRule = "pico-tool-calls";
 // (json_schema_grammar.hpp) when a tool's parameters cannot be expressed.
 std::string tool_call_grammar(const ToolCalling& calling);
 
+// The texts that open a call (tool_choice auto: the grammar of calls holds from one of
+// them on, a lazy grammar, so that a call the model starts is well-formed).
+std::vector<std::string> tool_call_triggers(ToolStyle style);
+
 // A reply split into content and calls as it streams: content passes through, except
 // what may be the start of a call (held until known); a call leaves only once whole and
 // valid (a known tool, arguments a JSON object); a block that does not parse stays

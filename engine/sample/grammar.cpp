@@ -1041,21 +1041,30 @@ void GrammarMatcher::accept(int32_t token) {
   std::vector<uint32_t> scratch;
   std::span<const uint32_t> code_points;
   PartialUtf8 tail;
+  const bool decoded = token_text(*vocabulary_, t, partial_, scratch, code_points, tail);
+  advance(decoded, code_points, tail, "token " + std::to_string(token));
+}
+
+void GrammarMatcher::accept_text(std::string_view text) {
+  std::vector<uint32_t> code_points;
+  const PartialUtf8 tail = decode_utf8(text, partial_, code_points);
+  advance(tail.remaining >= 0, code_points, tail, "text '" + std::string(text) + "'");
+}
+
+void GrammarMatcher::advance(bool decoded, std::span<const uint32_t> code_points, PartialUtf8 tail,
+                             const std::string& what) {
   int32_t state = kDead;
   Simulation simulation(grammar_->rules());
-  if (token_text(*vocabulary_, t, partial_, scratch, code_points, tail)) {
+  if (decoded) {
     state = simulation.seed(stacks_);
     if (state >= 0) state = follow(simulation, state, code_points, tail);
   }
   if (state == kOverflow) {
-    throw GrammarAmbiguityError("the grammar is too ambiguous: token " + std::to_string(token) +
-                                " would need more than " +
+    throw GrammarAmbiguityError("the grammar is too ambiguous: " + what + " would need more than " +
                                 std::to_string(kGrammarMaxStacks) + " stacks (or " +
                                 std::to_string(kGrammarMaxStackElements) + " stack elements)");
   }
-  if (state < 0) {
-    throw std::logic_error("GrammarMatcher::accept: token " + std::to_string(token) + " is not allowed by the grammar");
-  }
+  if (state < 0) throw std::logic_error("GrammarMatcher::accept: " + what + " is not allowed by the grammar");
   stacks_ = simulation.stacks(state);
   partial_ = tail;
 }

@@ -125,6 +125,10 @@ class GrammarMatcher {
   // is allowed by the grammar but would pass the stack limits (the matcher is then unchanged).
   // An end-of-generation token leaves the matcher as it is.
   void accept(int32_t token);
+  // Advances over text (a lazy grammar's trigger and what followed it in its token);
+  // throws as accept() does when the grammar does not allow it.
+  void accept_text(std::string_view text);
+  const GrammarVocabulary& vocabulary() const { return *vocabulary_; }
   bool complete() const;  // the grammar may end here (an end-of-generation token is allowed)
   bool finished() const;  // nothing but end-of-generation can follow
 
@@ -137,6 +141,10 @@ class GrammarMatcher {
   // stack is empty (the grammar may end). Deduplicated.
   std::vector<std::vector<uint32_t>> stacks_;
   grammar_detail::PartialUtf8 partial_;  // a character cut by the last token's end
+
+  // Follows code points from the current position (what: the token or text, for errors).
+  void advance(bool decoded, std::span<const uint32_t> code_points, grammar_detail::PartialUtf8 tail,
+               const std::string& what);
 };
 
 }  // namespace pico::sample

@@ -344,6 +344,10 @@ Sampler::Sampler(SamplingParams params)
   if (params_.grammar) {
     if (!params_.grammar_vocabulary) throw std::invalid_argument("a grammar needs the vocabulary's pieces");
     grammar_.emplace(params_.grammar, params_.grammar_vocabulary);
+    grammar_waiting_ = !params_.grammar_triggers.empty();
+  }
+  for (const std::string& trigger : params_.grammar_triggers) {
+    if (trigger.empty()) throw std::invalid_argument("a grammar trigger must not be empty");
   }
 }
 
@@ -379,7 +383,7 @@ Candidates Sampler::filter(std::span<const float> logits, Random* xtc_random) co
 }
 
 int32_t Sampler::sample(std::span<const float> logits) {
-  if (!grammar_) return sample_unconstrained(logits);
+  if (!grammar_ || grammar_waiting_) return sample_unconstrained(logits);
   const Random random = random_, xtc_random = xtc_random_;
   const float mu = mu_;
   const int32_t free_pick = sample_unconstrained(logits);
@@ -488,8 +492,33 @@ int32_t Sampler::sample_mirostat(std::span<const float> logits) {
 }
 
 void Sampler::accept(int32_t token) {
-  if (grammar_) grammar_->accept(token);
+  if (grammar_waiting_) {
+    watch_for_trigger(token);
+  } else if (grammar_) {
+    grammar_->accept(token);
+  }
   remember(token);
+}
+
+void Sampler::watch_for_trigger(int32_t token) {
+  const GrammarVocabulary& vocabulary = grammar_->vocabulary();
+  if (token < 0 || static_cast<size_t>(token) >= vocabulary.size() || vocabulary.end_of_generation[static_cast<size_t>(token)]) {
+    return;
+  }
+  reply_tail_ += vocabulary.pieces[static_cast<size_t>(token)];
+  size_t first = std::string::npos, longest = 0;
+  for (const std::string& trigger : params_.grammar_triggers) {
+    first = std::min(first, reply_tail_.find(trigger));
+    longest = std::max(longest, trigger.size());
+  }
+  if (first != std::string::npos) {
+    // The grammar starts at the trigger: the trigger and what followed it in the token.
+    grammar_waiting_ = false;
+    grammar_->accept_text(std::string_view(reply_tail_).substr(first));
+    reply_tail_.clear();
+    return;
+  }
+  if (reply_tail_.size() >= longest) reply_tail_.erase(0, reply_tail_.size() - (longest - 1));
 }
 
 void Sampler::remember(int32_t token) {
@@ -504,6 +533,8 @@ void Sampler::reset() {
   xtc_random_ = Random(xtc_seed(seed_));
   mu_ = 2.0f * params_.mirostat_tau;
   if (params_.grammar) grammar_.emplace(params_.grammar, params_.grammar_vocabulary);
+  grammar_waiting_ = params_.grammar && !params_.grammar_triggers.empty();
+  reply_tail_.clear();
 }
 
 }  // namespace pico::sample

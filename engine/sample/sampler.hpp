@@ -23,6 +23,7 @@
 #include <deque>
 #include <random>
 #include <span>
+#include <string>
 #include <string_view>
 #include <unordered_map>
 #include <memory>
@@ -73,6 +74,10 @@ struct SamplingParams {
   std::shared_ptr<const DryBreakers> dry_breakers;  // ... its sequence breakers (none: null)
   std::shared_ptr<const Grammar> grammar;                        // null: none
   std::shared_ptr<const GrammarVocabulary> grammar_vocabulary;  // needed with a grammar
+  // A lazy grammar (llama.cpp's grammar_lazy, as tool calls under tool_choice auto use
+  // it): it constrains nothing until one of these texts appears in the reply; from the
+  // trigger on, the reply follows it. Empty: the grammar holds from the first token.
+  std::vector<std::string> grammar_triggers;
   std::vector<Stage> stages = {Stage::Penalties, Stage::Dry, Stage::TopNSigma, Stage::TopK, Stage::TypicalP,
                                Stage::TopP,      Stage::MinP, Stage::Xtc,       Stage::Temperature};
 
@@ -191,6 +196,10 @@ class Sampler {
   float mu_ = 0.0f;
   bool plain_greedy_ = false;  // sample() takes the arg max directly
   std::optional<GrammarMatcher> grammar_;
+  // A lazy grammar's wait for its trigger: the reply's last bytes (a trigger may span tokens).
+  bool grammar_waiting_ = false;
+  std::string reply_tail_;
+  void watch_for_trigger(int32_t token);
 };
 
 }  // namespace pico::sample

@@ -566,5 +566,32 @@ TEST(GrammarSampling, ResetRestartsTheGrammar) {
   EXPECT_EQ(s.sample(logits), 0);
 }
 
+// A lazy grammar: free until its trigger appears in the reply (here "ab", across two
+// tokens or inside one), then the reply from the trigger on follows it.
+TEST(GrammarSampling, ALazyGrammarHoldsFromItsTriggerOn) {
+  SamplingParams p = with_grammar(SamplingParams::greedy(), "root ::= \"ab\" \"c\"+");
+  p.grammar_triggers = {"ab"};
+  const std::vector<float> favour_a = {9, 1, 2, 0, 0}, favour_end = {1, 2, 3, 0, 9};
+  for (const std::vector<int32_t>& opening : {std::vector<int32_t>{0, 1}, std::vector<int32_t>{3}}) {
+    Sampler s(p);
+    EXPECT_EQ(s.sample(favour_a), 0);  // free: "a" is not allowed by the grammar's start, yet taken
+    s.accept(2);                       // "c": no trigger yet
+    s.accept(2);
+    for (int32_t token : opening) s.accept(token);
+    EXPECT_EQ(s.sample(favour_a), 2);    // triggered: after "ab" only "c" may come
+    s.accept(2);
+    EXPECT_EQ(s.sample(favour_end), 4);  // "ab" "c": the grammar may end
+    s.reset();                           // waits for the trigger again
+    EXPECT_EQ(s.sample(favour_a), 0);
+  }
+  // Text from the trigger on that the grammar does not allow: refused as any token is.
+  p.grammar_triggers = {"b"};
+  Sampler refused(p);
+  refused.accept(0);
+  EXPECT_THROW(refused.accept(1), std::logic_error);  // the grammar would start at "b", not "ab"
+  p.grammar_triggers = {""};
+  EXPECT_THROW(Sampler{p}, std::invalid_argument);
+}
+
 }  // namespace
 }  // namespace pico::sample

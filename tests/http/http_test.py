@@ -639,6 +639,7 @@ def main():
     n_choices_tests(api, ref, greedy)
     sampler_tests(api, ref, greedy)
     grammar_tests(api)
+    tool_tests(api)
     anthropic_tests(api, port)
     cancel_tests(api, port, slots_total)
 
@@ -945,6 +946,67 @@ def grammar_tests(api):
                                                      "response_format": {"type": "json_schema", "json_schema": {
                                                          "schema": {"$ref": "https://example.com/s.json"}}}})
     check(s == 400 and "json_schema" in b["error"]["param"], "a remote $ref is 400 (%s)" % b)
+
+
+ADD_TOOL = {"type": "function", "function": {"name": "add", "parameters": {
+    "type": "object", "additionalProperties": False, "required": ["a", "b"],
+    "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}}}}
+
+
+def tool_tests(api):
+    """Tool calls under tool_choice auto: the model's text is free, but once it opens a
+    call (<tool_call>, forced here by logit_bias: the synthetic model would not) the
+    call follows the tools' grammar (a lazy grammar) and comes back as tool_calls; the
+    same streamed. tool_choice none leaves the tools out. (The openai client's tests
+    cover required, named, parallel and a runTools loop.)"""
+    s, t = api.json("POST", "/tokenize", {"content": "<tool_call>", "parse_special": True})
+    check(s == 200 and len(t["tokens"]) == 1, "<tool_call> is one token of the qwen3 vocabulary (%s)" % t)
+    opening = t["tokens"][0]
+    body = {"messages": [{"role": "user", "content": "Add 2 and 3"}], "tools": [ADD_TOOL], "max_tokens": 200,
+            "temperature": 0, "logit_bias": {str(opening): 100}}
+    s, b = api.json("POST", "/v1/chat/completions", body)
+    calls = b["choices"][0]["message"].get("tool_calls") if s == 200 else None
+    args = None
+    try:
+        args = json.loads(calls[0]["function"]["arguments"])
+    except (TypeError, ValueError, IndexError, KeyError):
+        pass
+    check(s == 200 and len(calls or []) == 1 and calls[0]["function"]["name"] == "add" and
+          isinstance(args, dict) and sorted(args) == ["a", "b"] and all(isinstance(v, int) for v in args.values()) and
+          b["choices"][0]["finish_reason"] == "tool_calls" and b["choices"][0]["message"]["content"] is None,
+          "tool_choice auto: an opened call follows the grammar (%s)" % (b["choices"][0] if s == 200 else b))
+    s, _, content, chunks = chat_stream_parts(api, body)
+    streamed = {}
+    for c in chunks:
+        for d in (c["choices"][0]["delta"].get("tool_calls") or []) if c.get("choices") else []:
+            entry = streamed.setdefault(d["index"], {"name": "", "arguments": "", "id": None})
+            entry["id"] = d.get("id", entry["id"])
+            entry["name"] += d.get("function", {}).get("name", "")
+            entry["arguments"] += d.get("function", {}).get("arguments", "")
+    finish = [c["choices"][0]["finish_reason"] for c in chunks if c.get("choices") and c["choices"][0]["finish_reason"]]
+    check(s == 200 and content == "" and len(streamed) == 1 and streamed[0]["name"] == "add" and streamed[0]["id"] and
+          calls and streamed[0]["arguments"] == calls[0]["function"]["arguments"] and finish == ["tool_calls"],
+          "streamed: the same call in delta.tool_calls (%s, %s)" % (streamed, finish))
+    # none: the tools stay out of the prompt, nothing is parsed.
+    s, with_tools = api.json("POST", "/apply-template", {"messages": body["messages"], "tools": [ADD_TOOL]})
+    s2, without = api.json("POST", "/apply-template", {"messages": body["messages"], "tools": [ADD_TOOL],
+                                                      "tool_choice": "none"})
+    check(s == 200 and s2 == 200 and "<tools>" in with_tools["prompt"] and "<tools>" not in without["prompt"],
+          "/apply-template renders the tools, not with tool_choice none")
+    s, b = api.json("POST", "/v1/chat/completions", dict(body, tool_choice="none", max_tokens=4))
+    check(s == 200 and "tool_calls" not in b["choices"][0]["message"], "tool_choice none: no calls")
+    # A history of calls and results is taken (and a result without its call id is not).
+    history = [{"role": "user", "content": "Add 2 and 3"},
+               {"role": "assistant", "content": None, "tool_calls": [
+                   {"id": "c1", "type": "function", "function": {"name": "add", "arguments": "{\"a\": 2, \"b\": 3}"}}]},
+               {"role": "tool", "tool_call_id": "c1", "content": "5"}]
+    s, b = api.json("POST", "/v1/chat/completions", {"messages": history, "tools": [ADD_TOOL], "max_tokens": 4})
+    check(s == 200, "a tool loop's history is taken (%s)" % (b if s != 200 else ""))
+    s, b = api.json("POST", "/v1/chat/completions", {"messages": history[:2] + [{"role": "tool", "content": "5"}],
+                                                     "max_tokens": 4})
+    check(s == 400 and b["error"]["param"] == "messages[2].tool_call_id", "a result without tool_call_id: 400 (%s)" % b)
+    s, b = api.json("POST", "/v1/chat/completions", dict(body, tool_choice={"type": "function", "function": {"name": "mul"}}))
+    check(s == 400 and b["error"]["param"] == "tool_choice", "a tool_choice naming no tool: 400 (%s)" % b)
 
 
 def anthropic_stream(port, body, headers=None):
