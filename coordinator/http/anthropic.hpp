@@ -9,14 +9,17 @@
 namespace pico::coordinator::http_api {
 
 // Translates a Messages request: system (text or text blocks), messages (user /
-// assistant, text or text blocks), max_tokens (required unless `for_counting`),
+// assistant, text or text blocks; an assistant's tool_use blocks become its tool_calls,
+// a user's tool_result blocks tool messages), tools (client tools: name, description,
+// input_schema) and tool_choice (auto, any = required, tool = a named function, none;
+// disable_parallel_tool_use), max_tokens (required unless `for_counting`),
 // stop_sequences, temperature, top_p, top_k, stream, thinking (enabled / disabled).
-// Blocks other than text (images, tool use and results, documents) and tools are
-// refused with an ApiError naming the field; other fields are ignored, as the OpenAI
-// endpoints ignore unknown ones.
+// Other blocks (images, documents) and server tools are refused with an ApiError naming
+// the field; other fields are ignored, as the OpenAI endpoints ignore unknown ones.
 nlohmann::json chat_request_from_messages(const nlohmann::json& body, bool for_counting = false);
 
-// Anthropic's stop_reason for pico's finish reason ("stop", "stop_string", "length").
+// Anthropic's stop_reason for pico's finish reason ("stop", "stop_string", "length";
+// a reply with tool calls stops for "tool_use").
 std::string anthropic_stop_reason(const std::string& finish_reason);
 
 }  // namespace pico::coordinator::http_api

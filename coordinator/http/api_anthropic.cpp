@@ -1,7 +1,7 @@
-// Anthropic's Messages API: /v1/messages (text, streamed as Anthropic's events) and
-// /v1/messages/count_tokens. The request is translated to a chat request
+// Anthropic's Messages API: /v1/messages (text and tool use, streamed as Anthropic's
+// events) and /v1/messages/count_tokens. The request is translated to a chat request
 // (http/anthropic.hpp); the reply's reasoning, when the template has some, is a
-// "thinking" block before the text.
+// "thinking" block before the text; its tool calls are tool_use blocks after it.
 #include "http/anthropic.hpp"
 #include "http/api.hpp"
 
@@ -22,6 +22,22 @@ class BlockStream {
                                       : json{{"type", "text_delta"}, {"text", text}};
     const json data = {{"type", "content_block_delta"}, {"index", index_}, {"delta", d}};
     co_return co_await event("content_block_delta", data);
+  }
+
+  // A whole tool_use block: its start (id, name, empty input), the input as one
+  // input_json_delta, its stop.
+  awaitable<bool> tool_use(const ToolCall& call) {
+    if (!co_await close()) co_return false;
+    ++index_;
+    const json start = {{"type", "content_block_start"},
+                        {"index", index_},
+                        {"content_block", {{"type", "tool_use"}, {"id", call.id}, {"name", call.name}, {"input", json::object()}}}};
+    const json delta = {{"type", "content_block_delta"},
+                        {"index", index_},
+                        {"delta", {{"type", "input_json_delta"}, {"partial_json", call.arguments}}}};
+    const json stop = {{"type", "content_block_stop"}, {"index", index_}};
+    co_return co_await event("content_block_start", start) && co_await event("content_block_delta", delta) &&
+              co_await event("content_block_stop", stop);
   }
 
   // Closes the open block; a reply without any gets one empty text block.
@@ -77,7 +93,10 @@ awaitable<void> anthropic_messages(Session& s) {
   const auto input_tokens = static_cast<int>(parsed.choices.front().prompt.size());
   Generation gen(s.state.engine, co_await asio::this_coro::executor, s.socket, std::move(parsed.choices));
   ReasoningSplitter split = ReasoningSplitter::for_reply(parsed.reasoning, stream);
+  ToolCallSplitter tool_split;
+  if (parsed.tools.active()) tool_split = ToolCallSplitter(parsed.tools, [] { return random_id("toolu_"); });
   std::string reasoning, content;
+  std::vector<ToolCall> calls;
   BlockStream blocks(s);
   auto gone = [&] {
     gen.cancel();
@@ -113,22 +132,39 @@ awaitable<void> anthropic_messages(Session& s) {
       co_await s.stream_end();
       co_return;
     }
-    const ReasoningSplitter::Split part =
-        ev.kind == Generation::Event::Done ? split.finish() : split.feed(ev.token.text);
+    const bool done = ev.kind == Generation::Event::Done;
+    const ReasoningSplitter::Split part = done ? split.finish() : split.feed(ev.token.text);
+    ToolCallSplitter::Part tools = tool_split.feed(part.content);
+    if (done) {
+      ToolCallSplitter::Part rest = tool_split.finish();
+      tools.content += rest.content;
+      for (ToolCall& call : rest.calls) tools.calls.push_back(std::move(call));
+    }
     reasoning += part.reasoning;
-    content += part.content;
+    content += tools.content;
     const std::string thinking_kind = "thinking", text_kind = "text";
-    if (stream && !(co_await blocks.delta(thinking_kind, part.reasoning) && co_await blocks.delta(text_kind, part.content))) {
+    if (stream && !(co_await blocks.delta(thinking_kind, part.reasoning) && co_await blocks.delta(text_kind, tools.content))) {
       gone();
       co_return;
     }
-    if (ev.kind != Generation::Event::Done) continue;
-    const std::string stop_reason = anthropic_stop_reason(ev.reason);
+    for (ToolCall& call : tools.calls) {
+      if (stream && !co_await blocks.tool_use(call)) {
+        gone();
+        co_return;
+      }
+      calls.push_back(std::move(call));
+    }
+    if (!done) continue;
+    const std::string stop_reason = calls.empty() ? anthropic_stop_reason(ev.reason) : "tool_use";
     const json stop_sequence = ev.usage.stopping_word.empty() ? json(nullptr) : json(ev.usage.stopping_word);
     if (!stream) {
       json blocks_json = json::array();
       if (!reasoning.empty()) blocks_json.push_back({{"type", "thinking"}, {"thinking", reasoning}, {"signature", ""}});
-      blocks_json.push_back({{"type", "text"}, {"text", content}});
+      if (!content.empty() || calls.empty()) blocks_json.push_back({{"type", "text"}, {"text", content}});
+      for (const ToolCall& call : calls) {
+        blocks_json.push_back(
+            {{"type", "tool_use"}, {"id", call.id}, {"name", call.name}, {"input", json::parse(call.arguments)}});
+      }
       const json message = {{"id", id},
                             {"type", "message"},
                             {"role", "assistant"},

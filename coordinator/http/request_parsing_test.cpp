@@ -336,6 +336,38 @@ TEST(RequestParsing, AnthropicMessagesBecomeAChatRequest) {
   EXPECT_FALSE(chat_request_from_messages(counting, true).contains("max_tokens"));
 }
 
+// Anthropic's tools, tool_use and tool_result blocks as OpenAI's tools, tool_calls and
+// tool messages.
+TEST(RequestParsing, AnthropicToolsBecomeChatTools) {
+  const json messages = json::parse(R"({"max_tokens": 9, "messages": [
+    {"role": "user", "content": "Add"},
+    {"role": "assistant", "content": [{"type": "text", "text": "Sure."},
+                                      {"type": "tool_use", "id": "t1", "name": "add", "input": {"a": 1}}]},
+    {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": [{"type": "text", "text": "2"}]},
+                                 {"type": "tool_result", "tool_use_id": "t2", "content": "x", "is_error": true},
+                                 {"type": "text", "text": "Thanks"}]}],
+    "tools": [{"name": "add", "description": "d", "input_schema": {"type": "object"}}],
+    "tool_choice": {"type": "tool", "name": "add", "disable_parallel_tool_use": true}})");
+  const json expected = json::parse(R"({"max_tokens": 9, "messages": [
+    {"role": "user", "content": "Add"},
+    {"role": "assistant", "content": [{"type": "text", "text": "Sure."}],
+     "tool_calls": [{"id": "t1", "type": "function", "function": {"name": "add", "arguments": "{\"a\":1}"}}]},
+    {"role": "tool", "tool_call_id": "t1", "content": "2"},
+    {"role": "tool", "tool_call_id": "t2", "content": "Error: x"},
+    {"role": "user", "content": [{"type": "text", "text": "Thanks"}]}],
+    "tools": [{"type": "function", "function": {"name": "add", "description": "d", "parameters": {"type": "object"}}}],
+    "parallel_tool_calls": false, "tool_choice": {"type": "function", "function": {"name": "add"}}})");
+  EXPECT_EQ(chat_request_from_messages(messages), expected);
+  json any = messages;
+  any["tool_choice"] = {{"type", "any"}};
+  EXPECT_EQ(chat_request_from_messages(any)["tool_choice"], "required");
+  EXPECT_EQ(chat_request_from_messages(any)["parallel_tool_calls"], true);
+  // A tool_use in a user message is not a tool call.
+  json misplaced = messages;
+  misplaced["messages"][0]["content"] = json::parse(R"([{"type": "tool_use", "id": "t", "name": "add", "input": {}}])");
+  EXPECT_THROW(chat_request_from_messages(misplaced), ApiError);
+}
+
 TEST(RequestParsing, NeutralValuesOfUnsupportedFieldsAreAccepted) {
   Fixture f;
   json body = base(Endpoint::ChatCompletions);

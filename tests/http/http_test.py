@@ -1060,9 +1060,39 @@ def anthropic_tests(api, port):
                        ({"messages": [{"role": "tool", "content": "x"}], "max_tokens": 4}, "messages[0].role"),
                        ({"messages": [{"role": "user", "content": [{"type": "image"}]}], "max_tokens": 4},
                         "messages[0].content[0]"),
-                       ({"messages": msgs, "max_tokens": 4, "tools": [{"name": "f", "input_schema": {}}]}, "tools")):
+                       ({"messages": msgs, "max_tokens": 4, "tools": [{"type": "web_search_20250305", "name": "w"}]},
+                        "tools[0].type"),
+                       ({"messages": msgs, "max_tokens": 4, "tools": [{"name": "f g", "input_schema": {}}]},
+                        "tools[0].function.name"),
+                       ({"messages": msgs, "max_tokens": 4, "tool_choice": {"type": "sometimes"}}, "tool_choice.type")):
         s, b = api.json("POST", "/v1/messages", bad)
         check(s == 400 and b["error"]["param"] == param, "/v1/messages refuses %s (%d %s)" % (param, s, b))
+    # Tools: tool_choice any makes the model call (a grammar); the call is a tool_use
+    # block (streamed: its start, its input as input_json_delta, its stop), stop_reason
+    # tool_use; a history of tool_use and tool_result blocks is taken.
+    add = {"name": "add", "description": "Adds", "input_schema": ADD_TOOL["function"]["parameters"]}
+    tool_body = {"messages": msgs, "max_tokens": 200, "temperature": 0, "tools": [add], "tool_choice": {"type": "any"}}
+    s, b = api.json("POST", "/v1/messages", tool_body)
+    uses = [c for c in b.get("content", []) if c["type"] == "tool_use"] if s == 200 else []
+    check(s == 200 and b["stop_reason"] == "tool_use" and len(uses) >= 1 and uses[0]["name"] == "add" and
+          uses[0]["id"].startswith("toolu_") and sorted(uses[0]["input"]) == ["a", "b"],
+          "/v1/messages tool_choice any: a tool_use block (%s)" % b)
+    s, ev = anthropic_stream(port, dict(tool_body, stream=True))
+    starts = [d["content_block"] for n, d in ev if n == "content_block_start" and d["content_block"]["type"] == "tool_use"]
+    inputs = {}
+    for n, d in ev:
+        if n == "content_block_delta" and d["delta"]["type"] == "input_json_delta":
+            inputs[d["index"]] = inputs.get(d["index"], "") + d["delta"]["partial_json"]
+    check(s == 200 and uses and len(starts) == len(uses) == len(inputs) and starts[0]["name"] == "add" and
+          [json.loads(inputs[k]) for k in sorted(inputs)] == [u["input"] for u in uses] and
+          ev[-2][1]["delta"]["stop_reason"] == "tool_use",
+          "/v1/messages stream: the same tool_use blocks (%s)" % inputs)
+    history = msgs + [{"role": "assistant", "content": [{"type": "text", "text": "Adding."},
+                                                        {"type": "tool_use", "id": "toolu_1", "name": "add",
+                                                         "input": {"a": 2, "b": 3}}]},
+                      {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "5"}]}]
+    s, b = api.json("POST", "/v1/messages", {"messages": history, "max_tokens": 4, "tools": [add]})
+    check(s == 200 and b["type"] == "message", "/v1/messages: a history of tool_use and tool_result (%s)" % b)
 
 
 def cancel_tests(api, port, slots_total):
