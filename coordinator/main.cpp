@@ -68,6 +68,11 @@ int main(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber);
   app.add_option("--activations", activations, "hidden states between workers: f32, f16, q8_0");
   app.add_option("--timeout", timeout_ms, "ms to wait for a step's logits");
+  // A worker answers hello once it has loaded its range and measured (or read) its
+  // profile: seconds on a small board, more under a sanitizer.
+  double connect_seconds = 60;
+  app.add_option("--connect-timeout", connect_seconds, "seconds to wait at start for each worker's hello")
+      ->check(CLI::Range(0.1, 3600.0));
   app.add_flag("--print-tokens", print_tokens, "print the generated token ids (JSON, one line per prompt)");
   app.add_flag("--ignore-eos", ignore_eos, "go on past end-of-generation tokens: exactly -n tokens per prompt");
   app.add_option("--dump-logits", dump_logits, "write the F32 logits rows each token was sampled from");
@@ -232,6 +237,7 @@ int main(int argc, char** argv) {
         throw std::invalid_argument("--backend, --device and --device-memory choose the local stage's; with "
                                     "--worker, give them to each pico-worker");
       RemoteOptions ro;
+      ro.connect_timeout_ms = static_cast<int>(connect_seconds * 1000);
       ro.activations = protocol::parse_dtype(activations);
       ro.take_over = take_over;
       for (const auto& w : workers) {
