@@ -105,7 +105,10 @@ awaitable<void> generate(Session& s, ParsedGeneration parsed, bool chat) {
   std::vector<Choice> choices(gen.size());
   for (auto& c : choices) {
     c.split = ReasoningSplitter::for_reply(parsed.reasoning, stream);
-    if (parsed.tools.active()) c.tool_split = ToolCallSplitter(parsed.tools, [] { return random_id("call_"); });
+    if (parsed.tools.active()) {
+      const bool mistral = parsed.tools.style == ToolStyle::Mistral;  // its templates take 9-character ids back
+      c.tool_split = ToolCallSplitter(parsed.tools, [mistral] { return mistral ? mistral_call_id() : random_id("call_"); });
+    }
   }
   size_t remaining = choices.size();
   // A chat delta of reasoning and/or content.

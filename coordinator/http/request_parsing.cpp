@@ -693,7 +693,9 @@ ToolCalling parse_tool_calling(const json& body, tokenizer::ChatFormat format) {
 std::string render_chat(const ParseContext& ctx, const json& body, const tokenizer::ChatOptions& options,
                         const ToolCalling& calling) {
   if (!ctx.chat) throw ApiError(500, "no chat template", "server_error");
-  const auto messages = render_tool_messages(ctx.chat->format(), calling, parse_messages(body));
+  const auto request_messages = parse_messages(body);
+  if (auto prompt = render_tool_prompt(ctx.chat->format(), calling, request_messages)) return *prompt;
+  const auto messages = render_tool_messages(ctx.chat->format(), calling, request_messages);
   try {
     return ctx.chat->apply(messages, options);
   } catch (const std::invalid_argument& e) {

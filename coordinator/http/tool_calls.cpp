@@ -1,6 +1,7 @@
 #include "http/tool_calls.hpp"
 
 #include <algorithm>
+#include <random>
 #include <utility>
 
 #include "http/json_schema_grammar.hpp"
@@ -15,6 +16,7 @@ namespace {
 
 constexpr std::string_view kCallOpen = "<tool_call>";
 constexpr std::string_view kCallClose = "</tool_call>";
+constexpr std::string_view kMistralCalls = "[TOOL_CALLS]";
 
 bool is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f'; }
 std::string_view trim(std::string_view s) {
@@ -105,7 +107,7 @@ std::string with_calls(ToolStyle style, const std::string& content, const std::v
   std::string out = content;
   for (size_t i = 0; i < calls.size(); ++i) {
     const ToolCall& c = calls[i];
-    if (style == ToolStyle::Hermes) {
+    if (style == ToolStyle::Hermes || style == ToolStyle::Mistral) {
       if (i > 0 || !out.empty()) out += "\n";
       out += "<tool_call>\n{\"name\": \"" + c.name + "\", \"arguments\": " + python_json(arguments_of(c)) + "}\n" +
              std::string(kCallClose);
@@ -138,9 +140,82 @@ bool renders_tool_turns(ChatFormat format) { return format == ChatFormat::Qwen3 
 }  // namespace
 
 ToolStyle tool_style(ChatFormat format) {
-  if (format == ChatFormat::Qwen35) return ToolStyle::QwenXml;
-  if (format == ChatFormat::Llama3) return ToolStyle::Llama3;
-  return ToolStyle::Hermes;
+  switch (format) {
+    case ChatFormat::Qwen35: return ToolStyle::QwenXml;
+    case ChatFormat::Llama3: return ToolStyle::Llama3;
+    case ChatFormat::MistralV3:
+    case ChatFormat::MistralV3Tekken:
+    case ChatFormat::MistralV7:
+    case ChatFormat::MistralV7Tekken: return ToolStyle::Mistral;
+    default: return ToolStyle::Hermes;
+  }
+}
+
+std::string mistral_call_id() {
+  static constexpr char kAlphabet[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+  static thread_local std::mt19937 random(std::random_device{}());
+  std::string id(9, 'a');
+  for (char& c : id) c = kAlphabet[random() % (sizeof(kAlphabet) - 1)];
+  return id;
+}
+
+std::optional<std::string> render_tool_prompt(ChatFormat format, const ToolCalling& calling,
+                                              const std::vector<RequestMessage>& messages) {
+  if (tool_style(format) != ToolStyle::Mistral) return std::nullopt;
+  const bool history = std::any_of(messages.begin(), messages.end(), [](const RequestMessage& m) {
+    return !m.tool_calls.empty() || m.message.role == "tool";
+  });
+  if (!calling.active() && !history) return std::nullopt;
+  // mistral-v3 and -v7 put a space after each tag, the tekken ones none.
+  const bool spaced = format == ChatFormat::MistralV3 || format == ChatFormat::MistralV7;
+  const bool system_prompt_tag = format == ChatFormat::MistralV7 || format == ChatFormat::MistralV7Tekken;
+  const std::string space = spaced ? " " : "";
+  size_t first = 0;
+  std::string system;
+  if (!messages.empty() && messages[0].message.role == "system") {
+    system = messages[0].message.content;
+    first = 1;
+  }
+  size_t last_user = messages.size();
+  for (size_t i = first; i < messages.size(); ++i) {
+    if (messages[i].message.role == "user") last_user = i;
+  }
+  std::string out;
+  if (system_prompt_tag && first == 1) out += "[SYSTEM_PROMPT]" + space + system + "[/SYSTEM_PROMPT]";
+  for (size_t i = first; i < messages.size(); ++i) {
+    const RequestMessage& m = messages[i];
+    const std::string& role = m.message.role;
+    if (role == "user") {
+      if (calling.active() && i == last_user) {
+        out += "[AVAILABLE_TOOLS]" + space + "[";
+        for (size_t t = 0; t < calling.tools.size(); ++t) {
+          out += std::string(t ? ", " : "") + "{\"type\": \"function\", \"function\": " +
+                 python_json(calling.tools[t].definition["function"]) + "}";
+        }
+        out += "][/AVAILABLE_TOOLS]";
+      }
+      // The v3 templates give the system message to the last turn when it is the user's.
+      const bool with_system = !system_prompt_tag && first == 1 && i + 1 == messages.size();
+      out += "[INST]" + space + (with_system ? system + "\n\n" : "") + m.message.content + "[/INST]";
+    } else if (!m.tool_calls.empty()) {
+      out += "[TOOL_CALLS]" + space + "[";
+      for (size_t c = 0; c < m.tool_calls.size(); ++c) {
+        const ToolCall& call = m.tool_calls[c];
+        out += (c ? ", " : "") + std::string("{\"name\": ") + json(call.name).dump() +
+               ", \"arguments\": " + python_json(arguments_of(call)) + ", \"id\": " + json(call.id).dump() + "}";
+      }
+      out += "]</s>";
+    } else if (role == "assistant") {
+      out += space + m.message.content + "</s>";
+    } else if (role == "tool") {
+      out += "[TOOL_RESULTS]" + space + "{\"content\": " + m.message.content + ", \"call_id\": " +
+             json(m.tool_call_id).dump() + "}[/TOOL_RESULTS]";
+    } else {
+      // A system message after the first, as the plain renderer: a turn's instructions.
+      out += "[INST]" + space + m.message.content + "[/INST]";
+    }
+  }
+  return out;
 }
 
 const ToolFunction* ToolCalling::find(std::string_view name) const {
@@ -312,10 +387,17 @@ std::string tool_call_grammar(const ToolCalling& calling) {
     schema = {{"anyOf", nlohmann::ordered_json::array()}};
     for (const ToolFunction* t : tools) schema["anyOf"].push_back(call_schema(*t, arguments_key));
   }
+  if (calling.style == ToolStyle::Mistral) {  // one array of calls
+    nlohmann::ordered_json array = {{"type", "array"}, {"items", schema}, {"minItems", 1}};
+    if (!calling.parallel) array["maxItems"] = 1;
+    schema = array;
+  }
   // The converter's start rule is "root": rename it by writing ours around it.
   std::string call = json_schema_to_grammar(schema);
   std::string start;
-  if (calling.style == ToolStyle::Llama3) {
+  if (calling.style == ToolStyle::Mistral) {
+    start = "pico-tool-calls ::= " + gbnf_literal(std::string(kMistralCalls)) + " \" \"? root\n";
+  } else if (calling.style == ToolStyle::Llama3) {
     start = "pico-tool-calls ::= root\n";  // Llama 3.1's template takes one call a turn
   } else {
     start = "pico-tool-call ::= " + gbnf_literal("<tool_call>\n") + " root " + gbnf_literal("\n</tool_call>") + "\n";
@@ -327,6 +409,7 @@ std::string tool_call_grammar(const ToolCalling& calling) {
 
 std::vector<std::string> tool_call_triggers(ToolStyle style) {
   if (style == ToolStyle::Llama3) return {"{\"name\""};
+  if (style == ToolStyle::Mistral) return {std::string(kMistralCalls)};
   return {std::string(kCallOpen)};
 }
 
@@ -403,6 +486,12 @@ bool ToolCallSplitter::take_call(Part& out, std::string_view body) {
       rest = trim(rest.substr(value_end + kParameterEnd.size()));
     }
     if (!add(name, arguments)) return false;
+  } else if (calling_.style == ToolStyle::Mistral) {
+    const json list = json::parse(text, nullptr, false);
+    if (!list.is_array() || list.empty()) return false;
+    for (const json& call : list) {
+      if (!json_call(call)) return false;
+    }
   } else if (calling_.style == ToolStyle::Llama3) {
     // One object, or several separated by ';' or whitespace.
     std::string_view rest = text;
@@ -455,9 +544,10 @@ void ToolCallSplitter::run(Part& out, bool final) {
       continue;
     }
     if (state_ == State::InCall) {
-      if (calling_.style == ToolStyle::Llama3) {
-        if (!final) return;
-        if (!take_call(out, pending_)) emit_content(out, pending_);
+      if (calling_.style == ToolStyle::Llama3 || calling_.style == ToolStyle::Mistral) {
+        if (!final) return;  // the calls run to the end of the reply
+        const std::string_view opened = calling_.style == ToolStyle::Mistral ? kMistralCalls : std::string_view();
+        if (!take_call(out, pending_)) emit_content(out, std::string(opened) + pending_);
         pending_.clear();
         state_ = State::Content;
         return;
@@ -478,15 +568,16 @@ void ToolCallSplitter::run(Part& out, bool final) {
       continue;
     }
     // Content. Without parallel calls, nothing after the first call is parsed.
+    const std::string_view opening = calling_.style == ToolStyle::Mistral ? kMistralCalls : kCallOpen;
     const bool parse = active_ && calling_.style != ToolStyle::Llama3 && (calling_.parallel || calls_ == 0);
-    const size_t open = parse ? pending_.find(kCallOpen) : std::string::npos;
+    const size_t open = parse ? pending_.find(opening) : std::string::npos;
     if (open != std::string::npos) {
       emit_content(out, std::string_view(pending_).substr(0, open));
-      pending_.erase(0, open + kCallOpen.size());
+      pending_.erase(0, open + opening.size());
       state_ = State::InCall;
       continue;
     }
-    const size_t keep = parse && !final ? partial_tag_suffix(pending_, kCallOpen) : 0;
+    const size_t keep = parse && !final ? partial_tag_suffix(pending_, opening) : 0;
     emit_content(out, std::string_view(pending_).substr(0, pending_.size() - keep));
     pending_.erase(0, pending_.size() - keep);
     return;

@@ -12,6 +12,10 @@
 //              <tool_call>\n<function=f>\n<parameter=p>\nvalue\n</parameter>\n</function>\n</tool_call>
 //   Llama3   Llama 3.1+: the whole reply is {"name": "f", "parameters": {...}}; results
 //            come back in `ipython` turns; the tools open the first user message.
+//   Mistral  Mistral v0.3, Nemo, Small (mistral-v3, -v3-tekken, -v7, -v7-tekken): the
+//            tools in [AVAILABLE_TOOLS] before the last user turn, calls as
+//            [TOOL_CALLS] [{"name": "f", "arguments": {...}, "id": "abcdef123"}], results
+//            in [TOOL_RESULTS]; these prompts are written whole (render_tool_prompt).
 //
 //   ToolCallSplitter split(calling, make_id);
 //   for (piece : reply) { auto part = split.feed(piece); send(part.content, part.calls); }
@@ -20,6 +24,7 @@
 
 #include <functional>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -39,7 +44,7 @@ struct ToolCall {
   std::string arguments;  // JSON text of an object
 };
 
-enum class ToolStyle { Hermes, QwenXml, Llama3 };
+enum class ToolStyle { Hermes, QwenXml, Llama3, Mistral };
 ToolStyle tool_style(tokenizer::ChatFormat format);
 
 enum class ToolChoice { None, Auto, Required, Named };
@@ -70,6 +75,16 @@ struct RequestMessage {
 // and every tool result in the format's tool turn, in the call syntax of `format`.
 std::vector<tokenizer::ChatMessage> render_tool_messages(tokenizer::ChatFormat format, const ToolCalling& calling,
                                                          const std::vector<RequestMessage>& messages);
+
+// The whole prompt where the format's tool template differs from its plain one in more
+// than the messages' text (Mistral's: the system message joins the last user turn, the
+// tools come before it): when the request has active tools or a history with calls or
+// results. nullopt otherwise (render_tool_messages and the format's renderer then).
+std::optional<std::string> render_tool_prompt(tokenizer::ChatFormat format, const ToolCalling& calling,
+                                              const std::vector<RequestMessage>& messages);
+
+// A call id as Mistral's templates require it: 9 letters and digits.
+std::string mistral_call_id();
 
 // JSON as Jinja's tojson writes it (Python's json.dumps: ", " and ": " separators).
 std::string python_json(const nlohmann::json& value);

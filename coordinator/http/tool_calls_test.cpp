@@ -126,6 +126,37 @@ TEST(ToolCalls, Llama3PutsTheToolsInTheFirstUserMessage) {
   EXPECT_EQ(prompt, expected);
 }
 
+TEST(ToolCalls, MistralWritesToolsBeforeTheLastUserTurn) {
+  const std::string tools =
+      R"([{"type": "function", "function": {"description": "Weather of a city", "name": "get_weather", "parameters": )"
+      R"({"properties": {"city": {"type": "string"}, "days": {"type": "integer"}}, "required": ["city"], )"
+      R"("type": "object"}}}, {"type": "function", "function": {"name": "get_time"}}])";
+  const auto v3 = render_tool_prompt(ChatFormat::MistralV3, weather_tools(ToolStyle::Mistral), tool_loop());
+  ASSERT_TRUE(v3);
+  EXPECT_EQ(*v3, "[INST] Weather in Paris?[/INST]"
+                 R"([TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Paris", "days": 2}, "id": "call_1"}]</s>)"
+                 R"([TOOL_RESULTS] {"content": sunny, "call_id": "call_1"}[/TOOL_RESULTS])"
+                 "[AVAILABLE_TOOLS] " + tools + "[/AVAILABLE_TOOLS][INST] Be brief.\n\nThanks[/INST]");
+  const auto nemo = render_tool_prompt(ChatFormat::MistralV3Tekken, weather_tools(ToolStyle::Mistral), tool_loop());
+  ASSERT_TRUE(nemo);
+  EXPECT_EQ(*nemo, "[INST]Weather in Paris?[/INST]"
+                   R"([TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris", "days": 2}, "id": "call_1"}]</s>)"
+                   R"([TOOL_RESULTS]{"content": sunny, "call_id": "call_1"}[/TOOL_RESULTS])"
+                   "[AVAILABLE_TOOLS]" + tools + "[/AVAILABLE_TOOLS][INST]Be brief.\n\nThanks[/INST]");
+  const auto v7 = render_tool_prompt(ChatFormat::MistralV7, weather_tools(ToolStyle::Mistral), tool_loop());
+  ASSERT_TRUE(v7);
+  EXPECT_TRUE(v7->starts_with("[SYSTEM_PROMPT] Be brief.[/SYSTEM_PROMPT][INST] Weather in Paris?[/INST]")) << *v7;
+  EXPECT_TRUE(v7->ends_with("[/AVAILABLE_TOOLS][INST] Thanks[/INST]")) << *v7;
+  // Without tools or a history of them, and in other formats: the plain renderers.
+  ToolCalling none = weather_tools(ToolStyle::Mistral);
+  none.choice = ToolChoice::None;
+  std::vector<RequestMessage> plain(1);
+  plain[0].message = {"user", "Hi"};
+  EXPECT_FALSE(render_tool_prompt(ChatFormat::MistralV3, none, plain));
+  EXPECT_FALSE(render_tool_prompt(ChatFormat::ChatML, weather_tools(), tool_loop()));
+  EXPECT_EQ(mistral_call_id().size(), 9u);
+}
+
 TEST(ToolCalls, WithoutActiveToolsOnlyTheHistoryIsRendered) {
   ToolCalling none = weather_tools();
   none.choice = ToolChoice::None;
@@ -232,6 +263,20 @@ TEST(ToolCalls, QwenXmlParametersFollowTheirSchemaTypes) {
                   .calls.empty());
 }
 
+TEST(ToolCalls, MistralRepliesOpenWithToolCalls) {
+  ToolCalling calling = weather_tools(ToolStyle::Mistral);
+  auto r = split_all_ways(calling, R"(Let me see. [TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Oslo"}, "id": "a1b2c3d4e"}, )"
+                                   R"({"name": "get_time", "arguments": {}}])");
+  EXPECT_EQ(r.content, "Let me see.");
+  ASSERT_EQ(r.calls.size(), 2u);
+  EXPECT_EQ(r.calls[0].arguments, R"({"city":"Oslo"})");
+  EXPECT_EQ(r.calls[1].name, "get_time");
+  r = split_all_ways(calling, "[TOOL_CALLS] [{\"name\": \"nope\", \"arguments\": {}}]");
+  EXPECT_TRUE(r.calls.empty());
+  EXPECT_EQ(r.content, "[TOOL_CALLS] [{\"name\": \"nope\", \"arguments\": {}}]");
+  EXPECT_EQ(split_all_ways(calling, "No [TOOL_CALL here").content, "No [TOOL_CALL here");
+}
+
 TEST(ToolCalls, Llama3RepliesThatAreJsonAreCalls) {
   const ToolCalling calling = weather_tools(ToolStyle::Llama3);
   auto r = split_all_ways(calling, " {\"name\": \"get_weather\", \"parameters\": {\"city\": \"Lima\"}}");
@@ -292,31 +337,36 @@ std::string random_walk(const std::string& grammar, std::mt19937& rng) {
 }
 
 TEST(ToolCalls, ForcedGrammarsAcceptCallsAndOnlyCalls) {
-  for (const ToolStyle style : {ToolStyle::Hermes, ToolStyle::Llama3, ToolStyle::QwenXml}) {
+  for (const ToolStyle style : {ToolStyle::Hermes, ToolStyle::Llama3, ToolStyle::QwenXml, ToolStyle::Mistral}) {
     ToolCalling calling = weather_tools(style);
     calling.choice = ToolChoice::Required;
     const std::string grammar = tool_call_grammar(calling);
     const std::string call =
-        style == ToolStyle::Hermes   ? "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>"
-        : style == ToolStyle::Llama3 ? "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Oslo\"}}"
-                                     : "<tool_call>\n<function=get_weather>\n<parameter=city>\nOslo\n</parameter>\n</function>\n</tool_call>";
+        style == ToolStyle::Hermes    ? "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>"
+        : style == ToolStyle::Llama3  ? "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Oslo\"}}"
+        : style == ToolStyle::Mistral ? "[TOOL_CALLS] [{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}]"
+                                      : "<tool_call>\n<function=get_weather>\n<parameter=city>\nOslo\n</parameter>\n</function>\n</tool_call>";
     EXPECT_TRUE(accepts(grammar, call)) << grammar;
     EXPECT_FALSE(accepts(grammar, "Hello")) << grammar;
-    EXPECT_FALSE(accepts(grammar, call + "\n" + call)) << "one call without parallel_tool_calls";
+    const std::string two = style == ToolStyle::Mistral
+                                ? "[TOOL_CALLS] [{\"name\": \"get_time\", \"arguments\": {}}, {\"name\": \"get_time\", \"arguments\": {}}]"
+                                : call + "\n" + call;
+    EXPECT_FALSE(accepts(grammar, two)) << "one call without parallel_tool_calls";
     calling.choice = ToolChoice::Named;
     calling.named = "get_time";
     EXPECT_FALSE(accepts(tool_call_grammar(calling), call)) << "only the named tool";
     if (style != ToolStyle::QwenXml) {
       calling.choice = ToolChoice::Required;
-      EXPECT_FALSE(accepts(tool_call_grammar(calling), style == ToolStyle::Hermes
-                                                         ? "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {}}\n</tool_call>"
-                                                         : "{\"name\": \"get_weather\", \"parameters\": {}}"))
+      EXPECT_FALSE(accepts(tool_call_grammar(calling),
+                           style == ToolStyle::Hermes   ? "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {}}\n</tool_call>"
+                           : style == ToolStyle::Llama3 ? "{\"name\": \"get_weather\", \"parameters\": {}}"
+                                                        : "[TOOL_CALLS] [{\"name\": \"get_weather\", \"arguments\": {}}]"))
           << "city is required";
     }
     if (style != ToolStyle::Llama3) {
       calling.choice = ToolChoice::Required;
       calling.parallel = true;
-      EXPECT_TRUE(accepts(tool_call_grammar(calling), call + "\n" + call));
+      EXPECT_TRUE(accepts(tool_call_grammar(calling), two));
     }
   }
 }
@@ -325,7 +375,7 @@ TEST(ToolCalls, ForcedGrammarsAcceptCallsAndOnlyCalls) {
 // arguments hold what the schema requires.
 TEST(ToolCalls, EveryTextAForcedGrammarAllowsParsesIntoCalls) {
   std::mt19937 rng(7);
-  for (const ToolStyle style : {ToolStyle::Hermes, ToolStyle::Llama3, ToolStyle::QwenXml}) {
+  for (const ToolStyle style : {ToolStyle::Hermes, ToolStyle::Llama3, ToolStyle::QwenXml, ToolStyle::Mistral}) {
     for (const bool parallel : {false, true}) {
       ToolCalling calling = weather_tools(style);
       calling.choice = ToolChoice::Required;
