@@ -1,4 +1,5 @@
 #include "http/json_schema_grammar.hpp"
+#include "http/grammar_testing.hpp"
 
 #include "sample/grammar.hpp"
 
@@ -555,25 +556,7 @@ TEST(JsonSchemaGrammar, RoundTripCasesConvert) {
   }
 }
 
-// Whole-document acceptance of `doc` by the GBNF `grammar`, through the sampler's matcher
-// over a vocabulary of the 256 single bytes (then the end of generation): each byte of the
-// document a token, and the grammar complete after the last.
-bool grammar_accepts(const std::string& grammar, const std::string& doc) {
-  static const auto bytes = [] {
-    std::vector<std::string> pieces;
-    for (int b = 0; b < 256; ++b) pieces.emplace_back(1, static_cast<char>(b));
-    pieces.emplace_back();
-    std::vector<bool> end(257, false);
-    end[256] = true;
-    return std::make_shared<const sample::GrammarVocabulary>(std::move(pieces), std::move(end));
-  }();
-  sample::GrammarMatcher matcher(sample::Grammar::parse(grammar), bytes);
-  for (unsigned char c : doc) {
-    if (!matcher.allows(c)) return false;
-    matcher.accept(c);
-  }
-  return matcher.complete() && matcher.allows(256);
-}
+using testing::grammar_accepts;
 
 TEST(JsonSchemaGrammar, RoundTrip) {
   for (const auto& c : round_trip_cases()) {

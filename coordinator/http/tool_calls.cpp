@@ -33,22 +33,35 @@ size_t partial_tag_suffix(std::string_view text, std::string_view tag) {
   return 0;
 }
 
-// Where the call's closing tag is: in a JSON call, outside its strings (an argument may
-// hold the tag's text); npos while it has not come.
-size_t find_close_tag(std::string_view text, bool json_body) {
-  if (!json_body) return text.find(kCallClose);
+// JSON text followed byte by byte: inside a string or not, and the nesting outside them.
+struct JsonScan {
   bool in_string = false, escaped = false;
-  for (size_t i = 0; i < text.size(); ++i) {
-    const char c = text[i];
+  int depth = 0;
+  // True when `c` is outside every string (the quotes themselves are not).
+  bool structural(char c) {
     if (in_string) {
       if (escaped) escaped = false;
       else if (c == '\\') escaped = true;
       else if (c == '"') in_string = false;
-    } else if (c == '"') {
-      in_string = true;
-    } else if (c == '<' && text.substr(i).starts_with(kCallClose)) {
-      return i;
+      return false;
     }
+    if (c == '"') {
+      in_string = true;
+      return false;
+    }
+    if (c == '{' || c == '[') ++depth;
+    if (c == '}' || c == ']') --depth;
+    return true;
+  }
+};
+
+// Where the call's closing tag is: in a JSON call, outside its strings (an argument may
+// hold the tag's text); npos while it has not come.
+size_t find_close_tag(std::string_view text, bool json_body) {
+  if (!json_body) return text.find(kCallClose);
+  JsonScan scan;
+  for (size_t i = 0; i < text.size(); ++i) {
+    if (scan.structural(text[i]) && text[i] == '<' && text.substr(i).starts_with(kCallClose)) return i;
   }
   return std::string_view::npos;
 }
@@ -497,22 +510,10 @@ bool ToolCallSplitter::take_call(Part& out, std::string_view body) {
     std::string_view rest = text;
     while (!rest.empty()) {
       size_t end = 0;
-      int depth = 0;
-      bool in_string = false, escaped = false;
-      for (; end < rest.size(); ++end) {
-        const char c = rest[end];
-        if (in_string) {
-          if (escaped) escaped = false;
-          else if (c == '\\') escaped = true;
-          else if (c == '"') in_string = false;
-        } else if (c == '"') {
-          in_string = true;
-        } else if (c == '{' || c == '[') {
-          ++depth;
-        } else if ((c == '}' || c == ']') && --depth == 0) {
-          ++end;
-          break;
-        }
+      JsonScan scan;
+      while (end < rest.size()) {
+        const char c = rest[end++];
+        if (scan.structural(c) && (c == '}' || c == ']') && scan.depth == 0) break;
       }
       const json call = json::parse(rest.substr(0, end), nullptr, false);
       if (call.is_discarded() || !json_call(call)) return false;

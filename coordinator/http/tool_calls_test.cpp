@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "http/grammar_testing.hpp"
 #include "sample/grammar.hpp"
 
 namespace pico::coordinator::http_api {
@@ -291,26 +292,9 @@ TEST(ToolCalls, Llama3RepliesThatAreJsonAreCalls) {
   EXPECT_EQ(r.content, "{\"name\": \"get_weather\", \"parameters\": {\"city\": ");
 }
 
-// The grammar over a vocabulary of single bytes (then the end of generation).
-std::shared_ptr<const sample::GrammarVocabulary> byte_vocabulary() {
-  static const auto bytes = [] {
-    std::vector<std::string> pieces;
-    for (int b = 0; b < 256; ++b) pieces.emplace_back(1, static_cast<char>(b));
-    pieces.emplace_back();
-    std::vector<bool> end(257, false);
-    end[256] = true;
-    return std::make_shared<const sample::GrammarVocabulary>(std::move(pieces), std::move(end));
-  }();
-  return bytes;
-}
-
+using testing::byte_vocabulary;
 bool accepts(const std::string& grammar, const std::string& text) {
-  sample::GrammarMatcher matcher(sample::Grammar::parse(grammar, kToolCallsRule), byte_vocabulary());
-  for (unsigned char c : text) {
-    if (!matcher.allows(c)) return false;
-    matcher.accept(c);
-  }
-  return matcher.allows(256);
+  return testing::grammar_accepts(grammar, text, kToolCallsRule);
 }
 
 // A random text the grammar allows: at each byte, one of those it allows (the end of
