@@ -25,7 +25,7 @@ CASE:
               a joining worker whose layers are no stage's.
   slow        pico-coord --replan-when-slow 2 --slow-seconds 1: the undisturbed run
               moves nothing; then stage 1's active worker is made slow mid-generation
-              (stopped 90 ms of every 100 ms, too short to be lost): the watch moves
+              (stopped 95 ms of every 100 ms, too short to be lost): the watch moves
               the stage to its replica, and every request completes with exactly the
               tokens of the undisturbed run; no failover, /cluster counts the move.
 """
@@ -325,10 +325,12 @@ try:
 
         def throttle():
             while not moved.is_set():
+                # Stopped 95 ms of every 100: slow enough that the rule sees it within
+                # its window even while other tests load the machine.
                 victim.send_signal(signal.SIGSTOP)
-                time.sleep(0.09)
+                time.sleep(0.095)
                 victim.send_signal(signal.SIGCONT)
-                time.sleep(0.01)
+                time.sleep(0.005)
 
         def slow_down():
             t = threading.Thread(target=throttle, daemon=True)
