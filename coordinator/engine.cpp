@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <limits>
 #include <numeric>
 #include <optional>
 #include <stdexcept>
@@ -137,10 +138,34 @@ EngineMetrics Engine::metrics() const {
   return m;
 }
 
+namespace {
+// The sampler chain's probabilities for a pick (llama-server's post_sampling_probs):
+// the candidates every stage kept, renormalised, as the free pick saw them (a grammar
+// that refused it is not among the stages, as in llama.cpp's sampler); the pick's own
+// (log 0 when the chain had dropped it) and the n most probable.
+PostSamplingProbs post_sampling_probs(const sample::Sampler& sampler, std::span<const float> logits, int32_t id,
+                                      int n) {
+  sample::Candidates c = sampler.filter(logits);
+  c.softmax();
+  PostSamplingProbs out{-std::numeric_limits<float>::infinity(), {}};
+  for (const sample::Candidate& candidate : c.items) {
+    if (candidate.id == id) out.logprob = std::log(candidate.p);
+  }
+  const size_t top = std::min(static_cast<size_t>(std::max(n, 0)), c.items.size());
+  for (size_t j = 0; j < top; ++j) out.top.push_back({c.items[j].id, std::log(c.items[j].p)});
+  return out;
+}
+}  // namespace
+
 void Engine::emit_token(Seq& s, int32_t id, std::span<const float> logits) {
   TokenEvent ev;
   ev.id = id;
-  if (s.request.logprobs >= 0) {
+  if (s.post_probs) {
+    ev.post_sampling = true;
+    ev.logprob = s.post_probs->logprob;
+    ev.top = std::move(s.post_probs->top);
+    s.post_probs.reset();
+  } else if (s.request.logprobs >= 0) {
     const float mx = *std::max_element(logits.begin(), logits.end());
     double sum = 0.0;
     for (float v : logits) sum += std::exp(static_cast<double>(v - mx));
@@ -645,6 +670,9 @@ void Engine::loop() {
         }
         if (id < 0 || static_cast<size_t>(id) >= tok_.vocab_size()) {
           throw std::runtime_error("sampled token id " + std::to_string(id) + " is outside the vocabulary");
+        }
+        if (s.request.post_sampling_probs && s.request.logprobs >= 0 && !logits.empty()) {
+          s.post_probs = post_sampling_probs(*s.sampler, logits, id, s.request.logprobs);  // before accept moves it
         }
         s.sampler->accept(id);
         if (s.callbacks.on_sampled) s.callbacks.on_sampled(id, logits);

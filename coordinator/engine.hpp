@@ -45,6 +45,9 @@ struct TokenEvent {
   int32_t id = 0;
   float logprob = 0.0f;            // log-softmax of the raw logits (when logprobs were asked)
   std::vector<TokenProb> top;      // the top_logprobs most likely tokens
+  // logprob and top are the logs of the sampler chain's probabilities instead
+  // (OnlineRequest::post_sampling_probs).
+  bool post_sampling = false;
 };
 
 struct Usage {
@@ -64,6 +67,9 @@ struct OnlineRequest {
   std::vector<std::string> stop;  // stop strings
   bool ignore_eos = false;
   int logprobs = -1;              // < 0: none; >= 0: the token's logprob and this many top ones
+  // With logprobs: the probabilities the sampler chain left (its candidates after every
+  // stage, renormalised: llama-server's post_sampling_probs), not the raw logits'.
+  bool post_sampling_probs = false;
   bool cache_prompt = true;       // reuse the KV of a kept sequence with a common prompt prefix
   // on_sampled wants every full logits row. Otherwise a request sampled greedily
   // without logprobs asks the last stage for each row's arg max only (a token id

@@ -13,6 +13,13 @@ namespace pico::coordinator {
 
 using Clock = std::chrono::steady_clock;
 
+// A pick's probabilities after the sampler chain: its own (as a log) and the most
+// probable candidates'.
+struct PostSamplingProbs {
+  float logprob = 0.0f;
+  std::vector<TokenProb> top;
+};
+
 struct Engine::Seq {
   int32_t id = 0;     // the request's (Handle::id)
   int32_t kv_id = 0;  // the sequence's on the stages (a kept one's when its prefix is reused)
@@ -38,6 +45,9 @@ struct Engine::Seq {
   bool argmax_only = false;          // the last stage returns its rows' arg max only
   int n_decoded = 0;
   std::optional<int32_t> pending;
+  // The sampler chain's probabilities for the last pick, until it is emitted
+  // (OnlineRequest::post_sampling_probs).
+  std::optional<PostSamplingProbs> post_probs;
   bool awaiting = false;
   bool cancelled = false;
   bool done = false;

@@ -1,6 +1,7 @@
 // llama.cpp server endpoints: /completion, /tokenize, /detokenize, /health, /props,
 // /slots, /metrics.
 #include <boost/asio/this_coro.hpp>
+#include <cmath>
 #include <sstream>
 
 #include "http/api.hpp"
@@ -78,21 +79,28 @@ json params_json(const ServerState& state, const OnlineRequest* r) {
   return params;
 }
 
-// llama-server's completion_probabilities entry of one token (post_sampling_probs
-// false: log-probabilities of the raw logits).
+// llama-server's completion_probabilities entry of one token: log-probabilities of the
+// raw logits ("logprob", "top_logprobs"), or with post_sampling_probs the sampler
+// chain's probabilities ("prob", "top_probs").
 json token_probs(const tokenizer::Tokenizer& tok, const TokenEvent& ev) {
   auto bytes = [](const std::string& text) {
     json b = json::array();
     for (unsigned char c : text) b.push_back(static_cast<int>(c));
     return b;
   };
+  const char* value = ev.post_sampling ? "prob" : "logprob";
+  auto number = [&](float logprob) { return ev.post_sampling ? json(std::exp(logprob)) : json(logprob); };
   json top = json::array();
   for (const auto& t : ev.top) {
     const std::string piece = tok.piece(t.id);
-    top.push_back({{"id", t.id}, {"token", piece}, {"bytes", bytes(piece)}, {"logprob", t.logprob}});
+    top.push_back({{"id", t.id}, {"token", piece}, {"bytes", bytes(piece)}, {value, number(t.logprob)}});
   }
   const std::string piece = tok.piece(ev.id);
-  return {{"id", ev.id}, {"token", piece}, {"bytes", bytes(piece)}, {"logprob", ev.logprob}, {"top_logprobs", top}};
+  return {{"id", ev.id},
+          {"token", piece},
+          {"bytes", bytes(piece)},
+          {value, number(ev.logprob)},
+          {ev.post_sampling ? "top_probs" : "top_logprobs", top}};
 }
 
 }  // namespace

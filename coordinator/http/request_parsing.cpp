@@ -369,7 +369,7 @@ const Field kGenerationFields[] = {
     {"n_probs", kLlama,
      [](Parse& p, const std::string& n, const json& v) { p.out.n_probs = static_cast<int>(integer(n, v, 0, kMaxTopLogprobs)); }},
     {"post_sampling_probs", kLlama,
-     [](Parse&, const std::string& n, const json& v) { neutral_only(n, v, is_false); }},
+     [](Parse& p, const std::string& n, const json& v) { p.req.post_sampling_probs = boolean(n, v); }},
     {"logprobs", kAll,
      [](Parse& p, const std::string& n, const json& v) {
        if (p.endpoint == Endpoint::ChatCompletions) {

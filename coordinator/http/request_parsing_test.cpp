@@ -117,7 +117,7 @@ TEST(RequestParsing, EachInvalidFieldIsRefusedByName) {
       {1, "logit_bias", json::array({json::array({99, 1})}), "logit_bias"},
       {1, "n_probs", 21, "n_probs"},
       {1, "n_probs", -1, "n_probs"},
-      {1, "post_sampling_probs", true, "post_sampling_probs"},
+      {1, "post_sampling_probs", "yes", "post_sampling_probs"},
       {2, "logprobs", 21, "logprobs"},
       {4, "logprobs", 1, "logprobs"},
       {4, "top_logprobs", 3, "top_logprobs"},  // without logprobs: true

@@ -847,6 +847,24 @@ def sampler_tests(api, ref, greedy):
               b1["choices"][0]["text"] == b2["choices"][0]["text"], "sampler %s: runs, seeded runs repeat" % extra)
     s, b = api.json("POST", "/v1/completions", dict(greedy, ignore_eos=True, xtc_probability=1, xtc_threshold=0))
     check(s == 200 and b["choices"][0]["text"] != ref, "XTC at temperature 0 excludes the greedy pick")
+    # post_sampling_probs: the sampler chain's candidates renormalised. With top_k 2 at
+    # most 2 are left, their probabilities sum to 1, and the pick is one of them with its
+    # probability; greedy leaves one candidate of probability 1.
+    body = {"prompt": PROMPT, "n_predict": 6, "n_probs": 3, "post_sampling_probs": True, "top_k": 2,
+            "temperature": 1.0, "seed": 4, "ignore_eos": True}
+    s, b = api.json("POST", "/completion", body)
+    probs = b.get("completion_probabilities", []) if s == 200 else []
+    ok = len(probs) == 6
+    for p in probs:
+        tops = p.get("top_probs", [])
+        mine = [t["prob"] for t in tops if t["id"] == p["id"]]
+        ok = ok and "logprob" not in p and 1 <= len(tops) <= 2 and abs(sum(t["prob"] for t in tops) - 1) < 1e-4 and \
+            mine == [p["prob"]] and p["prob"] > 0
+    check(ok, "post_sampling_probs with top_k 2: the chain's probabilities (%s)" % (probs[:2] if s == 200 else b))
+    s, b = api.json("POST", "/completion", dict(body, temperature=0))
+    probs = b.get("completion_probabilities", []) if s == 200 else []
+    check(len(probs) == 6 and all(p["prob"] == 1 and [t["id"] for t in p["top_probs"]] == [p["id"]] for p in probs),
+          "post_sampling_probs greedy: one candidate of probability 1")
 
 
 # A schema whose documents are bounded (strings, integers and arrays have limits), so a

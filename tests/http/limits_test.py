@@ -206,7 +206,7 @@ def validation_tests(h, api):
             ("max_tokens", "x"), ("stop", 5), ("logit_bias", {"99999999": 1}), ("logit_bias", {"1": 500}),
             ("mirostat", 3), ("grammar", "root ::= x"), ("stream", "yes"), ("stream_options", 1),
             ("response_format", {"type": "json_schema"}), ("samplers", ["nope"]), ("cache_prompt", 1)]
-    per_path = {"/completion": [("n_probs", 50), ("post_sampling_probs", True), ("n_predict", -3),
+    per_path = {"/completion": [("n_probs", 50), ("post_sampling_probs", "yes"), ("n_predict", -3),
                                 ("prompt", [10 ** 9]), ("prompt", [-1])],
                 "/v1/completions": [("n", 17), ("logprobs", 30), ("echo", True), ("prompt", [10 ** 9]),
                                     ("prompt", ["a", "b"]), ("max_tokens", 0)],
