@@ -1117,6 +1117,9 @@ def cancel_tests(api, port, slots_total):
     """Clients that disconnect while their request waits in the queue, or without streaming:
     the request is cancelled and its sequence freed on every stage."""
     long_gen = {"prompt": PROMPT, "max_tokens": CTX - 64, "temperature": 0, "ignore_eos": True}
+    # The slots of the requests before settle first: a reply goes out before the engine's
+    # step that finished it updates /slots (a window ASan widens).
+    check(wait_until(lambda: processing(api) == [], 10), "no request processing before the cancel tests")
     # Non-streaming, in decode.
     cancelled = metric(api, "pico:requests_cancelled_total")
     predicted = metric(api, "llamacpp:tokens_predicted_total")
