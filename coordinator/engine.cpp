@@ -422,6 +422,13 @@ void Engine::loop() {
     }
     const int groups = std::max(1, std::min(static_cast<int>(pipeline_.size()), options_.max_inflight));
     const int decode_group = (decoding + groups - 1) / groups;
+    // At most `groups` steps with decoding tokens in flight: a group whose step came back
+    // while another group's is out waits for it, and the two merge. Otherwise sequences
+    // whose prompts ended in different steps stay in different steps for good, and a
+    // one-stage pipeline runs 8 streams as two batches of 4, reading the weights twice.
+    auto decode_steps = [&] {
+      return static_cast<int>(std::count_if(inflight.begin(), inflight.end(), [](const Inflight& f) { return f.decode > 0; }));
+    };
 
     // Fill the pipeline.
     while (static_cast<int>(inflight.size()) < options_.max_inflight && !active_.empty()) {
@@ -435,6 +442,7 @@ void Engine::loop() {
       };
       std::vector<Seq*> seqs, wants;
       int budget = options_.max_batch_tokens, prefill = 0, decode = 0;
+      const int decode_room = decode_steps() < groups ? decode_group : 0;
       for (size_t k = 0; k < active_.size() && budget > 0; ++k) {
         Seq& s = *active_[(rr + k) % active_.size()];
         if (s.done || s.awaiting || s.cancelled) continue;
@@ -479,7 +487,7 @@ void Engine::loop() {
             s.awaiting = true;
             wants.push_back(&s);
           }
-        } else if (s.pending && decode < decode_group) {
+        } else if (s.pending && decode < decode_room) {
           s.kv_tokens.push_back(*s.pending);
           batch.push_back({s.kv_id, s.n_past++, *s.pending, true});
           mark_checkpoint(s, batch.back(), false);
