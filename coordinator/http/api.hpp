@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "engine.hpp"
+#include "http/random_id.hpp"
 #include "http/request_parsing.hpp"
 #include "http/server.hpp"
 #include "tokenizer/chat_template.hpp"
@@ -125,7 +126,6 @@ class Generation {
 
 // The request's body as a JSON object (ApiError 400 otherwise).
 json parse_body(const HttpRequest& request);
-std::string random_id(const std::string& prefix);
 int64_t unix_time();
 
 // Endpoints.

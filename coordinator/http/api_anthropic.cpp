@@ -134,12 +134,7 @@ awaitable<void> anthropic_messages(Session& s) {
     }
     const bool done = ev.kind == Generation::Event::Done;
     const ReasoningSplitter::Split part = done ? split.finish() : split.feed(ev.token.text);
-    ToolCallSplitter::Part tools = tool_split.feed(part.content);
-    if (done) {
-      ToolCallSplitter::Part rest = tool_split.finish();
-      tools.content += rest.content;
-      for (ToolCall& call : rest.calls) tools.calls.push_back(std::move(call));
-    }
+    ToolCallSplitter::Part tools = done ? tool_split.finish(part.content) : tool_split.feed(part.content);
     reasoning += part.reasoning;
     content += tools.content;
     const std::string thinking_kind = "thinking", text_kind = "text";

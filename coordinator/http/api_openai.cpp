@@ -106,8 +106,7 @@ awaitable<void> generate(Session& s, ParsedGeneration parsed, bool chat) {
   for (auto& c : choices) {
     c.split = ReasoningSplitter::for_reply(parsed.reasoning, stream);
     if (parsed.tools.active()) {
-      const bool mistral = parsed.tools.style == ToolStyle::Mistral;  // its templates take 9-character ids back
-      c.tool_split = ToolCallSplitter(parsed.tools, [mistral] { return mistral ? mistral_call_id() : random_id("call_"); });
+      c.tool_split = ToolCallSplitter(parsed.tools, [style = parsed.tools.style] { return tool_call_id(style); });
     }
   }
   size_t remaining = choices.size();
@@ -126,12 +125,7 @@ awaitable<void> generate(Session& s, ParsedGeneration parsed, bool chat) {
     bool empty() const { return text.empty() && calls.empty(); }
   };
   auto chat_part = [](Choice& c, ReasoningSplitter::Split part, bool final) {
-    ToolCallSplitter::Part tools = c.tool_split.feed(part.content);
-    if (final) {
-      ToolCallSplitter::Part rest = c.tool_split.finish();
-      tools.content += rest.content;
-      for (ToolCall& call : rest.calls) tools.calls.push_back(std::move(call));
-    }
+    ToolCallSplitter::Part tools = final ? c.tool_split.finish(part.content) : c.tool_split.feed(part.content);
     c.reasoning += part.reasoning;
     c.content += tools.content;
     ChatPart out{{std::move(part.reasoning), std::move(tools.content)}, std::move(tools.calls)};

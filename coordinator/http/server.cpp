@@ -11,7 +11,6 @@
 #include <algorithm>
 #include <cerrno>
 #include <limits>
-#include <random>
 #include <thread>
 
 #include "http/api.hpp"
@@ -235,14 +234,6 @@ awaitable<Generation::Event> Generation::next() {
 // ---- request helpers ----
 
 json parse_body(const HttpRequest& request) { return parse_json_body(request.body()); }
-
-std::string random_id(const std::string& prefix) {
-  static thread_local std::mt19937_64 rng{std::random_device{}()};
-  static const char* alphabet = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
-  std::string id = prefix;
-  for (int i = 0; i < 24; ++i) id += alphabet[rng() % 62];
-  return id;
-}
 
 int64_t unix_time() {
   return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch())

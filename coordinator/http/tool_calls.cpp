@@ -1,10 +1,10 @@
 #include "http/tool_calls.hpp"
 
 #include <algorithm>
-#include <random>
 #include <utility>
 
 #include "http/json_schema_grammar.hpp"
+#include "http/random_id.hpp"
 
 namespace pico::coordinator::http_api {
 
@@ -164,12 +164,8 @@ ToolStyle tool_style(ChatFormat format) {
   }
 }
 
-std::string mistral_call_id() {
-  static constexpr char kAlphabet[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
-  static thread_local std::mt19937 random(std::random_device{}());
-  std::string id(9, 'a');
-  for (char& c : id) c = kAlphabet[random() % (sizeof(kAlphabet) - 1)];
-  return id;
+std::string tool_call_id(ToolStyle style) {
+  return style == ToolStyle::Mistral ? random_id("", 9) : random_id("call_");
 }
 
 std::optional<std::string> render_tool_prompt(ChatFormat format, const ToolCalling& calling,
@@ -596,9 +592,13 @@ ToolCallSplitter::Part ToolCallSplitter::feed(std::string_view piece) {
   return out;
 }
 
-ToolCallSplitter::Part ToolCallSplitter::finish() {
+ToolCallSplitter::Part ToolCallSplitter::finish(std::string_view last) {
   Part out;
-  if (!active_) return out;
+  if (!active_) {
+    out.content = std::string(last);
+    return out;
+  }
+  pending_.append(last);
   run(out, true);
   if (calls_ == 0) out.content += held_space_;  // the trailing whitespace of a reply without calls stays
   held_space_.clear();

@@ -83,8 +83,9 @@ std::vector<tokenizer::ChatMessage> render_tool_messages(tokenizer::ChatFormat f
 std::optional<std::string> render_tool_prompt(tokenizer::ChatFormat format, const ToolCalling& calling,
                                               const std::vector<RequestMessage>& messages);
 
-// A call id as Mistral's templates require it: 9 letters and digits.
-std::string mistral_call_id();
+// A new call's id: "call_" and 24 letters and digits, or for Mistral's templates,
+// which take them back, 9 letters and digits.
+std::string tool_call_id(ToolStyle style);
 
 // JSON as Jinja's tojson writes it (Python's json.dumps: ", " and ": " separators).
 std::string python_json(const nlohmann::json& value);
@@ -118,7 +119,8 @@ class ToolCallSplitter {
   ToolCallSplitter(ToolCalling calling, std::function<std::string()> make_id);
 
   Part feed(std::string_view piece);
-  Part finish();
+  // The reply ended (its last piece given here, if any): whatever was held back.
+  Part finish(std::string_view last = {});
   size_t calls() const { return calls_; }
 
  private:

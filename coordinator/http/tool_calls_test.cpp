@@ -3,9 +3,11 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cctype>
 #include <memory>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "http/grammar_testing.hpp"
@@ -156,7 +158,10 @@ TEST(ToolCalls, MistralWritesToolsBeforeTheLastUserTurn) {
   plain[0].message = {"user", "Hi"};
   EXPECT_FALSE(render_tool_prompt(ChatFormat::MistralV3, none, plain));
   EXPECT_FALSE(render_tool_prompt(ChatFormat::ChatML, weather_tools(), tool_loop()));
-  EXPECT_EQ(mistral_call_id().size(), 9u);
+  const std::string id = tool_call_id(ToolStyle::Mistral);
+  EXPECT_EQ(id.size(), 9u);
+  EXPECT_TRUE(std::all_of(id.begin(), id.end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)) != 0; }));
+  EXPECT_TRUE(tool_call_id(ToolStyle::Hermes).starts_with("call_"));
 }
 
 TEST(ToolCalls, WithoutActiveToolsOnlyTheHistoryIsRendered) {
@@ -173,8 +178,10 @@ TEST(ToolCalls, PythonJsonSeparators) {
             R"({"a": {"x": "\"q\""}, "b": [1, 2.5, true, null], "e": {}, "f": []})");
 }
 
-// The split of `text` fed in pieces of `size` bytes.
-ToolCallSplitter::Part split(const ToolCalling& calling, const std::string& text, size_t size) {
+// The split of `text` fed in pieces of `size` bytes (with last_to_finish, the last
+// piece given to finish()).
+ToolCallSplitter::Part split(const ToolCalling& calling, const std::string& text, size_t size,
+                             bool last_to_finish = false) {
   int next = 0;
   ToolCallSplitter splitter(calling, [&] { return "call_" + std::to_string(next++); });
   ToolCallSplitter::Part all;
@@ -182,16 +189,20 @@ ToolCallSplitter::Part split(const ToolCalling& calling, const std::string& text
     all.content += part.content;
     for (auto& c : part.calls) all.calls.push_back(std::move(c));
   };
-  for (size_t i = 0; i < text.size(); i += size) add(splitter.feed(std::string_view(text).substr(i, size)));
-  add(splitter.finish());
+  size_t i = 0;
+  for (; i < text.size() && !(last_to_finish && i + size >= text.size()); i += size) {
+    add(splitter.feed(std::string_view(text).substr(i, size)));
+  }
+  add(splitter.finish(i < text.size() ? std::string_view(text).substr(i) : std::string_view()));
   return all;
 }
 
-// Every piece size gives the same split.
+// Every piece size gives the same split, the last piece fed or given to finish().
 ToolCallSplitter::Part split_all_ways(const ToolCalling& calling, const std::string& text) {
   const ToolCallSplitter::Part whole = split(calling, text, text.size() + 1);
-  for (size_t size : {1, 2, 3, 7}) {
-    const ToolCallSplitter::Part part = split(calling, text, size);
+  for (const auto& [size, last_to_finish] : std::vector<std::pair<size_t, bool>>{
+           {1, false}, {2, false}, {3, false}, {7, false}, {1, true}, {7, true}, {text.size() + 1, true}}) {
+    const ToolCallSplitter::Part part = split(calling, text, size, last_to_finish);
     EXPECT_EQ(part.content, whole.content) << "pieces of " << size;
     EXPECT_EQ(part.calls.size(), whole.calls.size()) << "pieces of " << size;
     for (size_t i = 0; i < std::min(part.calls.size(), whole.calls.size()); ++i) {
