@@ -25,13 +25,13 @@ std::optional<double> over_profile(const StageInfo& info, model::LayerRange laye
 
 std::optional<double> profiled_seconds(const StageInfo& info, model::LayerRange layers, bool head, bool batch) {
   return over_profile(info, layers, head, [&](const worker::LayerTime& t) {
-    return batch ? t.batch_seconds_per_token : t.decode_seconds;
+    return batch && !t.seconds_per_token.empty() ? t.seconds_per_token.back() : t.decode_seconds;
   });
 }
 
 std::optional<double> predicted_step_seconds(const StageInfo& info, model::LayerRange layers, bool head, size_t tokens) {
   return over_profile(info, layers, head, [&](const worker::LayerTime& t) {
-    return layer_step_seconds(t.decode_seconds, t.batch_seconds_per_token, info.profile->batch, static_cast<double>(tokens));
+    return layer_step_seconds(t.decode_seconds, info.profile->batches, t.seconds_per_token, static_cast<double>(tokens));
   });
 }
 

@@ -110,11 +110,11 @@ PlaceableWorkers add_placeable_workers(PlacementProblem& problem, const std::vec
     w.name = m.address;
     for (const worker::LayerTime& t : m.info->profile->layers) {
       w.decode_seconds.push_back(t.decode_seconds);
-      w.batch_seconds_per_token.push_back(t.batch_seconds_per_token);
+      w.batch_seconds_per_token.push_back(t.seconds_per_token);
     }
     w.head_decode_seconds = m.info->profile->head.decode_seconds;
-    w.head_batch_seconds_per_token = m.info->profile->head.batch_seconds_per_token;
-    w.profile_batch = m.info->profile->batch;
+    w.head_batch_seconds_per_token = m.info->profile->head.seconds_per_token;
+    w.profile_batches = m.info->profile->batches;
     w.memory_bytes = m.info->profile->memory_bytes;
     if (i < entries.size() && entries[i].memory) w.memory_bytes = std::min(w.memory_bytes, *entries[i].memory);
     problem.workers.push_back(std::move(w));

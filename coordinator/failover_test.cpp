@@ -281,8 +281,10 @@ TEST(Replicas, AJoiningWorkerReplicatesAStagesRange) {
 // per token of a batch).
 worker::WorkerProfile uniform_profile(double decode) {
   worker::WorkerProfile p;
-  p.layers.assign(4, {decode, decode / 10});
-  p.head = {decode, decode / 10};
+  p.batch = 64;
+  p.batches = {64};
+  p.layers.assign(4, {decode, {decode / 10}});
+  p.head = {decode, {decode / 10}};
   return p;
 }
 
@@ -356,27 +358,33 @@ TEST(SlowPosition, ASlowStageAgainstTheOthersAndItsProfile) {
   EXPECT_EQ(slow_position(w, factor, window), std::optional<size_t>(2));
 }
 
-// A step's prediction: per layer, the line through the profile's two measures.
+// A step's prediction: per layer, the line through the profile's neighbouring measures.
 TEST(SlowPosition, PredictedStepLiesBetweenTheProfilesMeasures) {
   StageInfo info;
   info.profile.emplace();
   info.profile->batch = 64;
-  info.profile->layers = {{0.010, 0.001}, {0.020, 0.001}, {0.030, 0.004}};
-  info.profile->head = {0.005, 0.002};
+  info.profile->batches = {8, 64};
+  // Per token at 8 and at 64 tokens.
+  info.profile->layers = {{0.010, {0.002, 0.001}}, {0.020, {0.004, 0.001}}, {0.030, {0.005, 0.004}}};
+  info.profile->head = {0.005, {0.001, 0.002}};
   EXPECT_EQ(predicted_step_seconds(StageInfo{}, {0, 2}, false, 1), std::nullopt);  // no profile
   EXPECT_EQ(predicted_step_seconds(info, {0, 4}, false, 1), std::nullopt);        // past it
   EXPECT_DOUBLE_EQ(*predicted_step_seconds(info, {1, 3}, false, 1), 0.050);
   EXPECT_DOUBLE_EQ(*predicted_step_seconds(info, {1, 3}, true, 1), 0.055);
-  // 64 tokens and more: tokens x the batch's time per token.
+  // At a measured batch: its tokens x its time per token.
+  EXPECT_DOUBLE_EQ(*predicted_step_seconds(info, {1, 3}, true, 8), 0.032 + 0.040 + 0.008);
+  // 64 tokens and more: tokens x the largest batch's time per token.
   EXPECT_DOUBLE_EQ(*predicted_step_seconds(info, {1, 3}, true, 64), 0.064 + 0.256 + 0.128);
   EXPECT_DOUBLE_EQ(*predicted_step_seconds(info, {1, 3}, true, 100), 0.100 + 0.400 + 0.200);
-  // 22 tokens, a third of the way from 1 to 64: a third of the way from each decode
-  // time to its batch's (layer 1: 0.020 to 0.064, layer 2: 0.030 to 0.256, head: 0.005
-  // to 0.128).
-  EXPECT_NEAR(*predicted_step_seconds(info, {1, 3}, true, 22),
-              (0.020 + 0.044 / 3) + (0.030 + 0.226 / 3) + (0.005 + 0.123 / 3), 1e-12);
+  // 4 tokens, 3/7 of the way from 1 to 8: as far from each decode time to its 8 tokens'
+  // (layer 1: 0.020 to 0.032, layer 2: 0.030 to 0.040, head: 0.005 to 0.008).
+  EXPECT_NEAR(*predicted_step_seconds(info, {1, 3}, true, 4),
+              (0.020 + 0.012 * 3 / 7) + (0.030 + 0.010 * 3 / 7) + (0.005 + 0.003 * 3 / 7), 1e-12);
+  // 36 tokens, half way from 8 to 64 (layer 1: 0.032 to 0.064, layer 2: 0.040 to
+  // 0.256, head: 0.008 to 0.128).
+  EXPECT_NEAR(*predicted_step_seconds(info, {1, 3}, true, 36), 0.048 + 0.148 + 0.068, 1e-12);
   // A decode slower than its batch's tokens: never below one token's time.
-  info.profile->layers[1] = {0.200, 0.001};
+  info.profile->layers[1] = {0.200, {0.001, 0.001}};
   EXPECT_DOUBLE_EQ(*predicted_step_seconds(info, {1, 2}, false, 22), 0.200);
 }
 

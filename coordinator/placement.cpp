@@ -24,10 +24,10 @@ class Costs {
     for (const WorkerMeasures& w : p.workers) {
       std::vector<double> prefix(layers_ + 1, 0.0);
       for (int l = 0; l < layers_; ++l) {
-        prefix[l + 1] = prefix[l] + layer_step_seconds(w.decode_seconds[l], w.batch_seconds_per_token[l], w.profile_batch, n);
+        prefix[l + 1] = prefix[l] + layer_step_seconds(w.decode_seconds[l], w.profile_batches, w.batch_seconds_per_token[l], n);
       }
       time_prefix_.push_back(std::move(prefix));
-      head_.push_back(layer_step_seconds(w.head_decode_seconds, w.head_batch_seconds_per_token, w.profile_batch, n));
+      head_.push_back(layer_step_seconds(w.head_decode_seconds, w.profile_batches, w.head_batch_seconds_per_token, n));
     }
     // The memory of a range in O(1): stage_memory_bytes of a range is the prefix sums'
     // difference plus the first and last stages' share.
@@ -212,11 +212,19 @@ void check_problem(const PlacementProblem& p) {
     if (w.decode_seconds.size() != p.layers.size() || w.batch_seconds_per_token.size() != p.layers.size()) {
       throw std::invalid_argument("placement: worker " + w.name + " has no time for every layer");
     }
+    for (size_t b = 0; b < w.profile_batches.size(); ++b) {
+      if (w.profile_batches[b] < 2 || (b > 0 && w.profile_batches[b] <= w.profile_batches[b - 1])) {
+        throw std::invalid_argument("placement: worker " + w.name + "'s profile batches are not ascending and > 1");
+      }
+    }
     const auto bad = [](double s) { return !(s >= 0) || !std::isfinite(s); };
+    const auto bad_batches = [&](const std::vector<double>& per_batch) {
+      return per_batch.size() != w.profile_batches.size() || std::any_of(per_batch.begin(), per_batch.end(), bad);
+    };
     if (std::any_of(w.decode_seconds.begin(), w.decode_seconds.end(), bad) ||
-        std::any_of(w.batch_seconds_per_token.begin(), w.batch_seconds_per_token.end(), bad) ||
-        bad(w.head_decode_seconds) || bad(w.head_batch_seconds_per_token)) {
-      throw std::invalid_argument("placement: worker " + w.name + " has a negative or non-finite time");
+        std::any_of(w.batch_seconds_per_token.begin(), w.batch_seconds_per_token.end(), bad_batches) ||
+        bad(w.head_decode_seconds) || bad_batches(w.head_batch_seconds_per_token)) {
+      throw std::invalid_argument("placement: worker " + w.name + " has a negative or non-finite time, or not one per batch");
     }
     check_link(p.coordinator_links[i], "coordinator - " + w.name);
   }

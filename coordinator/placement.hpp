@@ -11,7 +11,7 @@
 // hidden states sent on) plus the coordinator's two links. The objective sets the
 // step's batch: `latency` one token (one stream), `throughput` `concurrency` tokens
 // (that many streams at once). A layer's time at batch n lies on the line through its
-// two measures, one token and a prefill-sized batch (layer_step_seconds). Both objectives are then additive over
+// measures, one token and batches of 2, 4, 8 ... (layer_step_seconds). Both objectives are then additive over
 // stages, and the search is exact: dynamic programming over (workers used, last
 // worker, layers covered) tries every subset and order of up to
 // `exhaustive_order_limit` workers; beyond that the workers keep the order given and
@@ -31,17 +31,25 @@ namespace pico::coordinator {
 
 enum class Objective { latency, throughput };
 
-// A layer's time for a step of `tokens` tokens from its profile's two measures: one
-// token's time, and the time per token of a batch of `profile_batch` tokens. Between
-// the two measured batches, the line through both points (a step's weights are read
-// once and its arithmetic grows with its tokens); past the larger one, its time per
-// token; never less than one token's time.
-inline double layer_step_seconds(double decode_seconds, double batch_seconds_per_token, int profile_batch,
-                                 double tokens) {
-  const double batch = profile_batch > 1 ? profile_batch : 1;
-  if (tokens >= batch) return std::max(decode_seconds, tokens * batch_seconds_per_token);
-  const double line = decode_seconds + (tokens - 1) / (batch - 1) * (batch * batch_seconds_per_token - decode_seconds);
-  return std::max(decode_seconds, line);
+// A layer's time for a step of `tokens` tokens from its profile: one token's time
+// (`decode_seconds`), and the time per token of a batch of each of `batches` tokens
+// (ascending, > 1). Between two measured batches, the line through both points (a
+// step's weights are read once and its arithmetic grows with its tokens); past the
+// largest, its time per token; never less than one token's time.
+inline double layer_step_seconds(double decode_seconds, const std::vector<int>& batches,
+                                 const std::vector<double>& seconds_per_token, double tokens) {
+  double below_tokens = 1, below_seconds = decode_seconds;
+  for (size_t b = 0; b < batches.size() && b < seconds_per_token.size(); ++b) {
+    const double at = batches[b], seconds = at * seconds_per_token[b];
+    if (tokens <= at && at > below_tokens) {
+      const double line = below_seconds + (tokens - below_tokens) / (at - below_tokens) * (seconds - below_seconds);
+      return std::max(decode_seconds, line);
+    }
+    below_tokens = at;
+    below_seconds = seconds;
+  }
+  if (below_tokens <= 1) return std::max(decode_seconds, tokens * decode_seconds);
+  return std::max(decode_seconds, tokens * below_seconds / below_tokens);
 }
 
 // Throws std::invalid_argument unless "latency" or "throughput".
@@ -58,11 +66,11 @@ struct LayerNeeds {
 // One worker's profile, over every layer of the model.
 struct WorkerMeasures {
   std::string name;                              // its address, for messages
-  std::vector<double> decode_seconds;            // per layer: a batch of one token
-  std::vector<double> batch_seconds_per_token;   // per layer: per token of a prefill-sized batch
-  double head_decode_seconds = 0;                // output norm and head (the last stage)
-  double head_batch_seconds_per_token = 0;
-  int profile_batch = 64;                        // tokens of the batch measured per token
+  std::vector<double> decode_seconds;                         // per layer: a batch of one token
+  std::vector<std::vector<double>> batch_seconds_per_token;   // per layer: per token of each profile batch
+  double head_decode_seconds = 0;                             // output norm and head (the last stage)
+  std::vector<double> head_batch_seconds_per_token = {0.0};   // per profile batch
+  std::vector<int> profile_batches = {64};                    // tokens of the batches measured, ascending
   uint64_t memory_bytes = 0;                     // what it offers for weights + KV + state
 };
 

@@ -27,7 +27,7 @@ void add_worker(PlacementProblem& p, const std::string& name, double decode, dou
   WorkerMeasures w;
   w.name = name;
   w.decode_seconds.assign(p.layers.size(), decode);
-  w.batch_seconds_per_token.assign(p.layers.size(), batch_per_token);
+  w.batch_seconds_per_token.assign(p.layers.size(), {batch_per_token});
   w.memory_bytes = memory;
   p.workers.push_back(w);
   p.coordinator_links.push_back({latency, 1e9});
@@ -172,13 +172,19 @@ double brute_force(const PlacementProblem& p, bool keep_order) {
   const size_t W = p.workers.size();
   const int L = static_cast<int>(p.layers.size());
   const int batch = p.objective == Objective::throughput ? p.concurrency : 1;
-  // The definition: one token's time at batch 1, the batch's time per token from the
-  // profile's batch on, the straight line between (never below one token's time).
-  const auto at_batch = [&](size_t w, double decode, double per_token) {
-    const double measured_batch = p.workers[w].profile_batch;
-    if (batch >= measured_batch) return std::max(decode, batch * per_token);
-    const double slope = (measured_batch * per_token - decode) / (measured_batch - 1);
-    return std::max(decode, decode + slope * (batch - 1));
+  // The definition: the points (1, one token's time) and (b, b x the time per token of
+  // batch b) for each measured b; straight lines between neighbours, the largest
+  // batch's time per token past it (never below one token's time).
+  const auto at_batch = [&](size_t w, double decode, const std::vector<double>& per_token) {
+    const std::vector<int>& measured = p.workers[w].profile_batches;
+    std::vector<std::pair<double, double>> points{{1.0, decode}};
+    for (size_t b = 0; b < measured.size(); ++b) points.emplace_back(measured[b], measured[b] * per_token[b]);
+    if (batch >= points.back().first) return std::max(decode, batch * points.back().second / points.back().first);
+    size_t upper = 1;
+    while (points[upper].first < batch) ++upper;
+    const auto [x0, y0] = points[upper - 1];
+    const auto [x1, y1] = points[upper];
+    return std::max(decode, y0 + (y1 - y0) * (batch - x0) / (x1 - x0));
   };
   const auto layer_time = [&](size_t w, int l) {
     return at_batch(w, p.workers[w].decode_seconds[l], p.workers[w].batch_seconds_per_token[l]);
@@ -257,13 +263,19 @@ TEST(Placement, MatchesEveryOrderedSplitOnRandomClusters) {
     for (int w = 0; w < W; ++w) {
       WorkerMeasures m;
       m.name = "w" + std::to_string(w);
+      // Some concurrencies past the largest measured batch, some between measured ones.
+      m.profile_batches = trial % 4 == 0 ? std::vector<int>{8} : std::vector<int>{2, 4, 8, 16, 32, 64};
+      const auto per_batch = [&] {
+        std::vector<double> out;
+        for (size_t b = 0; b < m.profile_batches.size(); ++b) out.push_back(time(rng) / 10);
+        return out;
+      };
       for (int l = 0; l < L; ++l) {
         m.decode_seconds.push_back(time(rng));
-        m.batch_seconds_per_token.push_back(time(rng) / 10);
+        m.batch_seconds_per_token.push_back(per_batch());
       }
       m.head_decode_seconds = time(rng);
-      m.head_batch_seconds_per_token = time(rng) / 10;
-      m.profile_batch = trial % 4 == 0 ? 8 : 64;  // some concurrencies past the measured batch
+      m.head_batch_seconds_per_token = per_batch();
       m.memory_bytes = memory(rng) * static_cast<uint64_t>(L);
       p.workers.push_back(m);
       p.coordinator_links.push_back({latency(rng), bandwidth(rng)});

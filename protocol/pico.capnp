@@ -74,12 +74,14 @@ struct Limits {
 struct LayerTime {
   decodeSeconds @0 :Float64;          # one token
   batchSecondsPerToken @1 :Float64;   # per token of a batch of Profile.batch tokens
+  secondsPerToken @2 :List(Float64);  # per token of a batch of each of Profile.batches tokens
 }
 struct Profile {
   batch @0 :UInt32;                  # 0: no profile
   layers @1 :List(LayerTime);        # every layer of the model
   head @2 :LayerTime;                # output norm and head
   memoryBytes @3 :UInt64;            # offered for weights + KV + state
+  batches @4 :List(UInt32);          # 2, 4, 8 ... below batch, and batch
 }
 struct Capabilities {
   isa @0 :Text;              # cpu level in use: scalar, avx2, avx512, neon ...

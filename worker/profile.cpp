@@ -44,9 +44,9 @@ std::vector<std::string> layer_kinds(const gguf::Model& file, int32_t n_layer) {
   return kinds;
 }
 
-// 2: each timed run after the CPU's cache was evicted (CacheEvictor); a profile of
-// version 1 is measured anew.
-constexpr int kProfileVersion = 2;
+// 2: each timed run after the CPU's cache was evicted (CacheEvictor). 3: batches of 2,
+// 4, 8 ... tokens besides the largest. A profile of an older version is measured anew.
+constexpr int kProfileVersion = 3;
 
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -80,39 +80,45 @@ class CacheEvictor {
   std::vector<uint8_t> from_, to_;
 };
 
-// Times a stage of `range` alone: prefills of options.batch tokens (fresh sequences),
-// then decode steps of one token after a prefill. logits: every token asks for its
-// logits (the head runs: the last stage's rows at a concurrency of that many
-// sequences), else none does. An untimed prefill first (a device compiles its
-// pipelines on first use); then at least one of each measure, more up to
-// options.repeats / decode_tokens while they take less than options.budget_seconds;
-// each timed run after the cache was evicted.
+// Times a stage of `range` alone: prefills of each of `batches` tokens (fresh
+// sequences), then decode steps of one token after a prefill of options.batch tokens.
+// logits: every token asks for its logits (the head runs: the last stage's rows at a
+// concurrency of that many sequences), else none does. An untimed prefill first (a
+// device compiles its pipelines on first use); then at least one of each measure, more
+// up to options.repeats / decode_tokens while they take less than
+// options.budget_seconds; each timed run after the cache was evicted.
 LayerTime time_range(const model::Model& m, backend::Backend& be, model::LayerRange range, bool logits,
-                     const ProfileOptions& o, CacheEvictor& evictor) {
+                     const ProfileOptions& o, const std::vector<int>& batches, CacheEvictor& evictor) {
   const int64_t n_embd = m.hparams().n_embd, n_vocab = m.hparams().n_vocab;
   auto cache = m.make_cache(range, GgmlType::F16, GgmlType::F16, backend::state_stores_of(be));
   std::vector<float> hidden(static_cast<size_t>(o.batch) * static_cast<size_t>(n_embd));
   for (size_t i = 0; i < hidden.size(); ++i) hidden[i] = static_cast<float>(static_cast<int>(i * 7919 % 201) - 100) / 100;
   const float* input = range.first == 0 ? nullptr : hidden.data();
   const auto token = [&](int64_t i) { return static_cast<int32_t>(1 + (i * 7919) % std::max<int64_t>(1, n_vocab - 1)); };
-  const auto prefill = [&](int32_t seq) {
+  const auto prefill = [&](int32_t seq, int tokens) {
     std::vector<model::BatchToken> batch;
-    for (int i = 0; i < o.batch; ++i) batch.push_back({seq, i, token(i), logits});
+    for (int i = 0; i < tokens; ++i) batch.push_back({seq, i, token(i), logits});
     evictor.evict();
     const auto t0 = std::chrono::steady_clock::now();
     m.forward(be, batch, input, range, *cache);
     return seconds_since(t0);
   };
-  prefill(0);  // warm-up; seq 0 then decodes
-  std::vector<double> prefills, decodes;
-  double spent = 0;
-  for (int r = 1; r <= o.repeats && (r == 1 || spent < o.budget_seconds); ++r) {
-    const double t = prefill(r);
-    spent += t;
-    prefills.push_back(t / o.batch);
-    cache->remove(r);
+  prefill(0, o.batch);  // warm-up; seq 0 then decodes
+  LayerTime out;
+  int32_t seq = 1;
+  for (const int tokens : batches) {
+    std::vector<double> per_token;
+    double spent = 0;
+    for (int r = 1; r <= o.repeats && (r == 1 || spent < o.budget_seconds); ++r, ++seq) {
+      const double t = prefill(seq, tokens);
+      spent += t;
+      per_token.push_back(t / tokens);
+      cache->remove(seq);
+    }
+    out.seconds_per_token.push_back(median(per_token));
   }
-  spent = 0;
+  std::vector<double> decodes;
+  double spent = 0;
   for (int i = 0; i < o.decode_tokens && (i == 0 || spent < o.budget_seconds); ++i) {
     const model::BatchToken one{0, o.batch + i, token(o.batch + i), logits};
     evictor.evict();
@@ -121,7 +127,21 @@ LayerTime time_range(const model::Model& m, backend::Backend& be, model::LayerRa
     decodes.push_back(seconds_since(t0));
     spent += decodes.back();
   }
-  return {median(decodes), median(prefills)};
+  out.decode_seconds = median(decodes);
+  return out;
+}
+
+// Throws std::invalid_argument unless the time has one finite, non-negative time per
+// batch besides its decode's.
+void check_time(const LayerTime& t, size_t batches, const std::string& what) {
+  const auto good = [](double v) { return v >= 0 && std::isfinite(v); };
+  if (t.seconds_per_token.size() != batches) {
+    throw std::invalid_argument(what + " has " + std::to_string(t.seconds_per_token.size()) + " batch times, not " +
+                                std::to_string(batches));
+  }
+  if (!good(t.decode_seconds) || !std::all_of(t.seconds_per_token.begin(), t.seconds_per_token.end(), good)) {
+    throw std::invalid_argument(what + " has a negative or non-finite time");
+  }
 }
 
 std::string cache_dir() {
@@ -132,6 +152,13 @@ std::string cache_dir() {
 }
 
 }  // namespace
+
+std::vector<int> profile_batches(int batch) {
+  std::vector<int> out;
+  for (int b = 2; b < batch; b *= 2) out.push_back(b);
+  out.push_back(batch);
+  return out;
+}
 
 WorkerProfile measure_profile(const gguf::Model& file, const model::Model& m, const StageBackendOptions& backend,
                               int threads, const ProfileOptions& options) {
@@ -146,6 +173,7 @@ WorkerProfile measure_profile(const gguf::Model& file, const model::Model& m, co
   p.isa = std::string(cpu::level_name(cpu::best_level()));
   p.threads = threads;
   p.batch = options.batch;
+  p.batches = profile_batches(options.batch);
   std::unique_ptr<backend::Backend> be = backend::open_backend(backend.name, backend.device, threads);
   if (backend.name != "cpu") {
     for (const backend::ComputeDevice& d : backend::list_compute_devices().devices) {
@@ -162,16 +190,18 @@ WorkerProfile measure_profile(const gguf::Model& file, const model::Model& m, co
     auto it = measured.find(kind);
     if (it == measured.end()) {
       m.load_weights(*be, {l, l + 1});
-      it = measured.emplace(kind, time_range(m, *be, {l, l + 1}, false, options, evictor)).first;
+      it = measured.emplace(kind, time_range(m, *be, {l, l + 1}, false, options, p.batches, evictor)).first;
     }
     p.layers[static_cast<size_t>(l)] = it->second;
   }
   // The head: the last layer with the logits of every token, less the layer alone.
   const model::LayerRange last{n_layer - 1, n_layer};
   const LayerTime without = p.layers.back();
-  const LayerTime with = time_range(m, *be, last, true, options, evictor);
-  p.head = {std::max(0.0, with.decode_seconds - without.decode_seconds),
-            std::max(0.0, with.batch_seconds_per_token - without.batch_seconds_per_token)};
+  const LayerTime with = time_range(m, *be, last, true, options, p.batches, evictor);
+  p.head.decode_seconds = std::max(0.0, with.decode_seconds - without.decode_seconds);
+  for (size_t b = 0; b < p.batches.size(); ++b) {
+    p.head.seconds_per_token.push_back(std::max(0.0, with.seconds_per_token[b] - without.seconds_per_token[b]));
+  }
   spdlog::info("profile: {} kinds of layer measured in {:.2f} s", measured.size(), seconds_since(start));
   return p;
 }
@@ -198,9 +228,10 @@ std::string profile_to_json(const WorkerProfile& p) {
   j["isa"] = p.isa;
   j["threads"] = p.threads;
   j["batch"] = p.batch;
-  j["head"] = {p.head.decode_seconds, p.head.batch_seconds_per_token};
+  j["batches"] = p.batches;
+  j["head"] = {p.head.decode_seconds, p.head.seconds_per_token};
   nlohmann::json layers = nlohmann::json::array();
-  for (const LayerTime& t : p.layers) layers.push_back({t.decode_seconds, t.batch_seconds_per_token});
+  for (const LayerTime& t : p.layers) layers.push_back({t.decode_seconds, t.seconds_per_token});
   j["layers"] = layers;
   return j.dump(1);
 }
@@ -212,15 +243,14 @@ WorkerProfile profile_from_json(const std::string& text) {
     if (!j.contains(key)) throw std::invalid_argument(std::string("no '") + key + "'");
     return j.at(key);
   };
-  const auto time = [](const nlohmann::json& pair, const std::string& what) {
-    if (!pair.is_array() || pair.size() != 2 || !pair[0].is_number() || !pair[1].is_number()) {
-      throw std::invalid_argument(what + " is not [decode seconds, batch seconds per token]");
+  const auto time = [](const nlohmann::json& pair, size_t batches, const std::string& what) {
+    if (!pair.is_array() || pair.size() != 2 || !pair[0].is_number() || !pair[1].is_array() ||
+        pair[1].size() != batches ||
+        !std::all_of(pair[1].begin(), pair[1].end(), [](const nlohmann::json& v) { return v.is_number(); })) {
+      throw std::invalid_argument(what + " is not [decode seconds, [seconds per token of each batch]]");
     }
-    const LayerTime t{pair[0].get<double>(), pair[1].get<double>()};
-    if (!(t.decode_seconds >= 0) || !(t.batch_seconds_per_token >= 0) || !std::isfinite(t.decode_seconds) ||
-        !std::isfinite(t.batch_seconds_per_token)) {
-      throw std::invalid_argument(what + " has a negative or non-finite time");
-    }
+    LayerTime t{pair[0].get<double>(), pair[1].get<std::vector<double>>()};
+    check_time(t, batches, what);
     return t;
   };
   // A whole number within [0, 2^20] (nlohmann would convert a float or a huge value).
@@ -247,10 +277,15 @@ WorkerProfile profile_from_json(const std::string& text) {
     p.threads = small_integer("threads");
     p.batch = small_integer("batch");
     if (p.batch <= 0) throw std::invalid_argument("batch is not positive");
-    p.head = time(need("head"), "head");
+    const nlohmann::json& batches = need("batches");
+    if (!batches.is_array() || batches != nlohmann::json(profile_batches(p.batch))) {
+      throw std::invalid_argument("batches are not 2, 4, 8 ... up to the batch");
+    }
+    p.batches = profile_batches(p.batch);
+    p.head = time(need("head"), p.batches.size(), "head");
     const nlohmann::json& layers = need("layers");
     if (!layers.is_array()) throw std::invalid_argument("layers is not an array");
-    for (size_t i = 0; i < layers.size(); ++i) p.layers.push_back(time(layers[i], "layer " + std::to_string(i)));
+    for (size_t i = 0; i < layers.size(); ++i) p.layers.push_back(time(layers[i], p.batches.size(), "layer " + std::to_string(i)));
     return p;
   } catch (const nlohmann::json::exception& e) {
     throw std::invalid_argument(e.what());
@@ -295,60 +330,80 @@ void save_profile(const std::string& path, const WorkerProfile& profile) {
 }
 
 std::string format_profile(const WorkerProfile& p) {
-  std::string out = fmt::format("profile of model {:016x} on {} ({}{}), {} threads\n", p.model_hash, p.backend, p.isa,
-                                p.device.empty() ? "" : ", " + p.device, p.threads);
-  out += fmt::format("{:<12} {:>14} {:>22}\n", "layers", "decode ms/tok", fmt::format("batch {} ms/tok", p.batch));
+  std::string out = fmt::format("profile of model {:016x} on {} ({}{}), {} threads; ms per token\n", p.model_hash,
+                                p.backend, p.isa, p.device.empty() ? "" : ", " + p.device, p.threads);
+  out += fmt::format("{:<12} {:>10}", "layers", "decode");
+  for (const int b : p.batches) out += fmt::format(" {:>10}", fmt::format("batch {}", b));
+  out += "\n";
+  const auto row = [&](const std::string& name, const LayerTime& t) {
+    out += fmt::format("{:<12} {:>10.4f}", name, t.decode_seconds * 1e3);
+    for (const double s : t.seconds_per_token) out += fmt::format(" {:>10.4f}", s * 1e3);
+    out += "\n";
+  };
   // Runs of layers with the same times (one kind of layer measured once).
   size_t i = 0;
   while (i < p.layers.size()) {
     size_t j = i + 1;
     while (j < p.layers.size() && p.layers[j].decode_seconds == p.layers[i].decode_seconds &&
-           p.layers[j].batch_seconds_per_token == p.layers[i].batch_seconds_per_token) {
+           p.layers[j].seconds_per_token == p.layers[i].seconds_per_token) {
       ++j;
     }
-    out += fmt::format("{:<12} {:>14.4f} {:>22.4f}\n", j - i == 1 ? std::to_string(i) : fmt::format("{}-{}", i, j - 1),
-                       p.layers[i].decode_seconds * 1e3, p.layers[i].batch_seconds_per_token * 1e3);
+    row(j - i == 1 ? std::to_string(i) : fmt::format("{}-{}", i, j - 1), p.layers[i]);
     i = j;
   }
-  out += fmt::format("{:<12} {:>14.4f} {:>22.4f}\n", "head", p.head.decode_seconds * 1e3,
-                     p.head.batch_seconds_per_token * 1e3);
+  row("head", p.head);
   out += fmt::format("memory offered for weights + KV + state: {} bytes ({:.0f} MiB)\n", p.memory_bytes,
                      static_cast<double>(p.memory_bytes) / (1 << 20));
   return out;
 }
 
+namespace {
+
+void write_time(const LayerTime& t, protocol::schema::LayerTime::Builder out) {
+  out.setDecodeSeconds(t.decode_seconds);
+  out.setBatchSecondsPerToken(t.seconds_per_token.empty() ? 0.0 : t.seconds_per_token.back());
+  auto per_token = out.initSecondsPerToken(static_cast<unsigned>(t.seconds_per_token.size()));
+  for (size_t b = 0; b < t.seconds_per_token.size(); ++b) per_token.set(static_cast<unsigned>(b), t.seconds_per_token[b]);
+}
+
+LayerTime read_time(protocol::schema::LayerTime::Reader in, size_t batches, const std::string& what) {
+  LayerTime t;
+  t.decode_seconds = in.getDecodeSeconds();
+  for (const double s : in.getSecondsPerToken()) t.seconds_per_token.push_back(s);
+  check_time(t, batches, "profile: " + what);
+  return t;
+}
+
+}  // namespace
+
 void write_profile(const WorkerProfile& p, protocol::schema::Profile::Builder out) {
   out.setBatch(static_cast<uint32_t>(p.batch));
   out.setMemoryBytes(p.memory_bytes);
-  auto head = out.initHead();
-  head.setDecodeSeconds(p.head.decode_seconds);
-  head.setBatchSecondsPerToken(p.head.batch_seconds_per_token);
+  auto batches = out.initBatches(static_cast<unsigned>(p.batches.size()));
+  for (size_t b = 0; b < p.batches.size(); ++b) batches.set(static_cast<unsigned>(b), static_cast<uint32_t>(p.batches[b]));
+  write_time(p.head, out.initHead());
   auto layers = out.initLayers(static_cast<unsigned>(p.layers.size()));
-  for (size_t i = 0; i < p.layers.size(); ++i) {
-    layers[static_cast<unsigned>(i)].setDecodeSeconds(p.layers[i].decode_seconds);
-    layers[static_cast<unsigned>(i)].setBatchSecondsPerToken(p.layers[i].batch_seconds_per_token);
-  }
+  for (size_t i = 0; i < p.layers.size(); ++i) write_time(p.layers[i], layers[static_cast<unsigned>(i)]);
 }
 
 std::optional<WorkerProfile> read_profile(protocol::schema::Profile::Reader in, int32_t n_layer) {
   if (in.getBatch() == 0) return std::nullopt;
-  const auto time = [](protocol::schema::LayerTime::Reader t, const std::string& what) {
-    const LayerTime out{t.getDecodeSeconds(), t.getBatchSecondsPerToken()};
-    if (!(out.decode_seconds >= 0) || !(out.batch_seconds_per_token >= 0) || !std::isfinite(out.decode_seconds) ||
-        !std::isfinite(out.batch_seconds_per_token)) {
-      throw std::invalid_argument("profile: " + what + " has a negative or non-finite time");
-    }
-    return out;
-  };
+  if (in.getBatch() > (1u << 20)) throw std::invalid_argument("profile: a batch of " + std::to_string(in.getBatch()) + " tokens");
   if (in.getLayers().size() != static_cast<unsigned>(n_layer)) {
     throw std::invalid_argument("profile: " + std::to_string(in.getLayers().size()) + " layers, the model has " +
                                 std::to_string(n_layer));
   }
   WorkerProfile p;
   p.batch = static_cast<int>(in.getBatch());
+  p.batches = profile_batches(p.batch);
+  std::vector<int> batches;
+  for (const uint32_t b : in.getBatches()) batches.push_back(static_cast<int>(b));
+  if (batches != p.batches) throw std::invalid_argument("profile: its batches are not 2, 4, 8 ... up to its batch");
   p.memory_bytes = in.getMemoryBytes();
-  p.head = time(in.getHead(), "the head");
-  for (unsigned i = 0; i < in.getLayers().size(); ++i) p.layers.push_back(time(in.getLayers()[i], "layer " + std::to_string(i)));
+  p.head = read_time(in.getHead(), p.batches.size(), "the head");
+  for (unsigned i = 0; i < in.getLayers().size(); ++i) {
+    p.layers.push_back(read_time(in.getLayers()[i], p.batches.size(), "layer " + std::to_string(i)));
+  }
   return p;
 }
 

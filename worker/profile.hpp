@@ -1,7 +1,9 @@
 // What this worker's hardware does with a model, for the coordinator's placement
 // (coordinator/placement.hpp): the time of each layer at a batch of one token (decode,
-// after a prefill-sized context) and per token of a prefill-sized batch, the output
-// head's likewise, and the memory the worker offers for weights + KV + state.
+// after a prefill-sized context) and per token of batches of 2, 4, 8 ... tokens up to a
+// prefill-sized one (a step's cost is far from a line in its tokens: one token takes a
+// matrix-vector product, two already a matrix product), the output head's likewise,
+// and the memory the worker offers for weights + KV + state.
 // Layers whose tensors have the same names, types and shapes cost the same, so each
 // kind of layer is measured once, on its first layer, with the stage's backend and
 // thread count. pico-worker measures at start unless a cached profile of the same
@@ -22,9 +24,12 @@
 namespace pico::worker {
 
 struct LayerTime {
-  double decode_seconds = 0;           // one token
-  double batch_seconds_per_token = 0;  // per token of a batch of WorkerProfile::batch
+  double decode_seconds = 0;              // one token
+  std::vector<double> seconds_per_token;  // per token of a batch of each of WorkerProfile::batches
 };
+
+// The batches a profile measures: 2, 4, 8 ... below `batch`, and `batch` (> 1) itself.
+std::vector<int> profile_batches(int batch);
 
 struct WorkerProfile {
   uint64_t model_hash = 0;
@@ -32,13 +37,14 @@ struct WorkerProfile {
   int device_index = 0;
   int threads = 0;
   int batch = 0;                  // tokens of the prefill-sized batch
+  std::vector<int> batches;       // profile_batches(batch): the batches measured, ascending
   std::vector<LayerTime> layers;  // every layer of the model
   LayerTime head;                 // output norm and head, per token
   uint64_t memory_bytes = 0;      // offered for weights + KV + state (measured at start, not cached)
 };
 
 struct ProfileOptions {
-  int batch = 64;         // tokens of the prefill-sized batch (also the decode's context)
+  int batch = 64;         // tokens of the largest batch (also the decode's context)
   int decode_tokens = 8;  // decode steps timed at most, one token each
   int repeats = 3;        // prefills timed at most; the median is kept
   double budget_seconds = 0.5;  // no further repeat of a measure once it took this long

@@ -4,6 +4,9 @@
 
 #include <gtest/gtest.h>
 
+#include <functional>
+#include <nlohmann/json.hpp>
+
 namespace pico::worker {
 namespace {
 
@@ -16,8 +19,10 @@ WorkerProfile sample_profile() {
   p.isa = "avx2";
   p.threads = 3;
   p.batch = 64;
-  p.layers = {{0.5e-3, 0.1e-3}, {0.25e-3, 0.0625e-3}};
-  p.head = {2e-3, 1e-3};
+  p.batches = profile_batches(64);
+  p.layers = {{0.5e-3, {0.4e-3, 0.3e-3, 0.2e-3, 0.15e-3, 0.12e-3, 0.1e-3}},
+              {0.25e-3, {0.2e-3, 0.15e-3, 0.1e-3, 0.08e-3, 0.07e-3, 0.0625e-3}}};
+  p.head = {2e-3, {1.9e-3, 1.8e-3, 1.6e-3, 1.4e-3, 1.2e-3, 1e-3}};
   p.memory_bytes = 123456;
   return p;
 }
@@ -26,11 +31,12 @@ void expect_same_times(const WorkerProfile& a, const WorkerProfile& b) {
   ASSERT_EQ(a.layers.size(), b.layers.size());
   for (size_t i = 0; i < a.layers.size(); ++i) {
     EXPECT_EQ(a.layers[i].decode_seconds, b.layers[i].decode_seconds);
-    EXPECT_EQ(a.layers[i].batch_seconds_per_token, b.layers[i].batch_seconds_per_token);
+    EXPECT_EQ(a.layers[i].seconds_per_token, b.layers[i].seconds_per_token);
   }
   EXPECT_EQ(a.head.decode_seconds, b.head.decode_seconds);
-  EXPECT_EQ(a.head.batch_seconds_per_token, b.head.batch_seconds_per_token);
+  EXPECT_EQ(a.head.seconds_per_token, b.head.seconds_per_token);
   EXPECT_EQ(a.batch, b.batch);
+  EXPECT_EQ(a.batches, b.batches);
 }
 
 TEST(WorkerProfile, JsonRoundTrips) {
@@ -62,7 +68,7 @@ TEST(WorkerProfile, MalformedJsonIsRefusedNamingWhat) {
     EXPECT_NE(at, std::string::npos) << from;
     return s.replace(at, from.size(), to);
   };
-  EXPECT_NE(error_of(with("\"version\": 2", "\"version\": 1")).find("version"), std::string::npos);
+  EXPECT_NE(error_of(with("\"version\": 3", "\"version\": 2")).find("version"), std::string::npos);
   EXPECT_NE(error_of(with("\"batch\": 64", "\"batch\": 0")).find("batch"), std::string::npos);
   EXPECT_NE(error_of(with("\"batch\": 64", "\"batches\": 64")).find("no 'batch'"), std::string::npos);
   EXPECT_NE(error_of(with("\"threads\": 3", "\"threads\": 1e300")).find("'threads' is not an integer"),
@@ -70,6 +76,18 @@ TEST(WorkerProfile, MalformedJsonIsRefusedNamingWhat) {
   EXPECT_NE(error_of(with("\"threads\": 3", "\"threads\": 3.5")).find("'threads'"), std::string::npos);
   EXPECT_NE(error_of(with("0.0005", "-0.0005")).find("layer 0"), std::string::npos);
   EXPECT_NE(error_of(with("\"isa\": \"avx2\"", "\"isa\": 2")), "(accepted)");
+  // The batches measured and a time for each of them.
+  const auto edited = [&](const std::function<void(nlohmann::json&)>& edit) {
+    nlohmann::json j = nlohmann::json::parse(good);
+    edit(j);
+    return error_of(j.dump());
+  };
+  EXPECT_EQ(edited([](nlohmann::json&) {}), "(accepted)");
+  EXPECT_NE(edited([](nlohmann::json& j) { j["batches"] = {2, 4, 8, 16, 64}; }).find("batches"), std::string::npos);
+  EXPECT_NE(edited([](nlohmann::json& j) { j.erase("batches"); }).find("no 'batches'"), std::string::npos);
+  EXPECT_NE(edited([](nlohmann::json& j) { j["layers"][1][1].erase(0); }).find("layer 1"), std::string::npos);
+  EXPECT_NE(edited([](nlohmann::json& j) { j["head"][1][3] = "x"; }).find("head"), std::string::npos);
+  EXPECT_NE(edited([](nlohmann::json& j) { j["layers"][0][1][5] = -1; }).find("layer 0"), std::string::npos);
   EXPECT_NE(error_of(with("\"model_hash\": \"0123456789abcdef\"", "\"model_hash\": \"xyz\"")), "(accepted)");
 }
 
@@ -93,7 +111,7 @@ TEST(WorkerProfile, CapabilitiesCarryItAndTheReaderChecksIt) {
   EXPECT_FALSE(read_profile(nd.envelope().getBody().getCapabilities().getProfile(), 2));  // batch 0: none
 
   WorkerProfile bad = p;
-  bad.layers[1].batch_seconds_per_token = std::numeric_limits<double>::infinity();
+  bad.layers[1].seconds_per_token[2] = std::numeric_limits<double>::infinity();
   protocol::Builder c;
   write_profile(bad, c.envelope().getBody().initCapabilities().initProfile());
   const std::vector<uint8_t> c_bytes = c.encode();

@@ -4,6 +4,7 @@
 // batch, and writing it out and reading it back gives the same profile. Seeds:
 // worker_profile_fuzz_seeds (profiles as pico-worker writes them).
 //   scripts/fuzz worker_profile [SECONDS]
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -20,11 +21,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   } catch (const std::invalid_argument&) {
     return 0;
   }
-  const auto good = [](const pico::worker::LayerTime& t) {
-    return std::isfinite(t.decode_seconds) && t.decode_seconds >= 0 && std::isfinite(t.batch_seconds_per_token) &&
-           t.batch_seconds_per_token >= 0;
+  const auto good = [&](const pico::worker::LayerTime& t) {
+    const auto time = [](double s) { return std::isfinite(s) && s >= 0; };
+    return time(t.decode_seconds) && t.seconds_per_token.size() == p.batches.size() &&
+           std::all_of(t.seconds_per_token.begin(), t.seconds_per_token.end(), time);
   };
-  if (p.batch <= 0 || !good(p.head)) std::abort();
+  if (p.batch <= 0 || p.batches != pico::worker::profile_batches(p.batch) || !good(p.head)) std::abort();
   for (const auto& t : p.layers) {
     if (!good(t)) std::abort();
   }
@@ -35,7 +37,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   for (size_t i = 0; i < p.layers.size(); ++i) {
     if (q.layers[i].decode_seconds != p.layers[i].decode_seconds ||
-        q.layers[i].batch_seconds_per_token != p.layers[i].batch_seconds_per_token) {
+        q.layers[i].seconds_per_token != p.layers[i].seconds_per_token) {
       std::abort();
     }
   }

@@ -53,7 +53,7 @@ try:
     run([pico, "mkmodel", "--layers", "6", "--embd", "256", "--ff", "512", "-o", model])
 
     out = run([worker, "-m", model, "--profile", "-t", "2"]).stdout
-    for needle in ("decode ms/tok", "batch 64 ms/tok", "\n0-5 ", "\nhead ", "memory offered"):
+    for needle in ("ms per token", "decode", "batch 8", "batch 64", "\n0-5 ", "\nhead ", "memory offered"):
         if needle not in out:
             procs.fail("--profile printed no '%s':\n%s" % (needle.strip(), out))
     cached = glob.glob(os.path.join(env["PICO_CACHE_DIR"], "profiles", "*-cpu-*-t2-b64.json"))
