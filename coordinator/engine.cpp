@@ -319,7 +319,9 @@ void Engine::admit() {
       fail(*s, std::string("the request cannot start: ") + e.what());
       continue;
     }
-    s->argmax_only = s->request.sampling.argmax_suffices() && s->request.logprobs < 0 && !s->request.full_logits;
+    s->argmax_only = s->request.sampling.argmax_suffices() && s->request.logprobs < 0 && !s->request.full_logits &&
+                     !s->request.embedding;
+    if (s->request.embedding) s->request.cache_prompt = false;  // every position's hidden state is wanted
     reuse_prefix(*s);
     evict_kept();  // the new sequence may push the kept ones over the bounds
     {
@@ -434,11 +436,14 @@ void Engine::loop() {
     while (static_cast<int>(inflight.size()) < options_.max_inflight && !active_.empty()) {
       std::vector<model::BatchToken> batch;
       std::vector<protocol::LogitsOutput> outputs;  // per batch row
-      bool any_argmax = false;
+      bool any_reduced = false;  // a row asked as arg max or hidden state
       auto output = [&](const Seq& s, bool logits) {
+        const bool hidden = logits && s.request.embedding.has_value();
         const bool argmax = logits && s.argmax_only;
-        any_argmax = any_argmax || argmax;
-        outputs.push_back(argmax ? protocol::LogitsOutput::ARGMAX : protocol::LogitsOutput::FULL);
+        any_reduced = any_reduced || argmax || hidden;
+        outputs.push_back(hidden   ? protocol::LogitsOutput::HIDDEN
+                          : argmax ? protocol::LogitsOutput::ARGMAX
+                                   : protocol::LogitsOutput::FULL);
       };
       std::vector<Seq*> seqs, wants;
       int budget = options_.max_batch_tokens, prefill = 0, decode = 0;
@@ -475,10 +480,11 @@ void Engine::loop() {
                                      static_cast<size_t>(budget)});
           for (size_t j = 0; j < n; ++j) {
             const bool last = s.prefill_sent + 1 == prompt.size();
+            const bool wanted = s.request.embedding ? wants_hidden(*s.request.embedding, s.prefill_sent, prompt.size()) : last;
             s.kv_tokens.push_back(prompt[s.prefill_sent]);
-            batch.push_back({s.kv_id, s.n_past++, prompt[s.prefill_sent++], last});
+            batch.push_back({s.kv_id, s.n_past++, prompt[s.prefill_sent++], wanted});
             mark_checkpoint(s, batch.back(), last);
-            output(s, last);
+            output(s, wanted);
           }
           seqs.push_back(&s);
           budget -= static_cast<int>(n);
@@ -506,7 +512,7 @@ void Engine::loop() {
       uint64_t step_id = 0;
       try {
         step_id = pipeline_.submit(batch,
-                         any_argmax ? std::span<const protocol::LogitsOutput>(outputs)
+                         any_reduced ? std::span<const protocol::LogitsOutput>(outputs)
                                     : std::span<const protocol::LogitsOutput>(),
                          chain);
       } catch (const std::exception& e) {
@@ -636,6 +642,12 @@ void Engine::loop() {
     const size_t n_vocab = out.n_vocab > 0 ? static_cast<size_t>(out.n_vocab) : 0;
     size_t full_rows = 0;  // full rows before row r
     std::vector<Seq*> answered;
+    receive_hidden(step.seqs, out);
+    for (Seq* w : step.wants) {
+      if (!w->request.embedding) continue;
+      answered.push_back(w);
+      if (!w->done && !w->cancelled) finish_embedding(*w);
+    }
     for (size_t r = 0; r < out.seq_ids.size(); ++r) {
       const bool full = !argmax_fits || !out.is_argmax(r);
       const size_t full_index = full_rows;

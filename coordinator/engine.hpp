@@ -25,6 +25,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <thread>
@@ -60,6 +61,14 @@ struct Usage {
   std::string stopping_word;  // the stop string that ended it ("" for none)
 };
 
+// How an embedding request's hidden states become its embedding (llama.cpp's pooling
+// types): none keeps one row per prompt token; mean averages them; cls takes the first
+// token's, last the last token's.
+enum class Pooling { none, mean, cls, last };
+// Throws std::invalid_argument unless "none", "mean", "cls" or "last".
+Pooling parse_pooling(const std::string& text);
+const char* to_string(Pooling pooling);
+
 struct OnlineRequest {
   std::vector<int32_t> prompt;
   int max_tokens = 128;           // < 0: no limit (the context); 0: evaluate the prompt only (KV kept for reuse)
@@ -75,6 +84,11 @@ struct OnlineRequest {
   // without logprobs asks the last stage for each row's arg max only (a token id
   // instead of n_vocab floats per token), and on_sampled gets an empty row.
   bool full_logits = false;
+  // An embedding instead of text: the prompt's hidden states after the output norm,
+  // pooled so, go to Callbacks::on_embedding; nothing is sampled (max_tokens, the
+  // sampling and the stop strings do not apply) and no kept prefix is reused (every
+  // position's state is wanted).
+  std::optional<Pooling> embedding;
 };
 
 struct Callbacks {
@@ -85,6 +99,9 @@ struct Callbacks {
   std::function<void(const TokenEvent&)> on_token;
   std::function<void(const std::string& finish_reason, const Usage&)> on_done;  // "stop" (end of generation), "stop_string", "length", "cancelled"
   std::function<void(const std::string& message)> on_error;
+  // An embedding request's result, before on_done: one pooled row of n_embd values (one
+  // per prompt token with Pooling::none), not normalised.
+  std::function<void(std::vector<std::vector<float>> rows)> on_embedding;
 };
 
 // A sequence holding KV on the stages: an active request's, or a kept one (idle).
@@ -212,6 +229,11 @@ class Engine {
   // flight); true while a draining one waits.
   bool run_pipeline_tasks(bool nothing_in_flight);
   void release(Seq& s, const std::string& text);
+  // Embedding requests: the hidden states of a step's answer added to their sequences
+  // (a row out of order fails its request), and a request's embedding once its prompt's
+  // last step came back.
+  void receive_hidden(const std::vector<Seq*>& seqs, const StepOutput& out);
+  void finish_embedding(Seq& s);
   void update_slots();
 
   Pipeline& pipeline_;

@@ -20,6 +20,19 @@ struct PostSamplingProbs {
   std::vector<TokenProb> top;
 };
 
+// Which prompt tokens' hidden states an embedding request pools: the position of
+// prompt token `index` of `n`.
+inline bool wants_hidden(Pooling pooling, size_t index, size_t n) {
+  switch (pooling) {
+    case Pooling::cls:
+      return index == 0;
+    case Pooling::last:
+      return index + 1 == n;
+    default:
+      return true;
+  }
+}
+
 struct Engine::Seq {
   int32_t id = 0;     // the request's (Handle::id)
   int32_t kv_id = 0;  // the sequence's on the stages (a kept one's when its prefix is reused)
@@ -43,6 +56,11 @@ struct Engine::Seq {
   size_t replay_sent = 0;
   bool replay_logits = false;
   bool argmax_only = false;          // the last stage returns its rows' arg max only
+  // An embedding request's hidden states received so far, in position order: their sum
+  // (Pooling::mean, summed in that order whatever the steps), or the rows kept.
+  std::vector<double> hidden_sum;
+  std::vector<std::vector<float>> hidden_rows;
+  int32_t hidden_next = 0;  // the position of the next hidden state expected
   int n_decoded = 0;
   std::optional<int32_t> pending;
   // The sampler chain's probabilities for the last pick, until it is emitted

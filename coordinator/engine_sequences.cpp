@@ -6,6 +6,8 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <span>
+#include <stdexcept>
 
 #include "engine.hpp"
 #include "engine_sequence.hpp"
@@ -227,6 +229,22 @@ void Engine::replay_all() {
       finish(s, "cancelled");
       continue;
     }
+    if (s.request.embedding) {
+      // Its prompt again from the start, with the hidden states it pools (those received
+      // come back the same: batch invariance).
+      tokens += s.kv_tokens.size();
+      s.kv_id = next_kv_id_++;
+      s.kv_tokens.clear();
+      s.checkpoints.clear();
+      s.n_past = 0;
+      s.awaiting = false;
+      s.prefill_sent = 0;
+      s.hidden_sum.clear();
+      s.hidden_rows.clear();
+      s.hidden_next = 0;
+      ++replayed;
+      continue;
+    }
     std::vector<int32_t> again = std::move(s.kv_tokens);
     bool logits = s.awaiting;
     if (s.replay_sent < s.replay.size()) {  // lost again while replaying
@@ -283,6 +301,89 @@ bool Engine::run_pipeline_tasks(bool nothing_in_flight) {
   }
   if (moved) replay_all();
   return draining;
+}
+
+Pooling parse_pooling(const std::string& text) {
+  for (const Pooling p : {Pooling::none, Pooling::mean, Pooling::cls, Pooling::last}) {
+    if (text == to_string(p)) return p;
+  }
+  throw std::invalid_argument("pooling '" + text + "' is not none, mean, cls or last");
+}
+
+const char* to_string(Pooling pooling) {
+  switch (pooling) {
+    case Pooling::none:
+      return "none";
+    case Pooling::mean:
+      return "mean";
+    case Pooling::cls:
+      return "cls";
+    case Pooling::last:
+      return "last";
+  }
+  return "?";
+}
+
+void Engine::receive_hidden(const std::vector<Seq*>& seqs, const StepOutput& out) {
+  const auto width = static_cast<size_t>(std::max<int64_t>(out.n_embd, 0));
+  for (size_t r = 0; r < out.hidden_seq_ids.size(); ++r) {
+    Seq* sp = nullptr;
+    for (Seq* s : seqs) {
+      if (s->kv_id == out.hidden_seq_ids[r] && s->request.embedding) sp = s;
+    }
+    if (!sp || sp->done || sp->cancelled) continue;  // a row nobody asked for, or for a request that ended
+    Seq& s = *sp;
+    const size_t n = s.request.prompt.size();
+    // The next position whose hidden state the pooling wants.
+    size_t expected = static_cast<size_t>(s.hidden_next);
+    while (expected < n && !wants_hidden(*s.request.embedding, expected, n)) ++expected;
+    if (width == 0 || (r + 1) * width > out.hidden.size() || expected >= n ||
+        out.hidden_positions[r] != static_cast<int32_t>(expected)) {
+      fail(s, "the last stage answered with a hidden state this request did not expect next");
+      continue;
+    }
+    const std::span<const float> row(out.hidden.data() + r * width, width);
+    if (*s.request.embedding == Pooling::mean) {
+      if (s.hidden_sum.empty()) s.hidden_sum.assign(width, 0.0);
+      if (s.hidden_sum.size() != width) {
+        fail(s, "the last stage answered with hidden states of two widths");
+        continue;
+      }
+      for (size_t i = 0; i < width; ++i) s.hidden_sum[i] += row[i];
+    } else {
+      s.hidden_rows.emplace_back(row.begin(), row.end());
+    }
+    s.hidden_next = static_cast<int32_t>(expected + 1);
+  }
+}
+
+void Engine::finish_embedding(Seq& s) {
+  s.awaiting = false;
+  const size_t n = s.request.prompt.size();
+  size_t wanted = 0;
+  for (size_t i = 0; i < n; ++i) wanted += wants_hidden(*s.request.embedding, i, n) ? 1 : 0;
+  const size_t received = *s.request.embedding == Pooling::mean ? static_cast<size_t>(s.hidden_next)
+                                                                : s.hidden_rows.size();
+  if (received != wanted) {
+    fail(s, "the last stage's answers lack hidden states of this request's prompt");
+    return;
+  }
+  std::vector<std::vector<float>> rows;
+  if (*s.request.embedding == Pooling::mean) {
+    std::vector<float>& mean = rows.emplace_back(s.hidden_sum.size());
+    for (size_t i = 0; i < mean.size(); ++i) mean[i] = static_cast<float>(s.hidden_sum[i] / static_cast<double>(n));
+  } else {
+    rows = std::move(s.hidden_rows);
+  }
+  s.hidden_sum.clear();
+  s.hidden_rows.clear();
+  try {
+    if (s.callbacks.on_embedding) s.callbacks.on_embedding(std::move(rows));
+  } catch (const std::exception& e) {
+    fail(s, std::string("delivering the embedding failed: ") + e.what());
+    return;
+  }
+  finish(s, "stop");
 }
 
 }  // namespace pico::coordinator

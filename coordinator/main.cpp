@@ -129,6 +129,11 @@ int main(int argc, char** argv) {
         return http_api::reasoning_format_from_name(v) ? std::string()
                                                         : "must be " + std::string(http_api::kReasoningFormatNames);
       });
+  std::string pooling;
+  app.add_option("--pooling", pooling,
+                 "HTTP API: how the embedding endpoints pool a prompt's hidden states: mean, cls, last, none (one per "
+                 "token; /v1/embeddings refuses it); default: the model's metadata, else none")
+      ->check(CLI::IsMember({"none", "mean", "cls", "last"}));
   // HTTP API limits and access.
   std::string api_key_file;
   size_t max_queue = 256;
@@ -323,6 +328,18 @@ int main(int argc, char** argv) {
     sched.keep_logits = !dump_logits.empty();
     if (serving) {
       http.model_path = model_path;
+      http.n_embd = identity.n_embd;
+      if (!pooling.empty()) {
+        http.pooling = parse_pooling(pooling);
+      } else if (const auto type = file->metadata().get_int(identity.arch + ".pooling_type")) {
+        // llama.cpp's numbers: 0 none, 1 mean, 2 cls, 3 last, 4 rank (a reranker's, not served).
+        constexpr Pooling kByNumber[] = {Pooling::none, Pooling::mean, Pooling::cls, Pooling::last};
+        if (*type >= 0 && *type < 4) {
+          http.pooling = kByNumber[*type];
+        } else {
+          spdlog::warn("the model's pooling type {} is not served; embeddings pool as 'none' (see --pooling)", *type);
+        }
+      }
       if (http.model_name.empty()) {
         http.model_name = model_path.substr(model_path.find_last_of('/') + 1);
         if (http.model_name.size() > 5 && http.model_name.ends_with(".gguf")) {

@@ -58,7 +58,10 @@ void LocalStage::submit(uint64_t step, std::span<const model::BatchToken> batch,
   // max leaves a device), as a worker's are.
   std::vector<model::BatchToken> rows(batch.begin(), batch.end());
   if (outputs.size() == rows.size()) {
-    for (size_t i = 0; i < rows.size(); ++i) rows[i].argmax_only = outputs[i] == protocol::LogitsOutput::ARGMAX;
+    for (size_t i = 0; i < rows.size(); ++i) {
+      rows[i].argmax_only = outputs[i] == protocol::LogitsOutput::ARGMAX;
+      rows[i].hidden_state = outputs[i] == protocol::LogitsOutput::HIDDEN;
+    }
   }
   run(step, rows, nullptr, {});
 }
@@ -69,7 +72,7 @@ void LocalStage::run(uint64_t step, std::span<const model::BatchToken> batch, co
   stamp.stage = static_cast<uint32_t>(index_);
   stamp.received = stamp.idle_since = stamp.compute_start = protocol::steady_nanos();
   std::vector<float> out;
-  model::ArgmaxRows argmax;
+  model::ReducedRows argmax;
   try {
     out = engine_.forward(batch, hidden, next_ ? nullptr : &argmax);
   } catch (const std::exception& e) {
@@ -88,10 +91,16 @@ void LocalStage::run(uint64_t step, std::span<const model::BatchToken> batch, co
   o.stamps = std::move(stamps);
   o.n_vocab = engine_.n_vocab();
   for (const auto& t : batch) {
-    if (!t.logits) continue;
+    if (!t.logits || t.hidden_state) continue;
     o.seq_ids.push_back(t.seq_id);
     o.positions.push_back(t.pos);
   }
+  for (const int32_t row : argmax.hidden_rows) {
+    o.hidden_seq_ids.push_back(batch[static_cast<size_t>(row)].seq_id);
+    o.hidden_positions.push_back(batch[static_cast<size_t>(row)].pos);
+  }
+  o.hidden = std::move(argmax.hidden);
+  o.n_embd = engine_.n_embd();
   o.logits = std::move(out);
   if (std::any_of(argmax.ids.begin(), argmax.ids.end(), [](int32_t id) { return id >= 0; })) {
     o.argmax = std::move(argmax.ids);
@@ -569,6 +578,16 @@ std::optional<StepOutput> RemoteStage::poll(int timeout_ms) {
                         t.getComputeEndNanos(), t.getSentNanos()});
   }
   if (msg->payloads.size() != 1 || o.seq_ids.size() != l.getRows()) fail("logits without their payload", o.step);
+  for (auto s : l.getHiddenSeqIds()) o.hidden_seq_ids.push_back(s);
+  for (auto p : l.getHiddenPositions()) o.hidden_positions.push_back(p);
+  o.n_embd = l.getNEmbd();
+  if (o.hidden_positions.size() != o.hidden_seq_ids.size() ||
+      l.getHidden().size() != o.hidden_seq_ids.size() * static_cast<size_t>(o.n_embd) ||
+      (!o.hidden_seq_ids.empty() && o.n_embd != info_.identity.n_embd)) {
+    fail("hidden states whose rows do not match their count or the model's width", o.step);
+  }
+  o.hidden.reserve(l.getHidden().size());
+  for (const float v : l.getHidden()) o.hidden.push_back(v);
   const auto ids = l.getArgmaxIds();
   const auto values = l.getArgmaxLogits();
   size_t full_rows = l.getRows();

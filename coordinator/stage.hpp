@@ -92,6 +92,11 @@ struct StepOutput {
   // sequences, each row's arg max as its token, positions + 1.
   bool chained = false;
   bool sent_by_last = false;  // this step was such a chained one: sent_nanos is in the last stage's clock
+  // The rows asked as hidden states (LogitsOutput::HIDDEN), not among the rows above:
+  // their sequences and positions, and n_embd values each after the output norm.
+  std::vector<int32_t> hidden_seq_ids, hidden_positions;
+  std::vector<float> hidden;
+  int64_t n_embd = 0;
   bool is_argmax(size_t row) const { return !argmax.empty() && argmax[row] >= 0; }
   // A full row's logits (empty for an arg max row).
   std::span<const float> row_logits(size_t row) const;

@@ -18,7 +18,9 @@ $Cxx.namespace("pico::protocol::schema");
 # 7: the worker's profile (Capabilities.profile), bandwidth probes (Heartbeat.probeBytes),
 #    layer assignment (assign / assigned: pico-worker --layers auto), link probes between
 #    workers (linkProbe / linkMeasured).
-const protocolVersion :UInt32 = 7;
+# 8: batches of several sizes in the profile (Profile.batches), hidden-state rows
+#    (LogitsOutput.hidden, Logits.hidden...: embeddings).
+const protocolVersion :UInt32 = 8;
 
 enum DType {
   f32 @0;
@@ -30,6 +32,7 @@ enum DType {
 enum LogitsOutput {
   full @0;             # the row of nVocab F32 logits
   argmax @1;           # its arg max only (token id and logit): all that greedy sampling needs
+  hidden @2;           # its hidden state after the output norm (nEmbd F32 values: embeddings)
 }
 
 enum ErrorCode {
@@ -189,6 +192,13 @@ struct Logits {
   argmaxLogits @8 :List(Float32);
   chained @9 :Bool;          # the last stage started step stepId + 1 itself (Forward.chainSteps)
   sentByLast @10 :Bool;      # the forward's `chained`: sentNanos is in the last stage's clock
+  # The rows asked as `hidden`, in batch order (left out of seqIds, positions and rows):
+  # their sequences, positions, and hidden states after the output norm (one row of
+  # nEmbd values each, in `hidden`).
+  hiddenSeqIds @11 :List(Int32);
+  hiddenPositions @12 :List(Int32);
+  nEmbd @13 :UInt32;
+  hidden @14 :List(Float32);
 }
 
 # The state of one sequence on one stage (the KV rows of each of its layers, as

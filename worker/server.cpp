@@ -427,6 +427,7 @@ void Server::handle_forward(const std::string& peer, Envelope::Reader env, net::
                 tokens.size() == rows ? tokens[static_cast<unsigned>(i)] : 0, want[static_cast<unsigned>(i)],
                 checkpoints.size() == rows ? checkpoints[static_cast<unsigned>(i)] : uint8_t{0}};
     batch[i].argmax_only = outputs.size() == rows && outputs[static_cast<unsigned>(i)] == LogitsOutput::ARGMAX;
+    batch[i].hidden_state = outputs.size() == rows && outputs[static_cast<unsigned>(i)] == LogitsOutput::HIDDEN;
   }
   std::vector<float> scratch;
   const float* hidden = nullptr;
@@ -443,7 +444,7 @@ void Server::handle_forward(const std::string& peer, Envelope::Reader env, net::
   }
   const uint64_t compute_start = protocol::steady_nanos();
   std::vector<float> out;
-  model::ArgmaxRows argmax;  // the last stage: rows asked as arg max only, reduced by the backend
+  model::ReducedRows argmax;  // the last stage: rows asked as arg max only, reduced by the backend
   try {
     out = engine_.forward(batch, hidden, engine_.is_last() ? &argmax : nullptr);
   } catch (const LimitError& e) {
@@ -480,14 +481,30 @@ void Server::handle_forward(const std::string& peer, Envelope::Reader env, net::
     l.setStepId(step);
     l.setSentNanos(f.getSentNanos());
     size_t n = 0;
-    for (const auto& t : batch) n += t.logits ? 1 : 0;
+    for (const auto& t : batch) n += t.logits && !t.hidden_state ? 1 : 0;
     auto ls = l.initSeqIds(static_cast<unsigned>(n));
     auto lp = l.initPositions(static_cast<unsigned>(n));
     unsigned j = 0;
     for (const auto& t : batch) {
-      if (!t.logits) continue;
+      if (!t.logits || t.hidden_state) continue;
       ls.set(j, t.seq_id);
       lp.set(j++, t.pos);
+    }
+    const size_t n_hidden = argmax.hidden_rows.size();
+    if (argmax.hidden.size() != n_hidden * static_cast<size_t>(engine_.n_embd())) {
+      report(peer, ErrorCode::INTERNAL, "hidden states of an unexpected size", step);
+      return;
+    }
+    if (n_hidden > 0) {
+      auto hs = l.initHiddenSeqIds(static_cast<unsigned>(n_hidden));
+      auto hp = l.initHiddenPositions(static_cast<unsigned>(n_hidden));
+      for (unsigned i = 0; i < n_hidden; ++i) {
+        const model::BatchToken& t = batch[static_cast<size_t>(argmax.hidden_rows[i])];
+        hs.set(i, t.seq_id);
+        hp.set(i, t.pos);
+      }
+      l.setNEmbd(static_cast<uint32_t>(engine_.n_embd()));
+      l.setHidden(kj::arrayPtr(argmax.hidden.data(), argmax.hidden.size()));
     }
     l.setRows(static_cast<uint32_t>(n));
     l.setNVocab(static_cast<uint32_t>(engine_.n_vocab()));

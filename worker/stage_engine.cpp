@@ -247,7 +247,7 @@ void StageEngine::check_limits(std::span<const model::BatchToken> batch,
 }
 
 std::vector<float> StageEngine::forward(std::span<const model::BatchToken> batch, const float* hidden,
-                                       model::ArgmaxRows* argmax) {
+                                       model::ReducedRows* argmax) {
   if (batch.empty()) throw std::invalid_argument("empty batch");
   if (static_cast<int64_t>(batch.size()) > limits_.max_rows) {
     throw LimitError("forward of " + std::to_string(batch.size()) + " rows exceeds --max-rows " +

@@ -112,7 +112,7 @@ class StageEngine {
   // argmax (the last stage): rows asked as arg max only come back reduced on the
   // backend (Model::forward), left out of the returned logits.
   std::vector<float> forward(std::span<const model::BatchToken> batch, const float* hidden,
-                             model::ArgmaxRows* argmax = nullptr);
+                             model::ReducedRows* argmax = nullptr);
 
   // A sequence's state on this stage's layers (SequenceState::snapshot), nullopt when
   // the sequence is not open here; restore() puts one back under seq_id (replacing

@@ -87,11 +87,12 @@ class Session {
 class Generation {
  public:
   struct Event {
-    enum Kind { Token, Done, Error } kind = Token;
+    enum Kind { Token, Done, Error, Embedding } kind = Token;
     size_t choice = 0;
     TokenEvent token;
     std::string reason;  // Done: finish reason; Error: message
     Usage usage;
+    std::vector<std::vector<float>> embedding;  // Embedding: Callbacks::on_embedding's rows (before Done)
   };
   // Throws ApiError when the engine refuses the request (400; 503 when its queue is
   // full). executor: the connection's strand.
@@ -142,6 +143,8 @@ awaitable<void> props(Session& s);
 awaitable<void> set_props(Session& s);
 awaitable<void> slots(Session& s);
 awaitable<void> metrics(Session& s);
+awaitable<void> embeddings(Session& s);              // /v1/embeddings
+awaitable<void> llama_embeddings(Session& s);        // /embedding, /embeddings (llama-server's shape)
 awaitable<void> anthropic_messages(Session& s);      // /v1/messages
 awaitable<void> anthropic_count_tokens(Session& s);  // /v1/messages/count_tokens
 awaitable<void> cluster(Session& s);

@@ -493,13 +493,13 @@ const Field kGenerationFields[] = {
 
 // A prompt: text (tokenized with BOS and specials), a list of token ids, or llama.cpp's
 // mixed list of texts and ids.
-std::vector<int32_t> parse_prompt(const ParseContext& ctx, const json& prompt) {
+std::vector<int32_t> parse_prompt(const ParseContext& ctx, const json& prompt, const std::string& field = "prompt") {
   const auto n_vocab = static_cast<int64_t>(ctx.tok.vocab_size());
   if (prompt.is_string()) return ctx.tok.encode(prompt.get<std::string>(), true, true);
-  if (!prompt.is_array() || prompt.empty()) invalid("prompt", "must be a non-empty string or a list of token ids");
+  if (!prompt.is_array() || prompt.empty()) invalid(field, "must be a non-empty string or a list of token ids");
   if (std::count_if(prompt.begin(), prompt.end(), [](const json& x) { return !x.is_number_integer(); }) > 1 &&
       std::all_of(prompt.begin(), prompt.end(), [](const json& x) { return x.is_string() || x.is_array(); })) {
-    invalid("prompt", "holds several prompts; one per request is supported");
+    invalid(field, "holds several prompts; one per request is supported");
   }
   std::vector<int32_t> ids;
   bool first = true;
@@ -512,12 +512,12 @@ std::vector<int32_t> parse_prompt(const ParseContext& ctx, const json& prompt) {
       const bool big = t.is_number_unsigned() ? t.get<uint64_t>() >= static_cast<uint64_t>(n_vocab) : t.get<int64_t>() >= n_vocab;
       if (neg || big) {
         throw ApiError(400,
-                       "'prompt' token id " + t.dump() + " is outside the vocabulary [0, " + std::to_string(n_vocab) + ")",
-                       "invalid_request_error", "invalid_prompt", "prompt");
+                       "'" + field + "' token id " + t.dump() + " is outside the vocabulary [0, " + std::to_string(n_vocab) + ")",
+                       "invalid_request_error", "invalid_prompt", field);
       }
       ids.push_back(static_cast<int32_t>(t.get<int64_t>()));
     } else {
-      invalid("prompt", "must be a string or a list of token ids (and texts)");
+      invalid(field, "must be a string or a list of token ids (and texts)");
     }
     first = false;
   }
@@ -876,6 +876,65 @@ std::vector<int32_t> parse_detokenize_request(const ParseContext& ctx, const jso
   return ids;
 }
 
+EmbeddingRequest parse_embedding_request(const ParseContext& ctx, const json& body, bool openai_endpoint) {
+  EmbeddingRequest out;
+  out.openai = openai_endpoint;
+  for (const auto& [key, value] : body.items()) {
+    if (key == "input" || key == "content" || key == "user") continue;
+    if (key == "model") {
+      if (!value.is_string()) invalid(key, "must be a string");  // any name: the one model serves it
+    } else if (key == "encoding_format") {
+      if (value != "float" && value != "base64") invalid(key, "must be 'float' or 'base64'");
+      out.base64 = value == "base64";
+    } else if (key == "embd_normalize") {
+      if (!value.is_number_integer() || value.get<int64_t>() < -1 || value.get<int64_t>() > 64) {
+        invalid(key, "must be an integer from -1 to 64 (-1: none, 0: max absolute, 2: euclidean, p: p-norm)");
+      }
+      out.normalize = static_cast<int>(value.get<int64_t>());
+    } else if (key == "dimensions") {
+      // The model's width only: nothing here shortens an embedding (it would need a
+      // model trained for it).
+      if (!value.is_number_integer() || value.get<int64_t>() != ctx.n_embd) {
+        invalid(key, "must be the model's embedding size, " + std::to_string(ctx.n_embd));
+      }
+    } else {
+      unsupported(key);
+    }
+  }
+  const json* input = nullptr;
+  std::string field = "input";
+  if (auto it = body.find("input"); it != body.end() && !it->is_null()) {
+    input = &*it;
+  } else if (auto c = body.find("content"); c != body.end() && !c->is_null()) {
+    input = &*c;
+    field = "content";
+    out.openai = false;  // llama-server answers "content" in its own shape
+  } else {
+    throw ApiError(400, "\"input\" or \"content\" must be provided", "invalid_request_error", "invalid_value", "input");
+  }
+  // A list holding no number is a list of inputs; anything else is one input.
+  const bool several = input->is_array() && !input->empty() &&
+                       std::none_of(input->begin(), input->end(), [](const json& x) { return x.is_number(); });
+  if (several) {
+    if (input->size() > ctx.max_embedding_inputs) {
+      invalid(field, "holds " + std::to_string(input->size()) + " inputs; at most " +
+                         std::to_string(ctx.max_embedding_inputs) + " per request");
+    }
+    for (size_t i = 0; i < input->size(); ++i) {
+      out.inputs.push_back(parse_prompt(ctx, (*input)[i], field + "[" + std::to_string(i) + "]"));
+    }
+  } else {
+    out.inputs.push_back(parse_prompt(ctx, *input, field));
+  }
+  for (size_t i = 0; i < out.inputs.size(); ++i) {
+    if (out.inputs[i].empty()) invalid(several ? field + "[" + std::to_string(i) + "]" : field, "has no tokens");
+    if (static_cast<int64_t>(out.inputs[i].size()) >= ctx.ctx) {
+      throw ApiError(400, exceeds_context_message(out.inputs[i].size(), ctx.ctx), "exceed_context_size_error");
+    }
+  }
+  return out;
+}
+
 void parse_request(const ParseContext& ctx, std::string_view path, std::string_view body_text) {
   auto body = [&] { return parse_json_body(body_text); };
   if (path == "/completion" || path == "/completions") {
@@ -888,6 +947,8 @@ void parse_request(const ParseContext& ctx, std::string_view path, std::string_v
     parse_generation_request(ctx, Endpoint::ChatCompletions, chat_request_from_messages(body()));
   } else if (path == "/v1/messages/count_tokens") {
     parse_generation_request(ctx, Endpoint::ChatCompletions, chat_request_from_messages(body(), true));
+  } else if (path == "/v1/embeddings" || path == "/embeddings" || path == "/embedding") {
+    parse_embedding_request(ctx, body(), path == "/v1/embeddings");
   } else if (path == "/apply-template") {
     parse_apply_template_request(ctx, body());
   } else if (path == "/tokenize") {

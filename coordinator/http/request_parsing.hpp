@@ -86,6 +86,8 @@ struct ParseContext {
   ReasoningFormat reasoning_format = ReasoningFormat::Deepseek;  // 'reasoning_format' unless given
   DryBreakerCache* dry_breakers = nullptr;                        // null: built per request
   GrammarVocabularyCache* grammar_vocabulary = nullptr;           // null: built per request
+  int64_t n_embd = 0;                                             // the model's width (embeddings' 'dimensions')
+  size_t max_embedding_inputs = 256;                              // inputs of one embeddings request
 };
 
 enum class Endpoint { LlamaCompletion, Completions, ChatCompletions };
@@ -102,6 +104,17 @@ struct ParsedGeneration {
   ToolCalling tools;           // chat: the request's tools (ToolCalling::active: the reply is parsed for calls)
 };
 
+// /v1/embeddings, /embeddings, /embedding: one or several inputs (each a text, token
+// ids, or both mixed), and how to answer.
+struct EmbeddingRequest {
+  std::vector<std::vector<int32_t>> inputs;
+  bool openai = true;   // OpenAI's reply (data[], usage); llama-server's list otherwise
+  bool base64 = false;  // encoding_format "base64": each embedding's F32 bytes in base64
+  // embd_normalize, as llama.cpp's common_embd_normalize: -1 none, 0 max absolute (to
+  // the int16 range), 2 euclidean (the default), p: p-norm (1: taxicab).
+  int normalize = 2;
+};
+
 struct TokenizeRequest {
   std::string content;
   bool add_special = false, parse_special = true, with_pieces = false;
@@ -115,6 +128,9 @@ ParsedGeneration parse_generation_request(const ParseContext& ctx, Endpoint endp
 // chat_template_kwargs become.
 std::string parse_apply_template_request(const ParseContext& ctx, const json& body);
 TokenizeRequest parse_tokenize_request(const json& body);
+// openai_endpoint: /v1/embeddings (the reply is OpenAI's unless the body has
+// llama-server's 'content' instead of 'input').
+EmbeddingRequest parse_embedding_request(const ParseContext& ctx, const json& body, bool openai_endpoint);
 std::vector<int32_t> parse_detokenize_request(const ParseContext& ctx, const json& body);
 
 // Any of the above by path (the fuzz target's entry): parses and validates the body

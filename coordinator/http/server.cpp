@@ -155,9 +155,12 @@ Generation::Generation(Engine& engine, const asio::any_io_executor& executor, tc
       asio::post(ch->timer.get_executor(), [ch] { ch->timer.cancel(); });
     };
     Callbacks cb;
-    cb.on_token = [push](const TokenEvent& t) { push({Event::Token, 0, t, {}, {}}); };
-    cb.on_done = [push](const std::string& reason, const Usage& u) { push({Event::Done, 0, {}, reason, u}); };
-    cb.on_error = [push](const std::string& message) { push({Event::Error, 0, {}, message, {}}); };
+    cb.on_token = [push](const TokenEvent& t) { push({Event::Token, 0, t, {}, {}, {}}); };
+    cb.on_done = [push](const std::string& reason, const Usage& u) { push({Event::Done, 0, {}, reason, u, {}}); };
+    cb.on_error = [push](const std::string& message) { push({Event::Error, 0, {}, message, {}, {}}); };
+    cb.on_embedding = [push](std::vector<std::vector<float>> rows) {
+      push({Event::Embedding, 0, {}, {}, {}, std::move(rows)});
+    };
     try {
       handles_.push_back(engine.submit(std::move(choices[i]), std::move(cb)));
       finished_.push_back(false);
@@ -262,6 +265,9 @@ const Route kRoutes[] = {
     {"/models/*", http::verb::get, model_by_id},
     {"/completion", http::verb::post, llama_completion},
     {"/completions", http::verb::post, llama_completion},  // llama-server's native shape, as its /completion
+    {"/v1/embeddings", http::verb::post, embeddings},
+    {"/embeddings", http::verb::post, llama_embeddings},
+    {"/embedding", http::verb::post, llama_embeddings},
     {"/apply-template", http::verb::post, apply_template},
     {"/tokenize", http::verb::post, tokenize},
     {"/detokenize", http::verb::post, detokenize},
@@ -512,6 +518,7 @@ void serve_http(Engine& engine, const tokenizer::Tokenizer& tok, const tokenizer
   parse.dry_breakers = &dry_breakers;
   GrammarVocabularyCache grammar_vocabulary(tok);
   parse.grammar_vocabulary = &grammar_vocabulary;
+  parse.n_embd = options.n_embd;
   ServerState state{engine, tok, chat, options, parse};
   state.parse.chat = &state.chat;
   const int threads = std::max(1, options.threads);

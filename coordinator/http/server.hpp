@@ -32,6 +32,10 @@ struct ServerOptions {
   // Chat replies' reasoning (<think>...</think>) unless a request says otherwise.
   http_api::ReasoningFormat reasoning_format = http_api::ReasoningFormat::Deepseek;
   ClusterControl* cluster = nullptr;  // /cluster (remote stages only; null: in-process)
+  // How the embedding endpoints pool a prompt's hidden states (--pooling, else the
+  // model's metadata; none: per token, which /v1/embeddings refuses, as llama-server).
+  Pooling pooling = Pooling::none;
+  int64_t n_embd = 0;  // the model's width (the embeddings' size)
 };
 
 // Serves until SIGINT or SIGTERM. Throws when the address cannot be bound.

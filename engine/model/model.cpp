@@ -329,7 +329,7 @@ void Model::pre_norm_layer(ForwardContext& ctx, int32_t il, float* x, const Atte
 }
 
 std::vector<float> Model::forward(backend::Backend& be, std::span<const BatchToken> batch, const float* hidden,
-                                  LayerRange range, state::KvCache& cache, ArgmaxRows* argmax) const {
+                                  LayerRange range, state::KvCache& cache, ReducedRows* argmax) const {
   if (argmax) *argmax = {};
   if (range.first < 0 || range.last > hp_.n_layer || range.first >= range.last) {
     throw std::invalid_argument("forward: bad layer range");
@@ -353,12 +353,14 @@ std::vector<float> Model::forward(backend::Backend& be, std::span<const BatchTok
     while (end + 1 < batch.size() && batch[end].checkpoint_keep == 0) ++end;
     ++end;
     const auto part = batch.subspan(begin, end - begin);
-    ArgmaxRows part_argmax;
+    ReducedRows part_argmax;
     std::vector<float> result = forward_part(be, part, hidden ? hidden + begin * static_cast<size_t>(hp_.n_embd) : nullptr,
                                              range, cache, argmax ? &part_argmax : nullptr);
     if (argmax) {
       argmax->ids.insert(argmax->ids.end(), part_argmax.ids.begin(), part_argmax.ids.end());
       argmax->logits.insert(argmax->logits.end(), part_argmax.logits.begin(), part_argmax.logits.end());
+      for (const int32_t row : part_argmax.hidden_rows) argmax->hidden_rows.push_back(row + static_cast<int32_t>(begin));
+      argmax->hidden.insert(argmax->hidden.end(), part_argmax.hidden.begin(), part_argmax.hidden.end());
     }
     // The sequences' recurrent states now hold their tokens.
     for (const BatchToken& t : part) cache.recurrent(t.seq_id).set_n_pos(t.pos + 1);
@@ -375,7 +377,7 @@ std::vector<float> Model::forward(backend::Backend& be, std::span<const BatchTok
 }
 
 std::vector<float> Model::forward_part(backend::Backend& be, std::span<const BatchToken> batch, const float* hidden,
-                                       LayerRange range, state::KvCache& cache, ArgmaxRows* argmax) const {
+                                       LayerRange range, state::KvCache& cache, ReducedRows* argmax) const {
   ForwardContext ctx{be, batch, cache, {}};
   const int64_t n = ctx.n_tokens(), e = hp_.n_embd;
   if (n == 0) return {};
@@ -401,7 +403,8 @@ std::vector<float> Model::forward_part(backend::Backend& be, std::span<const Bat
     return out;
   }
 
-  // Only the rows asked for go through the output norm and head.
+  // Only the rows asked for go through the output norm, and only those that want
+  // logits through the head.
   std::vector<int32_t> rows;
   for (int64_t t = 0; t < n; ++t) {
     if (batch[static_cast<size_t>(t)].logits) rows.push_back(static_cast<int32_t>(t));
@@ -415,14 +418,45 @@ std::vector<float> Model::forward_part(backend::Backend& be, std::span<const Bat
   }
   ForwardContext out_ctx{be, batch.first(static_cast<size_t>(n_out)), cache, {}};  // n_tokens() == n_out
   output_norm(out_ctx, selected);
-  float* device_logits = ctx.floats(n_out * hp_.n_vocab);
-  be.matmul(w_.output, selected, n_out, device_logits);
-  return logits_out(be, batch, rows, device_logits, argmax);
+  std::vector<int32_t> head_rows, head_selected;  // batch indices, and indices into `selected`
+  std::vector<int32_t> hidden_selected;
+  for (int32_t i = 0; i < static_cast<int32_t>(n_out); ++i) {
+    const int32_t row = rows[static_cast<size_t>(i)];
+    if (batch[static_cast<size_t>(row)].hidden_state) {
+      if (!argmax) throw std::invalid_argument("forward: a hidden-state row needs ReducedRows to return it in");
+      argmax->hidden_rows.push_back(row);
+      hidden_selected.push_back(i);
+    } else {
+      head_rows.push_back(row);
+      head_selected.push_back(i);
+    }
+  }
+  if (!hidden_selected.empty()) {
+    const auto n_hidden = static_cast<int64_t>(hidden_selected.size());
+    const float* from = selected;
+    if (n_hidden != n_out) {
+      float* gathered = ctx.floats(n_hidden * e);
+      be.gather_rows(selected, e, hidden_selected.data(), n_hidden, gathered);
+      from = gathered;
+    }
+    argmax->hidden.resize(static_cast<size_t>(n_hidden * e));
+    be.download(from, n_hidden * e, argmax->hidden.data());
+  }
+  const auto n_head = static_cast<int64_t>(head_rows.size());
+  if (n_head == 0) return {};
+  if (n_head != n_out) {
+    float* gathered = ctx.floats(n_head * e);
+    be.gather_rows(selected, e, head_selected.data(), n_head, gathered);
+    selected = gathered;
+  }
+  float* device_logits = ctx.floats(n_head * hp_.n_vocab);
+  be.matmul(w_.output, selected, n_head, device_logits);
+  return logits_out(be, batch, head_rows, device_logits, argmax);
 }
 
 std::vector<float> Model::logits_out(backend::Backend& be, std::span<const BatchToken> batch,
                                      std::span<const int32_t> rows, const float* device_logits,
-                                     ArgmaxRows* argmax) const {
+                                     ReducedRows* argmax) const {
   const int64_t vocab = hp_.n_vocab, n_out = static_cast<int64_t>(rows.size());
   const float cap = hp_.final_logit_softcap;
   // Which rows come back whole and which as their arg max only.

@@ -80,16 +80,24 @@ struct BatchToken {
   // (hybrid models), keeping at most this many checkpoints of it.
   uint8_t checkpoint_keep = 0;
   // With `logits`: only its arg max is wanted (greedy rows), which the last stage
-  // returns instead of the row when the caller takes ArgmaxRows.
+  // returns instead of the row when the caller takes ReducedRows.
   bool argmax_only = false;
+  // With `logits`: its hidden state after the output norm is wanted instead of its
+  // logits (embeddings), which the last stage returns in ReducedRows.
+  bool hidden_state = false;
 };
 
-// The last stage's arg max rows: per token with `logits`, in batch order, the arg max
-// of its logits (the first of equal maxima, as sample::first_argmax) and that logit for
-// a token with argmax_only, id -1 for one returned in full.
-struct ArgmaxRows {
+// What the last stage returns besides whole logits rows. Per token with `logits` and
+// not hidden_state, in batch order: the arg max of its logits (the first of equal
+// maxima, as sample::first_argmax) and that logit for a token with argmax_only, id -1
+// for one returned in full. Per hidden_state token, in batch order: its index in the
+// batch and its n_embd values after the output norm (in `hidden`), left out of the
+// logits and of `ids`.
+struct ReducedRows {
   std::vector<int32_t> ids;
   std::vector<float> logits;
+  std::vector<int32_t> hidden_rows;
+  std::vector<float> hidden;
 };
 
 struct LayerRange {
@@ -145,9 +153,11 @@ class Model {
   // (KV positions are contiguous); the tokens' K and V are stored in `cache`.
   // With `argmax` (the last stage): the argmax_only tokens' rows are reduced to their
   // arg max on the backend, so only it comes back from the device, and left out of the
-  // returned logits (which hold the other rows, in order).
+  // returned logits (which hold the other rows, in order); the hidden_state tokens'
+  // normed hidden states come back in it instead of logits (std::invalid_argument for
+  // such a token without it).
   std::vector<float> forward(backend::Backend& be, std::span<const BatchToken> batch, const float* hidden,
-                             LayerRange range, state::KvCache& cache, ArgmaxRows* argmax = nullptr) const;
+                             LayerRange range, state::KvCache& cache, ReducedRows* argmax = nullptr) const;
 
  protected:
   Model(const gguf::Model& file, Hparams hp);
@@ -256,11 +266,11 @@ class Model {
   void load_all();
   // One stretch of forward(): the tokens up to a checkpoint (see BatchToken).
   std::vector<float> forward_part(backend::Backend& be, std::span<const BatchToken> batch, const float* hidden,
-                                  LayerRange range, state::KvCache& cache, ArgmaxRows* argmax) const;
+                                  LayerRange range, state::KvCache& cache, ReducedRows* argmax) const;
   // The logits of the flagged tokens (n_out rows at device_logits) as forward returns
   // them, argmax_only rows reduced when argmax is given.
   std::vector<float> logits_out(backend::Backend& be, std::span<const BatchToken> batch, std::span<const int32_t> rows,
-                                const float* device_logits, ArgmaxRows* argmax) const;
+                                const float* device_logits, ReducedRows* argmax) const;
   std::vector<std::vector<float>> owned_;  // converted vectors
 };
 

@@ -302,7 +302,7 @@ TEST_P(ModelTest, LogitsOnlyForFlaggedTokens) {
 
 // Rows asked as arg max only come back as the arg max of the row they would have been
 // (the first of equal maxima) and its logit, the others whole and in order; a caller
-// that takes no ArgmaxRows gets every flagged row whole.
+// that takes no ReducedRows gets every flagged row whole.
 TEST_P(ModelTest, ArgmaxOnlyRowsComeBackAsTheirArgMax) {
   LOAD_OR_SKIP(m);
   const auto ids = prompt(9, 5);
@@ -328,7 +328,7 @@ TEST_P(ModelTest, ArgmaxOnlyRowsComeBackAsTheirArgMax) {
     }
   }
   state::KvCache cache = m.cache(m.model->all_layers());
-  ArgmaxRows argmax;
+  ReducedRows argmax;
   EXPECT_EQ(m.model->forward(*m.be, batch, nullptr, m.model->all_layers(), cache, &argmax), want_rows);
   EXPECT_EQ(argmax.ids, want_ids);
   EXPECT_EQ(argmax.logits, want_logits);

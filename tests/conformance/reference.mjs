@@ -20,6 +20,11 @@
 //                  and prints {n_vocab, tokens, out, max_prob: [...]} (for big vocabularies)
 //   node reference.mjs greedy   MODEL TOKENS_JSON N
 //       [ids...]: N tokens generated greedily (argmax) after the input.
+//   node reference.mjs embed    MODEL TOKENS_JSON
+//       {tokens, embedding}: node-llama-cpp's embedding of the tokens (the tokens it
+//       evaluated: its embedding context adds the model's BOS and end token where the
+//       vocabulary wants them). For a model without a pooling type that is the last
+//       token's hidden state after the output norm, not normalised.
 //
 // TOKENS_JSON is a JSON array of token ids, either inline ("[1, 2, 3]") or a file.
 // Common options: --threads N (default 2), --kv-type f32|f16 (KV cache type, default
@@ -37,6 +42,7 @@ function usage(message) {
       "       node reference.mjs tokenize MODEL TEXTFILE [--special] [--no-bos]\n" +
       "       node reference.mjs probs MODEL TOKENS_JSON [--top K] [--out FILE.bin]\n" +
       "       node reference.mjs greedy MODEL TOKENS_JSON N\n" +
+      "       node reference.mjs embed MODEL TOKENS_JSON\n" +
       "options: --threads N (default 2), --kv-type f32|f16 (default f32)\n",
   );
   process.exit(2);
@@ -257,6 +263,23 @@ async function commandGreedy(modelPath, tokens, count, options) {
   process.stdout.write(JSON.stringify(generated) + "\n");
 }
 
+async function commandEmbed(modelPath, tokens, options) {
+  const { model } = await loadModel(modelPath, options);
+  const contextSize = Math.max(256, Math.ceil((tokens.length + 8) / 256) * 256);
+  const context = await model.createEmbeddingContext({
+    contextSize,
+    batchSize: contextSize,
+    threads: options.threads,
+    ignoreMemorySafetyChecks: true,
+  });
+  const evaluated = [...tokens];
+  context._prepareInput(evaluated);  // what getEmbeddingFor evaluates
+  const embedding = await context.getEmbeddingFor(tokens);
+  process.stdout.write(
+    `{"tokens": ${JSON.stringify(evaluated)}, "embedding": [${embedding.vector.map(compactNumber).join(", ")}]}\n`,
+  );
+}
+
 async function main() {
   const { positional, options } = parseArgs(process.argv.slice(2));
   const [command, modelPath, ...rest] = positional;
@@ -277,6 +300,9 @@ async function main() {
       if (!Number.isInteger(count) || count < 1) usage("N must be a positive integer");
       return commandGreedy(modelPath, readTokens(rest[0]), count, options);
     }
+    case "embed":
+      if (rest.length !== 1) usage("embed needs MODEL TOKENS_JSON");
+      return commandEmbed(modelPath, readTokens(rest[0]), options);
     default:
       usage(`unknown command ${command}`);
   }

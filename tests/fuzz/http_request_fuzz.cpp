@@ -93,6 +93,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       check_generation(*s.ctx,
                        coordinator::http_api::parse_generation_request(
                            *s.ctx, endpoint, coordinator::http_api::parse_json_body(body)));
+    } else if (path == "/v1/embeddings" || path == "/embedding") {
+      const auto parsed = coordinator::http_api::parse_embedding_request(
+          *s.ctx, coordinator::http_api::parse_json_body(body), path == "/v1/embeddings");
+      if (parsed.inputs.empty() || parsed.inputs.size() > s.ctx->max_embedding_inputs) __builtin_trap();
+      for (const auto& input : parsed.inputs) {
+        if (input.empty() || static_cast<int64_t>(input.size()) >= s.ctx->ctx) __builtin_trap();
+        for (int32_t id : input) {
+          if (id < 0 || static_cast<size_t>(id) >= s.tok->vocab_size()) __builtin_trap();
+        }
+      }
+      if (parsed.normalize < -1) __builtin_trap();
     } else if (path == "/detokenize") {
       for (int32_t id : coordinator::http_api::parse_detokenize_request(
                *s.ctx, coordinator::http_api::parse_json_body(body))) {

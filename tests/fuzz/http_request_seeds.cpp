@@ -55,6 +55,10 @@ int main(int argc, char** argv) {
             R"("content":[{"type":"text","text":"t3"}]},{"role":"assistant","content":"t5"}],"stop_sequences":["t6"],)"
             R"("temperature":0.5,"top_k":3,"stream":true,"thinking":{"type":"disabled"}})"},
         {8, R"({"system":"t4","messages":[{"role":"user","content":"t3 t4"}]})"},
+        // Embeddings: one input, several, token ids, mixed, llama-server's 'content'.
+        {9, R"({"model":"m","input":["t3 t4",[1,2,3],"t5"],"encoding_format":"base64","embd_normalize":1})"},
+        {9, R"({"input":[1,"t3",2],"dimensions":64})"},
+        {10, R"({"content":"t3 t4","embd_normalize":-1})"},
     };
     for (size_t i = 0; i < seeds.size(); ++i) {
       const auto& [endpoint, body] = seeds[i];

@@ -449,7 +449,9 @@ def main():
     subprocess.run([PICO, "mkmodel", "--arch", "qwen3", "--vocab", "qwen3", "--layers", "2", "--embd", "64", "--ff",
                     "128", "--heads", "4", "--kv-heads", "2", "--head-dim", "32", "--ctx", "4096", "--seed", "4",
                     "-o", model], check=True, stdout=subprocess.DEVNULL)
-    coord_args = [COORD, "-m", model, "--port", "0", "-c", str(CTX), "--http-threads", "4"]
+    # Embeddings pool the last token's hidden state: what node-llama-cpp's embedding
+    # context returns for a model without a pooling type (embedding_tests).
+    coord_args = [COORD, "-m", model, "--port", "0", "-c", str(CTX), "--http-threads", "4", "--pooling", "last"]
     workers = []
     if MODE in ("cluster", "openai"):  # the openai client against a 2-worker cluster
         for k, layers in enumerate(["0-0", "1-1"]):
@@ -641,6 +643,7 @@ def main():
     grammar_tests(api)
     tool_tests(api)
     anthropic_tests(api, port)
+    embedding_tests(api, model)
     cancel_tests(api, port, slots_total)
 
     # Malformed requests: status and an OpenAI-style error object, and the server lives on.
@@ -1111,6 +1114,65 @@ def anthropic_tests(api, port):
                       {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "5"}]}]
     s, b = api.json("POST", "/v1/messages", {"messages": history, "max_tokens": 4, "tools": [add]})
     check(s == 200 and b["type"] == "message", "/v1/messages: a history of tool_use and tool_result (%s)" % b)
+
+
+def embedding_tests(api, model):
+    """/v1/embeddings and /embedding (--pooling last): the last token's hidden state after
+    the output norm, against node-llama-cpp's embedding of the same tokens; shapes and
+    errors as llama-server's."""
+    import base64
+    import math
+    import struct
+    tokens = tokens_of(api, "Embeddings are vectors of the hidden state")
+    r = subprocess.run(["node", os.path.join(SOURCE, "tests/conformance/reference.mjs"), "embed", model,
+                        json.dumps(tokens)], capture_output=True, text=True)
+    if r.returncode != 0:
+        check(False, "node-llama-cpp's embedding of the prompt: " + r.stderr[-400:])
+        return
+    ref = json.loads(r.stdout)
+    ref_tokens, ref_vec = ref["tokens"], ref["embedding"]
+    s, b = api.json("POST", "/v1/embeddings", {"model": "any-name", "input": ref_tokens, "embd_normalize": -1})
+    check(s == 200 and b.get("object") == "list" and b.get("model") == "any-name", "/v1/embeddings answers a list: %s" % str(b)[:300])
+    if s != 200:
+        return
+    item = b["data"][0]
+    vec = item["embedding"]
+    check(item["object"] == "embedding" and item["index"] == 0 and len(vec) == 64, "an embedding of the model's width")
+    check(b["usage"] == {"prompt_tokens": len(ref_tokens), "total_tokens": len(ref_tokens)}, "usage counts the input's tokens")
+    norm = math.sqrt(sum(x * x for x in ref_vec))
+    diff = max(abs(a - c) for a, c in zip(vec, ref_vec)) / norm
+    dot = sum(a * c for a, c in zip(vec, ref_vec)) / (norm * math.sqrt(sum(a * a for a in vec)))
+    check(diff < 2e-3 and dot > 0.99999,
+          "the embedding is llama.cpp's (max difference %.2e of its norm, cosine %.7f)" % (diff, dot))
+    # The default normalisation: euclidean, the same direction.
+    _, d = api.json("POST", "/v1/embeddings", {"input": ref_tokens})
+    unit = d["data"][0]["embedding"]
+    check(abs(sum(x * x for x in unit) - 1) < 1e-5 and max(abs(u - v / norm) for u, v in zip(unit, vec)) < 2e-3,
+          "embd_normalize defaults to the euclidean norm")
+    # Several inputs, in order; base64 is the same floats.
+    texts = ["first input", [1, 2, 3], "third"]
+    _, many = api.json("POST", "/v1/embeddings", {"input": texts})
+    _, encoded = api.json("POST", "/v1/embeddings", {"input": texts, "encoding_format": "base64"})
+    check([x["index"] for x in many["data"]] == [0, 1, 2], "one embedding per input, in order")
+    _, one = api.json("POST", "/v1/embeddings", {"input": "third"})
+    check(many["data"][2]["embedding"] == one["data"][0]["embedding"], "an input's embedding does not depend on the others")
+    floats = list(struct.unpack("<64f", base64.b64decode(encoded["data"][1]["embedding"])))
+    check(encoded["data"][1].get("encoding_format") == "base64" and
+          floats == [struct.unpack("<f", struct.pack("<f", x))[0] for x in many["data"][1]["embedding"]],
+          "base64 holds the same F32 values")
+    # llama-server's own shape: a list of {index, embedding: [[...]]}.
+    for path, body in (("/embedding", {"content": "first input"}), ("/embeddings", {"content": "first input"}),
+                       ("/v1/embeddings", {"content": "first input"})):
+        s, e = api.json("POST", path, body)
+        check(s == 200 and isinstance(e, list) and e[0]["index"] == 0 and len(e[0]["embedding"]) == 1 and
+              e[0]["embedding"][0] == many["data"][0]["embedding"], path + " with 'content': llama-server's list")
+    for body, param in (({}, "input"), ({"input": []}, "input"), ({"input": "x", "dimensions": 3}, "dimensions"),
+                        ({"input": "x", "encoding_format": "int8"}, "encoding_format"),
+                        ({"input": "x", "embd_normalize": 1.5}, "embd_normalize"), ({"input": "x", "top_k": 3}, "top_k"),
+                        ({"input": ["ok", [99999999]]}, "input[1]"), ({"input": " hello" * (CTX + 10)}, None)):
+        s, e = api.json("POST", "/v1/embeddings", body)
+        check(s == 400 and (param is None or e["error"].get("param") == param),
+              "a bad embeddings request is refused naming %s: %s" % (param, str(e)[:200]))
 
 
 def cancel_tests(api, port, slots_total):

@@ -113,4 +113,10 @@ try {
 } catch (e) {
   check(false, `runTools: ${e}`);
 }
+// Embeddings: the client asks for base64 and decodes it.
+const embedded = await client.embeddings.create({ model: 'M', input: ['one text', 'another'] });
+check(embedded.data.length === 2 && embedded.data.every((d, i) => d.index === i && d.embedding.length === 64 &&
+                                                          d.embedding.every(Number.isFinite)) &&
+      Math.abs(Math.hypot(...embedded.data[0].embedding) - 1) < 1e-4 && embedded.usage.prompt_tokens > 0,
+      `embeddings: one normalised vector of the model's width per input (${JSON.stringify(embedded.usage)})`);
 process.exit(failed ? 1 : 0);

@@ -4,9 +4,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <condition_variable>
 #include <cstdlib>
 #include <filesystem>
+#include <mutex>
 
+#include "engine.hpp"
 #include "gguf/reader.hpp"
 #include "sample/argmax.hpp"
 #include "pipeline.hpp"
@@ -139,7 +142,7 @@ TEST_F(LocalPipeline, SnapshotRestoreContinuesBitIdentical) {
 
 // Rows asked as arg max only come back from an in-process last stage as the arg max
 // of the row (reduced by its backend) and its logit; the other rows whole, in order.
-TEST_F(LocalPipeline, ArgmaxRowsComeBackAsTheirArgMax) {
+TEST_F(LocalPipeline, ReducedRowsComeBackAsTheirArgMax) {
   LocalStage whole(model_, std::nullopt, 1), reduced(model_, std::nullopt, 1);
   whole.plan(nullptr, nullptr, 0, 1);
   reduced.plan(nullptr, nullptr, 0, 1);
@@ -165,6 +168,91 @@ TEST_F(LocalPipeline, ArgmaxRowsComeBackAsTheirArgMax) {
     }
   }
   EXPECT_EQ(some->logits.size(), all->logits.size() / 3);
+}
+
+// Embedding requests through the online engine: the hidden states after the output
+// norm, pooled per request (none: every token's; mean, cls, last by their definition
+// from those), bit-identical whatever the split of the layers, the prompt's steps
+// (micro-batches of 3 tokens) or the generation requests beside them.
+TEST_F(LocalPipeline, EmbeddingsPoolTheHiddenStatesWhateverTheSplit) {
+  const auto file = gguf::Model::open(model_);
+  const auto tok = tokenizer::Tokenizer::from_metadata(file->metadata());
+  const std::vector<int32_t> prompt = tok->encode("Embeddings are pooled hidden states of a prompt", true, true);
+  const size_t n = prompt.size();
+  using Rows = std::vector<std::vector<float>>;
+  // Per pooling (none, mean, cls, last): the rows the request returned.
+  const auto embed = [&](const std::vector<std::pair<int, int>>& ranges, int micro_batch, bool with_traffic) {
+    std::vector<std::unique_ptr<Stage>> stages;
+    for (auto [a, b] : ranges) stages.push_back(std::make_unique<LocalStage>(model_, model::LayerRange{a, b}, 1));
+    Pipeline pipeline(std::move(stages), protocol::model_identity(*file));
+    SchedulerOptions o;
+    o.micro_batch = micro_batch;
+    Engine engine(pipeline, *tok, o);
+    std::mutex mutex;
+    std::condition_variable cv;
+    int pending = 0;
+    std::vector<Rows> out(4);
+    std::vector<std::string> errors;
+    const auto submit = [&](OnlineRequest r, Rows* rows) {
+      Callbacks cb;
+      cb.on_embedding = [&, rows](Rows got) {
+        std::lock_guard lock(mutex);
+        if (rows) *rows = std::move(got);
+      };
+      cb.on_done = [&](const std::string&, const Usage&) {
+        std::lock_guard lock(mutex);
+        --pending;
+        cv.notify_all();
+      };
+      cb.on_error = [&](const std::string& message) {
+        std::lock_guard lock(mutex);
+        errors.push_back(message);
+        --pending;
+        cv.notify_all();
+      };
+      {
+        std::lock_guard lock(mutex);
+        ++pending;
+      }
+      engine.submit(std::move(r), std::move(cb));
+    };
+    if (with_traffic) {
+      OnlineRequest text;
+      text.prompt = tok->encode("Some text is generated meanwhile", true, true);
+      text.max_tokens = 16;
+      text.sampling = sample::SamplingParams::greedy();
+      submit(text, nullptr);
+    }
+    const Pooling poolings[] = {Pooling::none, Pooling::mean, Pooling::cls, Pooling::last};
+    for (size_t k = 0; k < 4; ++k) {
+      OnlineRequest r;
+      r.prompt = prompt;
+      r.max_tokens = 0;
+      r.embedding = poolings[k];
+      submit(r, &out[k]);
+    }
+    std::unique_lock lock(mutex);
+    EXPECT_TRUE(cv.wait_for(lock, std::chrono::seconds(60), [&] { return pending == 0; }));
+    EXPECT_TRUE(errors.empty()) << errors.front();
+    return out;
+  };
+  const std::vector<Rows> alone = embed({{0, 4}}, 64, false);
+  const Rows& rows = alone[0];
+  ASSERT_EQ(rows.size(), n);
+  for (const auto& row : rows) ASSERT_EQ(row.size(), 64u);
+  std::vector<double> sum(64, 0.0);
+  for (const auto& row : rows) {
+    for (size_t i = 0; i < 64; ++i) sum[i] += row[i];
+  }
+  std::vector<float> mean(64);
+  for (size_t i = 0; i < 64; ++i) mean[i] = static_cast<float>(sum[i] / static_cast<double>(n));
+  EXPECT_EQ(alone[1], Rows{mean});
+  EXPECT_EQ(alone[2], Rows{rows.front()});
+  EXPECT_EQ(alone[3], Rows{rows.back()});
+  for (const auto& ranges : std::vector<std::vector<std::pair<int, int>>>{{{0, 2}, {2, 4}}, {{0, 1}, {1, 3}, {3, 4}}}) {
+    const std::vector<Rows> split = embed(ranges, 3, true);
+    for (size_t k = 0; k < 4; ++k) EXPECT_EQ(split[k], alone[k]) << "pooling " << k << ", " << ranges.size() << " stages";
+  }
 }
 
 TEST_F(LocalPipeline, RefusesAnotherModel) {

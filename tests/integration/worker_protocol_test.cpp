@@ -275,7 +275,7 @@ std::vector<uint8_t> forward_message(int32_t seq, int32_t first_pos, const std::
 // Rows asked as arg max only come back as the index and value of the full row's
 // largest logit; the full rows of the same step stay in the payload, in order,
 // bit-identical to a step that asked for every row in full.
-TEST_F(WorkerProtocol, ArgmaxRowsAreTheArgmaxOfTheFullRows) {
+TEST_F(WorkerProtocol, ReducedRowsAreTheArgmaxOfTheFullRows) {
   using protocol::LogitsOutput;
   const std::vector<std::vector<int32_t>> prompts{{1, 450}, {1, 306, 4966}, {1, 920}};
   // One forward of the three prompts as sequences first_seq, first_seq + 1, ...

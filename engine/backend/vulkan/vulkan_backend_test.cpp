@@ -146,7 +146,7 @@ TEST(VulkanActivations, RowOpsEqualTheCpusBitForBit) {
 // The arg max of rows as sample::first_argmax picks it: ties to the first, -0 equal to
 // +0, NaNs passed over unless one leads the row, all -inf; on activation memory, one
 // download.
-TEST(VulkanActivations, ArgmaxRowsEqualsTheCpusBitForBit) {
+TEST(VulkanActivations, ReducedRowsEqualsTheCpusBitForBit) {
   REQUIRE_BACKEND(be);
   const std::unique_ptr<Backend> cpu = make_cpu_backend(1);
   constexpr int64_t kN = 300, kArgRows = 6;
