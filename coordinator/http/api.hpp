@@ -135,6 +135,7 @@ awaitable<void> completions(Session& s);
 awaitable<void> models(Session& s);
 awaitable<void> model_by_id(Session& s);  // /v1/models/{id}
 awaitable<void> llama_completion(Session& s);
+awaitable<void> infill(Session& s);  // /infill: a /completion of the fill-in-the-middle prompt
 awaitable<void> apply_template(Session& s);
 awaitable<void> tokenize(Session& s);
 awaitable<void> detokenize(Session& s);

@@ -121,8 +121,8 @@ json timings_json(const Usage& u) {
           {"predicted_per_second", per_second(u.predicted_ms, u.completion_tokens)}};
 }
 
-awaitable<void> llama_completion(Session& s) {
-  const json body = parse_body(s.request);
+namespace {
+awaitable<void> serve_llama_completion(Session& s, const json& body) {
   ParsedGeneration parsed = parse_generation_request(s.state.parse, Endpoint::LlamaCompletion, body);
   const bool stream = parsed.stream;
   const int n_probs = parsed.n_probs;
@@ -189,6 +189,17 @@ awaitable<void> llama_completion(Session& s) {
       }
     }
   }
+}
+}  // namespace
+
+awaitable<void> llama_completion(Session& s) {
+  const json body = parse_body(s.request);
+  co_await serve_llama_completion(s, body);
+}
+
+awaitable<void> infill(Session& s) {
+  const json body = infill_completion_body(s.state.parse, parse_body(s.request));
+  co_await serve_llama_completion(s, body);
 }
 
 awaitable<void> tokenize(Session& s) {

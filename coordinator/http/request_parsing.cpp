@@ -935,6 +935,115 @@ EmbeddingRequest parse_embedding_request(const ParseContext& ctx, const json& bo
   return out;
 }
 
+json infill_completion_body(const ParseContext& ctx, json body) {
+  const tokenizer::SpecialTokens& special = ctx.tok.vocab().special();
+  std::string missing;
+  if (special.fim_pre == tokenizer::kNoToken) missing += "prefix token is missing. ";
+  if (special.fim_suf == tokenizer::kNoToken) missing += "suffix token is missing. ";
+  if (special.fim_mid == tokenizer::kNoToken) missing += "middle token is missing. ";
+  if (!missing.empty()) {
+    throw ApiError(501, "Infill is not supported by this model: " + missing, "not_supported_error", "not_supported");
+  }
+  // Text or llama.cpp's mixed list of texts and ids, special tokens not parsed in the text.
+  const auto tokens_of = [&](const json& value, const std::string& field) {
+    std::vector<int32_t> out;
+    const auto n_vocab = static_cast<int64_t>(ctx.tok.vocab_size());
+    const auto add = [&](const json& part) {
+      if (part.is_string()) {
+        const auto t = ctx.tok.encode(part.get<std::string>(), false, false);
+        out.insert(out.end(), t.begin(), t.end());
+      } else if (part.is_number_integer() && part.get<int64_t>() >= 0 && part.get<int64_t>() < n_vocab) {
+        out.push_back(static_cast<int32_t>(part.get<int64_t>()));
+      } else {
+        invalid(field, "must be a string or a list of texts and token ids in the vocabulary");
+      }
+    };
+    if (value.is_array()) {
+      for (const json& part : value) add(part);
+    } else {
+      add(value);
+    }
+    return out;
+  };
+  const auto take = [&](const char* key) -> json {
+    auto it = body.find(key);
+    if (it == body.end()) return nullptr;
+    json v = std::move(*it);
+    body.erase(it);
+    return v;
+  };
+  const json prefix = take("input_prefix"), suffix = take("input_suffix"), extra_chunks = take("input_extra");
+  const json prompt = take("prompt");
+  if (prefix.is_null()) invalid("input_prefix", "is required");
+  if (suffix.is_null()) invalid("input_suffix", "is required");
+  if (!prompt.is_null() && !prompt.is_string()) invalid("prompt", "must be a string");
+  if (!extra_chunks.is_null() && !extra_chunks.is_array()) {
+    invalid("input_extra", "must be an array of {\"filename\": string, \"text\": string}");
+  }
+  std::vector<int32_t> tokens_prefix = tokens_of(prefix, "input_prefix");
+  std::vector<int32_t> tokens_suffix = tokens_of(suffix, "input_suffix");
+  const std::vector<int32_t> tokens_prompt =
+      prompt.is_string() ? ctx.tok.encode(prompt.get<std::string>(), false, true) : std::vector<int32_t>{};
+  // The repository-level pattern (as llama-server):
+  //   [FIM_REP]myproject\n [FIM_SEP]filename\n chunk ... [FIM_SEP]filename\n
+  //   [FIM_PRE]prefix [FIM_SUF]suffix [FIM_MID]prompt
+  std::vector<int32_t> extra;
+  const auto append = [&](const std::string& text) {
+    const auto t = ctx.tok.encode(text, false, false);
+    extra.insert(extra.end(), t.begin(), t.end());
+  };
+  if (special.fim_rep != tokenizer::kNoToken) {
+    extra.push_back(special.fim_rep);
+    append("myproject\n");
+  }
+  const json chunks = extra_chunks.is_null() ? json::array() : extra_chunks;
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    const json& chunk = chunks[i];
+    const std::string where = "input_extra[" + std::to_string(i) + "]";
+    if (!chunk.is_object() || !chunk.contains("text") || !chunk["text"].is_string()) {
+      invalid(where + ".text", "must be a string");
+    }
+    if (chunk.contains("filename") && !chunk["filename"].is_string()) invalid(where + ".filename", "must be a string");
+    for (const auto& [key, unused] : chunk.items()) {
+      if (key != "text" && key != "filename") unsupported(where + "." + key);
+    }
+    if (special.fim_sep != tokenizer::kNoToken) {
+      extra.push_back(special.fim_sep);
+      append(chunk.value("filename", std::string("tmp")) + "\n");
+    } else {
+      append("\n\n--- snippet ---\n\n");
+    }
+    append(chunk["text"].get<std::string>());
+  }
+  if (special.fim_sep != tokenizer::kNoToken) {
+    extra.push_back(special.fim_sep);
+    append("filename\n");
+  }
+  // A batch's worth of prefix and suffix (3 : 1), the rest of the context for the extra
+  // chunks (their end), less room for the reply, as llama-server takes them.
+  const int64_t batch = std::min<int64_t>(2048, ctx.ctx);
+  int64_t n_predict = -1;
+  if (auto it = body.find("n_predict"); it != body.end() && it->is_number_integer()) n_predict = it->get<int64_t>();
+  const auto prefix_take = std::min<int64_t>(static_cast<int64_t>(tokens_prefix.size()), 3 * (batch / 4));
+  const auto suffix_take = std::min<int64_t>(static_cast<int64_t>(tokens_suffix.size()),
+                                             std::max<int64_t>(0, batch / 4 - (2 + static_cast<int64_t>(tokens_prompt.size()))));
+  const auto extra_take =
+      std::min<int64_t>(std::max<int64_t>(0, ctx.ctx - batch - 2 * n_predict), static_cast<int64_t>(extra.size()));
+  tokens_prefix.erase(tokens_prefix.begin(), tokens_prefix.end() - prefix_take);
+  tokens_suffix.resize(static_cast<size_t>(suffix_take));
+  std::vector<int32_t> out;
+  if (ctx.tok.add_bos()) out.push_back(ctx.tok.bos());
+  out.insert(out.begin(), extra.end() - extra_take, extra.end());
+  out.push_back(special.fim_pre);
+  out.insert(out.end(), tokens_prefix.begin(), tokens_prefix.end());
+  out.insert(out.end(), tokens_prompt.begin(), tokens_prompt.end());
+  out.push_back(special.fim_suf);
+  out.insert(out.end(), tokens_suffix.begin(), tokens_suffix.end());
+  out.push_back(special.fim_mid);
+  body["prompt"] = out;
+  return body;
+}
+
 void parse_request(const ParseContext& ctx, std::string_view path, std::string_view body_text) {
   auto body = [&] { return parse_json_body(body_text); };
   if (path == "/completion" || path == "/completions") {
@@ -949,6 +1058,8 @@ void parse_request(const ParseContext& ctx, std::string_view path, std::string_v
     parse_generation_request(ctx, Endpoint::ChatCompletions, chat_request_from_messages(body(), true));
   } else if (path == "/v1/embeddings" || path == "/embeddings" || path == "/embedding") {
     parse_embedding_request(ctx, body(), path == "/v1/embeddings");
+  } else if (path == "/infill") {
+    parse_generation_request(ctx, Endpoint::LlamaCompletion, infill_completion_body(ctx, body()));
   } else if (path == "/apply-template") {
     parse_apply_template_request(ctx, body());
   } else if (path == "/tokenize") {

@@ -128,6 +128,11 @@ ParsedGeneration parse_generation_request(const ParseContext& ctx, Endpoint endp
 // chat_template_kwargs become.
 std::string parse_apply_template_request(const ParseContext& ctx, const json& body);
 TokenizeRequest parse_tokenize_request(const json& body);
+// /infill (llama-server's): the body of a /completion whose prompt is the fill-in-the-
+// middle prompt of input_prefix, input_suffix, input_extra and prompt (the model's FIM
+// tokens, in llama-server's repository-level pattern and proportions); ApiError 501 for
+// a model without FIM tokens.
+json infill_completion_body(const ParseContext& ctx, json body);
 // openai_endpoint: /v1/embeddings (the reply is OpenAI's unless the body has
 // llama-server's 'content' instead of 'input').
 EmbeddingRequest parse_embedding_request(const ParseContext& ctx, const json& body, bool openai_endpoint);

@@ -7,6 +7,8 @@
 
 #include <gtest/gtest.h>
 
+#include <tuple>
+
 #include <cmath>
 #include <limits>
 
@@ -646,6 +648,111 @@ TEST(RequestParsing, ParseRequestDispatchesByPath) {
   } catch (const ApiError& e) {
     EXPECT_EQ(e.status, 404);
   }
+}
+
+// A tokenizer with fill-in-the-middle tokens: <unk>, <s>, </s>, three words, then
+// <|fim_prefix|> 6, <|fim_suffix|> 7, <|fim_middle|> 8, <|fim_repo|> 9, <|file_sep|> 10.
+std::unique_ptr<tokenizer::Tokenizer> fim_tokenizer() {
+  gguf::Metadata m;
+  m.set("tokenizer.ggml.model", std::string("llama"));
+  m.set("tokenizer.ggml.tokens",
+        gguf::string_array({"<unk>", "<s>", "</s>", "\xE2\x96\x81" "a", "\xE2\x96\x81" "b", "c", "<|fim_prefix|>",
+                            "<|fim_suffix|>", "<|fim_middle|>", "<|fim_repo|>", "<|file_sep|>"}));
+  std::vector<gguf::Value> scores(11, gguf::Value(0.0f));
+  std::vector<gguf::Value> types(11, gguf::Value(int32_t{3}));
+  for (size_t i = 3; i < 6; ++i) types[i] = gguf::Value(int32_t{1});
+  types[0] = gguf::Value(int32_t{2});
+  m.set("tokenizer.ggml.scores", gguf::make_array(gguf::ValueType::Float32, scores));
+  m.set("tokenizer.ggml.token_type", gguf::make_array(gguf::ValueType::Int32, types));
+  return std::make_unique<tokenizer::Tokenizer>(tokenizer::Vocabulary::from_metadata(m));
+}
+
+// /infill's prompt as llama-server lays it out: [extra chunks] BOS [PRE] prefix prompt
+// [SUF] suffix [MID], the extra chunks as [REP]myproject\n, [SEP]file\n text each,
+// [SEP]filename\n; a batch's worth of prefix (its end) and suffix (its start), 3 : 1.
+TEST(RequestParsing, InfillBuildsTheFillInTheMiddlePrompt) {
+  const auto tok = fim_tokenizer();
+  tokenizer::ChatTemplate chat{tokenizer::ChatFormat::ChatML};
+  ParseContext ctx{*tok, &chat, 4096, "M", "/models/M.gguf", 16, 4, 8};
+  const auto enc = [&](const std::string& text) { return tok->encode(text, false, false); };
+  const json body = {{"input_prefix", "a b"},
+                     {"input_suffix", json::array({"b", 5})},
+                     {"prompt", "a"},
+                     {"input_extra", json::array({{{"filename", "b"}, {"text", "a"}}})},
+                     {"n_predict", 8},
+                     {"temperature", 0}};
+  const json out = infill_completion_body(ctx, body);
+  EXPECT_FALSE(out.contains("input_prefix") || out.contains("input_suffix") || out.contains("input_extra"));
+  EXPECT_EQ(out["temperature"], 0);
+  std::vector<int32_t> expected{9};
+  const auto add = [&](const std::vector<int32_t>& t) { expected.insert(expected.end(), t.begin(), t.end()); };
+  add(enc("myproject\n"));
+  expected.push_back(10);
+  add(enc("b\n"));
+  add(enc("a"));
+  expected.push_back(10);
+  add(enc("filename\n"));
+  ASSERT_TRUE(tok->add_bos());
+  expected.push_back(1);
+  expected.push_back(6);
+  add(enc("a b"));
+  add(tok->encode("a", false, true));
+  expected.push_back(7);
+  add(enc("b"));
+  expected.push_back(5);
+  expected.push_back(8);
+  EXPECT_EQ(out["prompt"].get<std::vector<int32_t>>(), expected);
+  // It is a /completion request then.
+  EXPECT_EQ(parse_generation_request(ctx, Endpoint::LlamaCompletion, out).choices.at(0).prompt, expected);
+
+  // A small context: no extra chunks (no room past a batch and the reply), the
+  // prefix's last 3/4 of a batch, the suffix's first quarter less the FIM tokens and
+  // the prompt.
+  ParseContext small{*tok, &chat, 64, "M", "/models/M.gguf", 16, 4, 8};
+  json longer = body;
+  longer["input_prefix"] = json::array();
+  longer["input_suffix"] = json::array();
+  for (int i = 0; i < 100; ++i) longer["input_prefix"].push_back(3 + i % 3);
+  for (int i = 0; i < 100; ++i) longer["input_suffix"].push_back(5 - i % 3);
+  const auto cut = infill_completion_body(small, longer)["prompt"].get<std::vector<int32_t>>();
+  std::vector<int32_t> want{1, 6};
+  for (int i = 100 - 48; i < 100; ++i) want.push_back(3 + i % 3);
+  want.push_back(tok->encode("a", false, true).at(0));
+  want.push_back(7);
+  for (int i = 0; i < 16 - 2 - 1; ++i) want.push_back(5 - i % 3);
+  want.push_back(8);
+  EXPECT_EQ(cut, want);
+
+  // Refusals, by field; a model without FIM tokens answers 501.
+  const auto status_of = [&](const ParseContext& c, const json& b, std::string* param = nullptr) {
+    try {
+      infill_completion_body(c, b);
+    } catch (const ApiError& e) {
+      if (param) *param = e.param;
+      return e.status;
+    }
+    return 200;
+  };
+  std::string param;
+  for (const auto& [field, value, named] : std::vector<std::tuple<std::string, json, std::string>>{
+           {"input_prefix", nullptr, "input_prefix"},
+           {"input_suffix", nullptr, "input_suffix"},
+           {"prompt", 5, "prompt"},
+           {"input_extra", "x", "input_extra"},
+           {"input_extra", json::array({{{"filename", "a"}}}), "input_extra[0].text"},
+           {"input_extra", json::array({{{"text", "a"}, {"mode", 1}}}), "input_extra[0].mode"},
+           {"input_prefix", json::array({99}), "input_prefix"}}) {
+    json bad = body;
+    if (value.is_null()) {
+      bad.erase(field);
+    } else {
+      bad[field] = value;
+    }
+    EXPECT_EQ(status_of(ctx, bad, &param), 400) << field;
+    EXPECT_EQ(param, named) << field;
+  }
+  Fixture f;
+  EXPECT_EQ(status_of(f.ctx, body), 501);
 }
 
 }  // namespace

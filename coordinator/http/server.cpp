@@ -265,6 +265,7 @@ const Route kRoutes[] = {
     {"/models/*", http::verb::get, model_by_id},
     {"/completion", http::verb::post, llama_completion},
     {"/completions", http::verb::post, llama_completion},  // llama-server's native shape, as its /completion
+    {"/infill", http::verb::post, infill},
     {"/v1/embeddings", http::verb::post, embeddings},
     {"/embeddings", http::verb::post, llama_embeddings},
     {"/embedding", http::verb::post, llama_embeddings},

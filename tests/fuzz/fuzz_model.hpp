@@ -18,10 +18,15 @@ inline std::filesystem::path write_fuzz_model(const std::filesystem::path& dir) 
   synthetic::Vocabulary vocab;
   vocab.model = "llama";
   vocab.pre = "default";
+  // The last four: fill-in-the-middle tokens (/infill).
+  const char* const fim[] = {"<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>", "<|file_sep|>"};
   for (int i = 0; i < kModelVocab; ++i) {
-    vocab.tokens.push_back(i < 3 ? std::string(i == 0 ? "<unk>" : i == 1 ? "<s>" : "</s>") : "t" + std::to_string(i));
+    const bool control = i < 3 || i >= kModelVocab - 4;
+    vocab.tokens.push_back(i < 3                  ? std::string(i == 0 ? "<unk>" : i == 1 ? "<s>" : "</s>")
+                           : i >= kModelVocab - 4 ? std::string(fim[i - (kModelVocab - 4)])
+                                                  : "t" + std::to_string(i));
     vocab.scores.push_back(-static_cast<float>(i));
-    vocab.token_types.push_back(i < 3 ? synthetic::TokenType::control : synthetic::TokenType::normal);
+    vocab.token_types.push_back(control ? synthetic::TokenType::control : synthetic::TokenType::normal);
   }
   vocab.unknown_id = 0;
   vocab.bos_id = 1;

@@ -104,6 +104,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         }
       }
       if (parsed.normalize < -1) __builtin_trap();
+    } else if (path == "/infill") {
+      check_generation(*s.ctx, coordinator::http_api::parse_generation_request(
+                                   *s.ctx, Endpoint::LlamaCompletion,
+                                   coordinator::http_api::infill_completion_body(
+                                       *s.ctx, coordinator::http_api::parse_json_body(body))));
     } else if (path == "/detokenize") {
       for (int32_t id : coordinator::http_api::parse_detokenize_request(
                *s.ctx, coordinator::http_api::parse_json_body(body))) {

@@ -6,8 +6,8 @@
 
 namespace pico::fuzz {
 
-inline constexpr std::array<std::string_view, 11> kHttpRequestPaths = {
+inline constexpr std::array<std::string_view, 12> kHttpRequestPaths = {
     "/completion",     "/v1/completions", "/v1/chat/completions",      "/tokenize",      "/detokenize", "/no-such-route",
-    "/apply-template", "/v1/messages",    "/v1/messages/count_tokens", "/v1/embeddings", "/embedding"};
+    "/apply-template", "/v1/messages",    "/v1/messages/count_tokens", "/v1/embeddings", "/embedding",  "/infill"};
 
 }  // namespace pico::fuzz

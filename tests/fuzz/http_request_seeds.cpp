@@ -59,6 +59,9 @@ int main(int argc, char** argv) {
         {9, R"({"model":"m","input":["t3 t4",[1,2,3],"t5"],"encoding_format":"base64","embd_normalize":1})"},
         {9, R"({"input":[1,"t3",2],"dimensions":64})"},
         {10, R"({"content":"t3 t4","embd_normalize":-1})"},
+        // Infill (a 501 unless the fuzz model has FIM tokens).
+        {11, R"({"input_prefix":"t3","input_suffix":["t4",5],"prompt":"t5","input_extra":[{"filename":"f","text":"t6"}],)"
+             R"("n_predict":4})"},
     };
     for (size_t i = 0; i < seeds.size(); ++i) {
       const auto& [endpoint, body] = seeds[i];

@@ -644,6 +644,7 @@ def main():
     tool_tests(api)
     anthropic_tests(api, port)
     embedding_tests(api, model)
+    infill_tests(api)
     cancel_tests(api, port, slots_total)
 
     # Malformed requests: status and an OpenAI-style error object, and the server lives on.
@@ -1173,6 +1174,32 @@ def embedding_tests(api, model):
         s, e = api.json("POST", "/v1/embeddings", body)
         check(s == 400 and (param is None or e["error"].get("param") == param),
               "a bad embeddings request is refused naming %s: %s" % (param, str(e)[:200]))
+
+
+def infill_tests(api):
+    """/infill: a /completion of [FIM_PRE]prefix[FIM_SUF]suffix[FIM_MID] (the context
+    here is too small for extra chunks: llama-server keeps them to what is left past a
+    batch of 2048); the layout itself is request_parsing_test's."""
+    def ids(text, special=False):
+        _, t = api.json("POST", "/tokenize", {"content": text, "add_special": False, "parse_special": special})
+        return t["tokens"]
+    prefix, suffix = "def add(a, b):\n    ", "\n    return c\n"
+    prompt = ids("<|fim_prefix|>", True) + ids(prefix) + ids("<|fim_suffix|>", True) + ids(suffix) + \
+        ids("<|fim_middle|>", True)
+    check(len(prompt) == len(ids(prefix)) + len(ids(suffix)) + 3, "the FIM tokens are single tokens")
+    body = {"input_prefix": prefix, "input_suffix": suffix, "n_predict": 8, "temperature": 0,
+            "input_extra": [{"filename": "util.py", "text": "x = 1"}]}
+    s, fill = api.json("POST", "/infill", body)
+    _, plain = api.json("POST", "/completion", {"prompt": prompt, "n_predict": 8, "temperature": 0})
+    check(s == 200 and fill.get("tokens_evaluated") == len(prompt) and fill["content"] == plain["content"],
+          "/infill completes the fill-in-the-middle prompt: %s" % str(fill)[:200])
+    _, streamed = api.stream("/infill", dict(body, stream=True))
+    text = "".join(json.loads(e).get("content", "") for e in streamed if e.startswith("{"))
+    check(text == plain["content"], "/infill streams the same text")
+    for bad, param in (({"input_suffix": "x"}, "input_prefix"), ({"input_prefix": "x"}, "input_suffix"),
+                       (dict(body, input_extra=[{"text": 5}]), "input_extra[0].text")):
+        s, e = api.json("POST", "/infill", bad)
+        check(s == 400 and e["error"].get("param") == param, "/infill refuses a bad request naming %s" % param)
 
 
 def cancel_tests(api, port, slots_total):
