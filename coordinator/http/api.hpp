@@ -145,6 +145,7 @@ awaitable<void> set_props(Session& s);
 awaitable<void> slots(Session& s);
 awaitable<void> metrics(Session& s);
 awaitable<void> embeddings(Session& s);              // /v1/embeddings
+awaitable<void> responses(Session& s);               // /v1/responses
 awaitable<void> llama_embeddings(Session& s);        // /embedding, /embeddings (llama-server's shape)
 awaitable<void> anthropic_messages(Session& s);      // /v1/messages
 awaitable<void> anthropic_count_tokens(Session& s);  // /v1/messages/count_tokens

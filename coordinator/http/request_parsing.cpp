@@ -1,5 +1,7 @@
 #include "http/request_parsing.hpp"
 
+#include "http/responses.hpp"
+
 #include "http/anthropic.hpp"
 #include "http/json_schema_grammar.hpp"
 
@@ -1058,6 +1060,8 @@ void parse_request(const ParseContext& ctx, std::string_view path, std::string_v
     parse_generation_request(ctx, Endpoint::ChatCompletions, chat_request_from_messages(body(), true));
   } else if (path == "/v1/embeddings" || path == "/embeddings" || path == "/embedding") {
     parse_embedding_request(ctx, body(), path == "/v1/embeddings");
+  } else if (path == "/v1/responses") {
+    parse_generation_request(ctx, Endpoint::ChatCompletions, chat_request_from_responses(body()));
   } else if (path == "/infill") {
     parse_generation_request(ctx, Endpoint::LlamaCompletion, infill_completion_body(ctx, body()));
   } else if (path == "/apply-template") {

@@ -2,6 +2,7 @@
 // parses; each row of the table breaks it in one field and must give 400 (or 404)
 // naming that field.
 #include "http/request_parsing.hpp"
+#include "http/responses.hpp"
 
 #include "http/anthropic.hpp"
 
@@ -753,6 +754,81 @@ TEST(RequestParsing, InfillBuildsTheFillInTheMiddlePrompt) {
   }
   Fixture f;
   EXPECT_EQ(status_of(f.ctx, body), 501);
+}
+
+// The Responses API's request as a chat request: items to messages in order (an
+// assistant's text and calls in one message), flat function tools nested, a named
+// tool_choice, max_output_tokens, text.format; refusals name the field.
+TEST(RequestParsing, ResponsesBecomeAChatRequest) {
+  const json body = json::parse(R"({
+    "model": "m", "instructions": "be brief", "max_output_tokens": 7, "temperature": 0.5, "stream": true,
+    "store": true, "metadata": {"k": "v"},
+    "input": [
+      {"role": "user", "content": "weather?"},
+      {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "checking"}]},
+      {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": "{\"city\":\"Oslo\"}"},
+      {"type": "function_call_output", "call_id": "c1", "output": "21 C"},
+      {"role": "developer", "content": [{"type": "input_text", "text": "answer in C"}]}
+    ],
+    "tools": [{"type": "function", "name": "get_weather", "parameters": {"type": "object"}, "strict": true}],
+    "tool_choice": {"type": "function", "name": "get_weather"},
+    "text": {"format": {"type": "json_schema", "name": "w", "schema": {"type": "object"}, "strict": true}}
+  })");
+  const json chat = chat_request_from_responses(body);
+  const json expected_messages = json::parse(R"([
+    {"role": "system", "content": "be brief"},
+    {"role": "user", "content": "weather?"},
+    {"role": "assistant", "content": [{"type": "text", "text": "checking"}],
+     "tool_calls": [{"id": "c1", "type": "function",
+                     "function": {"name": "get_weather", "arguments": "{\"city\":\"Oslo\"}"}}]},
+    {"role": "tool", "tool_call_id": "c1", "content": "21 C"},
+    {"role": "developer", "content": [{"type": "text", "text": "answer in C"}]}
+  ])");
+  EXPECT_EQ(chat["messages"], expected_messages);
+  EXPECT_EQ(chat["tools"], json::parse(R"([{"type": "function", "function": {"name": "get_weather",
+                                            "parameters": {"type": "object"}, "strict": true}}])"));
+  EXPECT_EQ(chat["tool_choice"], json::parse(R"({"type": "function", "function": {"name": "get_weather"}})"));
+  EXPECT_EQ(chat["max_tokens"], 7);
+  EXPECT_EQ(chat["temperature"], 0.5);
+  EXPECT_EQ(chat["stream"], true);
+  EXPECT_EQ(chat["response_format"], json::parse(R"({"type": "json_schema",
+                                                    "json_schema": {"name": "w", "schema": {"type": "object"}, "strict": true}})"));
+  EXPECT_FALSE(chat.contains("input") || chat.contains("store") || chat.contains("metadata") || chat.contains("text"));
+  // It parses as a chat request (less the format: a named call has its own grammar).
+  json parsable = chat;
+  parsable.erase("response_format");
+  const auto tok = small_tokenizer();
+  tokenizer::ChatTemplate template_{tokenizer::ChatFormat::ChatML};
+  ParseContext ctx{*tok, &template_, 4096, "M", "/models/M.gguf", 16, 4, 8};
+  try {
+    parse_generation_request(ctx, Endpoint::ChatCompletions, parsable);
+  } catch (const ApiError& e) {
+    ADD_FAILURE() << e.what();
+  }
+
+  const auto param_of = [](const json& b) -> std::string {
+    try {
+      chat_request_from_responses(b);
+    } catch (const ApiError& e) {
+      EXPECT_EQ(e.status, 400);
+      return e.param;
+    }
+    return "(accepted)";
+  };
+  EXPECT_EQ(param_of({{"input", "x"}}), "(accepted)");
+  EXPECT_EQ(param_of(json::object()), "input");
+  EXPECT_EQ(param_of({{"input", 5}}), "input");
+  EXPECT_EQ(param_of({{"input", "x"}, {"previous_response_id", "resp_1"}}), "previous_response_id");
+  EXPECT_EQ(param_of({{"input", "x"}, {"background", true}}), "background");
+  EXPECT_EQ(param_of({{"input", "x"}, {"include", {"reasoning.encrypted_content"}}}), "include");
+  EXPECT_EQ(param_of({{"input", "x"}, {"reasoning", {{"effort", "high"}}}}), "reasoning.effort");
+  EXPECT_EQ(param_of({{"input", "x"}, {"frequency_whatever", 1}}), "frequency_whatever");
+  EXPECT_EQ(param_of({{"input", "x"}, {"tools", {{{"type", "web_search"}}}}}), "tools[0].type");
+  EXPECT_EQ(param_of({{"input", "x"}, {"text", {{"format", {{"type", "xml"}}}}}}), "text.format.type");
+  EXPECT_EQ(param_of({{"input", {{{"role", "user"}, {"content", {{{"type", "input_image"}}}}}}}}),
+            "input[0].content[0].type");
+  EXPECT_EQ(param_of({{"input", {{{"type", "function_call"}, {"name", "f"}, {"arguments", "{}"}}}}}), "input[0].call_id");
+  EXPECT_EQ(param_of({{"input", {{{"type", "item_reference"}, {"id", "x"}}}}}), "input[0].type");
 }
 
 }  // namespace

@@ -267,6 +267,8 @@ const Route kRoutes[] = {
     {"/completions", http::verb::post, llama_completion},  // llama-server's native shape, as its /completion
     {"/infill", http::verb::post, infill},
     {"/v1/embeddings", http::verb::post, embeddings},
+    {"/v1/responses", http::verb::post, responses},
+    {"/responses", http::verb::post, responses},
     {"/embeddings", http::verb::post, llama_embeddings},
     {"/embedding", http::verb::post, llama_embeddings},
     {"/apply-template", http::verb::post, apply_template},

@@ -19,6 +19,7 @@
 #include "fuzz_model.hpp"
 #include "gguf/reader.hpp"
 #include "http/request_parsing.hpp"
+#include "http/responses.hpp"
 #include "http_request_paths.hpp"
 #include "sample/sampler.hpp"
 
@@ -104,6 +105,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         }
       }
       if (parsed.normalize < -1) __builtin_trap();
+    } else if (path == "/v1/responses") {
+      check_generation(*s.ctx, coordinator::http_api::parse_generation_request(
+                                   *s.ctx, Endpoint::ChatCompletions,
+                                   coordinator::http_api::chat_request_from_responses(
+                                       coordinator::http_api::parse_json_body(body))));
     } else if (path == "/infill") {
       check_generation(*s.ctx, coordinator::http_api::parse_generation_request(
                                    *s.ctx, Endpoint::LlamaCompletion,

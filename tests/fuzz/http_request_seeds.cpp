@@ -62,6 +62,11 @@ int main(int argc, char** argv) {
         // Infill (a 501 unless the fuzz model has FIM tokens).
         {11, R"({"input_prefix":"t3","input_suffix":["t4",5],"prompt":"t5","input_extra":[{"filename":"f","text":"t6"}],)"
              R"("n_predict":4})"},
+        // The Responses API: text, items with a call and its output, tools, a format.
+        {12, R"({"input":"t3","instructions":"t4","max_output_tokens":3})"},
+        {12, R"({"input":[{"role":"user","content":"t3"},{"type":"function_call","call_id":"c","name":"f","arguments":"{}"},)"
+             R"({"type":"function_call_output","call_id":"c","output":"t5"}],"tools":[{"type":"function","name":"f",)"
+             R"("parameters":{"type":"object"}}],"tool_choice":"required","text":{"format":{"type":"json_object"}}})"},
     };
     for (size_t i = 0; i < seeds.size(); ++i) {
       const auto& [endpoint, body] = seeds[i];

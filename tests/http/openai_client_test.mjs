@@ -113,6 +113,47 @@ try {
 } catch (e) {
   check(false, `runTools: ${e}`);
 }
+// The Responses API: text, its stream of typed events, structured output, a required
+// function call and the call's output sent back.
+const resp = await client.responses.create({ model: 'M', input: 'Hello there', instructions: 'Be brief.',
+                                             max_output_tokens: 8, temperature: 0 });
+check(resp.object === 'response' && resp.status === 'incomplete' && resp.output.at(-1).type === 'message' &&
+      resp.output_text.length > 0 && resp.usage.output_tokens === 8,
+      `responses.create: a message item, output_text (${resp.status}, ${JSON.stringify(resp.usage)})`);
+const events = await client.responses.create({ model: 'M', input: 'Hello there', instructions: 'Be brief.',
+                                               max_output_tokens: 8, temperature: 0, stream: true });
+const types = [];
+let deltas = '', numbered = true, final = null;
+for await (const ev of events) {
+  numbered = numbered && ev.sequence_number === types.length;
+  types.push(ev.type);
+  if (ev.type === 'response.output_text.delta') deltas += ev.delta;
+  if (ev.type === 'response.incomplete' || ev.type === 'response.completed') final = ev.response;
+}
+check(numbered && types[0] === 'response.created' && types[1] === 'response.in_progress' &&
+      types.includes('response.output_item.added') && types.includes('response.output_text.done') &&
+      types.at(-1) === 'response.incomplete' && deltas === resp.output_text && final?.output?.at(-1)?.content?.[0]?.text === resp.output_text,
+      `responses stream: numbered events, the same text (${types.join(',')})`);
+const structured = await client.responses.create({ model: 'M', input: 'A place?', max_output_tokens: 300, temperature: 1, seed: 2,
+                                                   text: { format: { type: 'json_schema', name: 'place', strict: true, schema } } });
+let placed = null;
+try { placed = JSON.parse(structured.output_text); } catch { placed = null; }
+check(placed && typeof placed.city === 'string' && placed.city.length <= 5 && Number.isInteger(placed.rank),
+      `responses with text.format json_schema: ${structured.output_text}`);
+const flatTools = tools.map((t) => ({ type: 'function', ...t.function }));
+const respCalled = await client.responses.create({ model: 'M', input: 'Weather in Oslo?', tools: flatTools,
+                                               tool_choice: 'required', max_output_tokens: 300, temperature: 0 });
+const fc = respCalled.output.find((o) => o.type === 'function_call');
+check(fc && fc.call_id && wellFormed({ type: 'function', id: fc.call_id, function: { name: fc.name, arguments: fc.arguments } }),
+      `responses: a required call is a well-formed function_call item (${JSON.stringify(fc)})`);
+if (fc) {
+  const after = await client.responses.create({ model: 'M', tools: flatTools, max_output_tokens: 4, temperature: 0,
+                                                input: [{ role: 'user', content: 'Weather in Oslo?' }, fc,
+                                                        { type: 'function_call_output', call_id: fc.call_id, output: '{"celsius": 21}' }] });
+  check(after.status === 'incomplete' && after.usage.input_tokens > respCalled.usage.input_tokens,
+        `responses: the call and its output go back as input (${after.usage.input_tokens} input tokens)`);
+}
+
 // Embeddings: the client asks for base64 and decodes it.
 const embedded = await client.embeddings.create({ model: 'M', input: ['one text', 'another'] });
 check(embedded.data.length === 2 && embedded.data.every((d, i) => d.index === i && d.embedding.length === 64 &&
