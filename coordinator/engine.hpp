@@ -187,6 +187,21 @@ class Engine {
   // failover. The future holds fn's result, or its exception.
   std::future<bool> with_pipeline(std::function<bool(Pipeline&)> fn, bool drain = false);
 
+  // Slots on disk (worker/slot_file.hpp), run between steps with none in flight. save:
+  // idle slot `slot` (a kept sequence) to file `name` on every stage, each on its own
+  // disk; restore: the file into a new kept sequence (its id in SlotFileResult::slot),
+  // which later requests with a common prompt prefix continue; erase: forgets idle slot
+  // `slot` (closed on every stage). The future throws std::invalid_argument for a slot
+  // that is not idle, StageError when a stage refused (a restore then holds nothing).
+  enum class SlotAction { save, restore, erase };
+  struct SlotFileResult {
+    int32_t slot = 0;
+    size_t tokens = 0;
+    uint64_t bytes = 0;  // the state's bytes over every stage
+    double ms = 0;
+  };
+  std::future<SlotFileResult> slot_file(SlotAction action, int32_t slot, const std::string& name);
+
   std::vector<SlotInfo> slots() const;
   EngineMetrics metrics() const;
   const SchedulerOptions& options() const { return options_; }

@@ -6,6 +6,8 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <chrono>
+#include <future>
 #include <span>
 #include <stdexcept>
 
@@ -384,6 +386,75 @@ void Engine::finish_embedding(Seq& s) {
     return;
   }
   finish(s, "stop");
+}
+
+std::future<Engine::SlotFileResult> Engine::slot_file(SlotAction action, int32_t slot, const std::string& name) {
+  auto out = std::make_shared<SlotFileResult>();
+  std::future<bool> done = with_pipeline(
+      [this, action, slot, name, out](Pipeline& p) {
+        const auto t0 = Clock::now();
+        auto kept = std::find_if(kept_.begin(), kept_.end(), [&](const Kept& k) { return k.kv_id == slot; });
+        if (action != SlotAction::restore && kept == kept_.end()) {
+          const bool busy = std::any_of(active_.begin(), active_.end(),
+                                        [&](const auto& s) { return s->kv_id == slot && !s->kv_released; });
+          throw std::invalid_argument(busy ? "slot " + std::to_string(slot) + " is processing a request"
+                                           : "no idle slot " + std::to_string(slot) + " (GET /slots lists them)");
+        }
+        if (action == SlotAction::save) {
+          for (size_t i = 0; i < p.size(); ++i) out->bytes += p.stage(i).save_slot(slot, name, kept->tokens);
+          out->slot = slot;
+          out->tokens = kept->tokens.size();
+          kept->last_used = ++use_tick_;
+        } else if (action == SlotAction::erase) {
+          out->slot = slot;
+          out->tokens = kept->tokens.size();
+          close_sequence(kept->kv_id);
+          kept_.erase(kept);
+        } else {
+          const int32_t kv_id = next_kv_id_++;
+          std::vector<int32_t> tokens;
+          try {
+            for (size_t i = 0; i < p.size(); ++i) {
+              Stage::SlotRead read = p.stage(i).restore_slot(kv_id, name);
+              out->bytes += read.bytes;
+              std::vector<int32_t> held = std::move(read.tokens);
+              if (i > 0 && held != tokens) {
+                throw StageError("stage " + std::to_string(i) + "'s slot file " + name +
+                                 " holds other tokens than stage 0's (files of different saves)");
+              }
+              tokens = std::move(held);
+            }
+            if (static_cast<int64_t>(tokens.size()) >= options_.ctx) {
+              throw std::invalid_argument("slot file " + name + " holds " + std::to_string(tokens.size()) +
+                                          " tokens, more than the context");
+            }
+            for (const int32_t t : tokens) {
+              if (t < 0 || static_cast<size_t>(t) >= tok_.vocab_size()) {
+                throw std::invalid_argument("slot file " + name + " holds a token outside the vocabulary");
+              }
+            }
+          } catch (...) {
+            close_sequence(kv_id);
+            throw;
+          }
+          out->slot = kv_id;
+          out->tokens = tokens.size();
+          // The recurrent state's checkpoints came back too, but not where they lie: a
+          // hybrid model's restored slot is continued from its end only.
+          std::vector<int32_t> checkpoints;
+          if (options_.recurrent) checkpoints.push_back(static_cast<int32_t>(tokens.size()));
+          kept_.push_back({kv_id, std::move(tokens), ++use_tick_, std::move(checkpoints)});
+          evict_kept();
+        }
+        out->ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+        update_slots();
+        return false;  // no layers moved
+      },
+      true);
+  return std::async(std::launch::deferred, [done = std::move(done), out]() mutable {
+    done.get();
+    return *out;
+  });
 }
 
 }  // namespace pico::coordinator

@@ -129,6 +129,11 @@ int main(int argc, char** argv) {
         return http_api::reasoning_format_from_name(v) ? std::string()
                                                         : "must be " + std::string(http_api::kReasoningFormatNames);
       });
+  std::string slot_dir;
+  app.add_option("--slot-save-path", slot_dir,
+                 "HTTP API: slots on disk (POST /slots/ID?action=save|restore) for the in-process stage, in this "
+                 "directory; with --worker each pico-worker writes its own layers under its own --slot-save-path")
+      ->check(CLI::ExistingDirectory);
   std::string pooling;
   app.add_option("--pooling", pooling,
                  "HTTP API: how the embedding endpoints pool a prompt's hidden states: mean, cls, last, none (one per "
@@ -236,7 +241,9 @@ int main(int argc, char** argv) {
       worker::StageLimitOptions local;
       local.ctx = ctx;
       if (!device_memory.empty()) local_backend.memory = worker::parse_byte_size(device_memory);
-      stages.push_back(std::make_unique<LocalStage>(model_path, std::nullopt, threads, local, local_backend));
+      auto stage = std::make_unique<LocalStage>(model_path, std::nullopt, threads, local, local_backend);
+      stage->set_slot_dir(slot_dir);
+      stages.push_back(std::move(stage));
     } else {
       if (local_backend.name != "cpu" || local_backend.device != 0 || !device_memory.empty())
         throw std::invalid_argument("--backend, --device and --device-memory choose the local stage's; with "

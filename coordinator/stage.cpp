@@ -1,11 +1,14 @@
 #include "stage.hpp"
 
+#include "slot_file.hpp"
+
 #include <cmath>
 
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -127,6 +130,34 @@ void LocalStage::restore(int32_t seq_id, std::span<const uint8_t> state) {
     engine_.restore(seq_id, state);
   } catch (const std::exception& e) {
     throw StageError(std::string("local stage: restore: ") + e.what());
+  }
+}
+
+uint64_t Stage::save_slot(int32_t, const std::string&, std::span<const int32_t>) {
+  throw StageError("this stage keeps no slots on disk");
+}
+
+Stage::SlotRead Stage::restore_slot(int32_t, const std::string&) {
+  throw StageError("this stage keeps no slots on disk");
+}
+
+uint64_t LocalStage::save_slot(int32_t seq_id, const std::string& name, std::span<const int32_t> tokens) {
+  try {
+    return worker::save_slot(engine_, seq_id, worker::slot_file_path(slot_dir_, name), tokens);
+  } catch (const std::exception& e) {
+    throw StageError(std::string("local stage: ") + e.what());
+  }
+}
+
+Stage::SlotRead LocalStage::restore_slot(int32_t seq_id, const std::string& name) {
+  try {
+    const std::filesystem::path path = worker::slot_file_path(slot_dir_, name);
+    SlotRead read;
+    read.tokens = worker::restore_slot(engine_, seq_id, path);
+    read.bytes = std::filesystem::file_size(path);
+    return read;
+  } catch (const std::exception& e) {
+    throw StageError(std::string("local stage: ") + e.what());
   }
 }
 
@@ -667,6 +698,38 @@ void RemoteStage::restore(int32_t seq_id, std::span<const uint8_t> state) {
   const auto msg = expect(Envelope::Body::RESTORED, "a restore");
   protocol::Decoded d(msg.header_bytes());
   if (d.envelope().getBody().getRestored().getSeqId() != seq_id) fail("restored another sequence");
+}
+
+uint64_t RemoteStage::save_slot(int32_t seq_id, const std::string& name, std::span<const int32_t> tokens) {
+  check_alive();
+  protocol::Builder b;
+  auto r = b.envelope().getBody().initSlotSave();
+  r.setSeqId(seq_id);
+  r.setName(name);
+  r.setTokens(kj::arrayPtr(tokens.data(), tokens.size()));
+  send(b);
+  const auto msg = expect(Envelope::Body::SLOT_DONE, "a slot save");
+  protocol::Decoded d(msg.header_bytes());
+  const auto done = d.envelope().getBody().getSlotDone();
+  if (done.getSeqId() != seq_id || done.getName() != name) fail("answered a slot save for another sequence or file");
+  return done.getBytes();
+}
+
+Stage::SlotRead RemoteStage::restore_slot(int32_t seq_id, const std::string& name) {
+  check_alive();
+  protocol::Builder b;
+  auto r = b.envelope().getBody().initSlotRestore();
+  r.setSeqId(seq_id);
+  r.setName(name);
+  send(b);
+  const auto msg = expect(Envelope::Body::SLOT_DONE, "a slot restore");
+  protocol::Decoded d(msg.header_bytes());
+  const auto done = d.envelope().getBody().getSlotDone();
+  if (done.getSeqId() != seq_id || done.getName() != name) fail("answered a slot restore for another sequence or file");
+  SlotRead read;
+  for (const int32_t t : done.getTokens()) read.tokens.push_back(t);
+  read.bytes = done.getBytes();
+  return read;
 }
 
 }  // namespace pico::coordinator

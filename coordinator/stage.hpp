@@ -150,6 +150,16 @@ class Stage {
   // putting one back (throws StageError when refused).
   virtual std::optional<std::vector<uint8_t>> snapshot(int32_t seq_id) = 0;
   virtual void restore(int32_t seq_id, std::span<const uint8_t> state) = 0;
+  // Slots on disk (worker/slot_file.hpp): the stage writes a sequence's state on its
+  // layers with the sequence's tokens to `name` in its own slot directory (returns the
+  // state's bytes), or reads one back into seq_id (the file's tokens and bytes). Throws
+  // StageError naming what is wrong; a stage without slots on disk refuses both.
+  struct SlotRead {
+    std::vector<int32_t> tokens;
+    uint64_t bytes = 0;
+  };
+  virtual uint64_t save_slot(int32_t seq_id, const std::string& name, std::span<const int32_t> tokens);
+  virtual SlotRead restore_slot(int32_t seq_id, const std::string& name);
   // A stage in another process: its stamps are in its own clock, and its input and
   // output cross a link. clock_offset_nanos: its clock minus the coordinator's.
   virtual bool remote() const { return false; }
@@ -180,6 +190,10 @@ class LocalStage final : public Stage {
   StageStats stats() override;
   std::optional<std::vector<uint8_t>> snapshot(int32_t seq_id) override;
   void restore(int32_t seq_id, std::span<const uint8_t> state) override;
+  uint64_t save_slot(int32_t seq_id, const std::string& name, std::span<const int32_t> tokens) override;
+  SlotRead restore_slot(int32_t seq_id, const std::string& name) override;
+  // Where slot files go (pico-coord --slot-save-path; empty: off).
+  void set_slot_dir(std::string dir) { slot_dir_ = std::move(dir); }
 
  private:
   void run(uint64_t step, std::span<const model::BatchToken> batch, const float* hidden,
@@ -191,6 +205,7 @@ class LocalStage final : public Stage {
   LocalStage* last_ = this;  // where finished steps are queued
   std::deque<StepOutput> done_;
   size_t index_ = 0;
+  std::string slot_dir_;
 };
 
 struct RemoteOptions {
@@ -235,6 +250,8 @@ class RemoteStage final : public Stage {
   StageStats stats() override;
   std::optional<std::vector<uint8_t>> snapshot(int32_t seq_id) override;
   void restore(int32_t seq_id, std::span<const uint8_t> state) override;
+  uint64_t save_slot(int32_t seq_id, const std::string& name, std::span<const int32_t> tokens) override;
+  SlotRead restore_slot(int32_t seq_id, const std::string& name) override;
   bool remote() const override { return true; }
   int64_t clock_offset_nanos() const override { return clock_offset_; }
   bool up() override;

@@ -19,7 +19,8 @@ $Cxx.namespace("pico::protocol::schema");
 #    layer assignment (assign / assigned: pico-worker --layers auto), link probes between
 #    workers (linkProbe / linkMeasured).
 # 8: batches of several sizes in the profile (Profile.batches), hidden-state rows
-#    (LogitsOutput.hidden, Logits.hidden...: embeddings).
+#    (LogitsOutput.hidden, Logits.hidden...: embeddings), slots on disk (slotSave /
+#    slotRestore / slotDone).
 const protocolVersion :UInt32 = 8;
 
 enum DType {
@@ -237,6 +238,17 @@ struct LinkMeasured {
   bytesPerSecond @2 :Float64;
   error @3 :Text;
 }
+# Slots on disk: slotSave writes a sequence's state on this stage's layers with its
+# tokens to `name` in the worker's --slot-save-path, slotRestore reads it back into
+# seqId (a file of another model or layer range is refused); both are answered by
+# slotDone (restore: the file's tokens) or an error naming what is wrong.
+struct SlotFile {
+  seqId @0 :Int32;
+  name @1 :Text;
+  tokens @2 :List(Int32);    # save: the sequence's tokens (one per position); slotDone of a restore: the file's
+  bytes @3 :UInt64;          # slotDone: the state's bytes written or read
+}
+
 struct Stats {
   memoryBytes @0 :UInt64;    # resident set of the process
   kvBytes @1 :UInt64;
@@ -294,5 +306,8 @@ struct Envelope {
     assigned @20 :Assign;
     linkProbe @21 :LinkProbe;
     linkMeasured @22 :LinkMeasured;
+    slotSave @23 :SlotFile;
+    slotRestore @24 :SlotFile;
+    slotDone @25 :SlotFile;
   }
 }

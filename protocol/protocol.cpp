@@ -73,6 +73,9 @@ const char* body_name(Envelope::Body::Which which) {
     case W::ASSIGNED: return "assigned";
     case W::LINK_PROBE: return "linkProbe";
     case W::LINK_MEASURED: return "linkMeasured";
+    case W::SLOT_SAVE: return "slotSave";
+    case W::SLOT_RESTORE: return "slotRestore";
+    case W::SLOT_DONE: return "slotDone";
   }
   return "unknown";
 }

@@ -110,6 +110,11 @@ int main(int argc, char** argv) {
   app.add_option("--kv-memory", kv_memory,
                  "KV bytes over all sequences, e.g. 512M, 4G (default: available memory less the stage's weights, "
                  "less a tenth)");
+  std::string slot_dir;
+  app.add_option("--slot-save-path", slot_dir,
+                 "slots on disk: the directory this worker writes its layers' state of a saved slot to and restores "
+                 "it from (pico-coord's POST /slots/ID?action=save|restore); default: off")
+      ->check(CLI::ExistingDirectory);
   std::string secret_key_path, authorized_keys_path;
   auto* secret_opt = app.add_option("--secret-key", secret_key_path,
                                     "CURVE: this worker's secret key file (pico keygen); links are then encrypted");
@@ -165,6 +170,7 @@ int main(int argc, char** argv) {
     }
     pico::worker::Server& server = *server_storage;
     server.set_profile(profile);
+    server.set_slot_dir(slot_dir);
     spdlog::info("layers {}-{} of {} ({}), listening on {}", engine.layers().first, engine.layers().last - 1,
                  engine.n_layer(), pico::protocol::to_string(engine.identity()), listen);
     if (!engine.device().empty()) spdlog::info("backend {} on {}", engine.backend_name(), engine.device());

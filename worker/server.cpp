@@ -11,6 +11,7 @@
 
 #include "link_probe.hpp"
 #include "sample/argmax.hpp"
+#include "slot_file.hpp"
 #include "cpu/cpu_features.hpp"
 
 namespace pico::worker {
@@ -148,6 +149,8 @@ void Server::handle(net::Received& msg) {
       case Envelope::Body::TRUNCATE:
       case Envelope::Body::SNAPSHOT_REQUEST:
       case Envelope::Body::RESTORE:
+      case Envelope::Body::SLOT_SAVE:
+      case Envelope::Body::SLOT_RESTORE:
       case Envelope::Body::FORWARD:
         if (!admit(msg.peer, decoded->which(),
                    decoded->which() == Envelope::Body::FORWARD ? body.getForward().getStepId() : 0)) {
@@ -251,6 +254,10 @@ void Server::handle(net::Received& msg) {
         break;
       case Envelope::Body::RESTORE:
         handle_restore(msg.peer, env, msg);
+        break;
+      case Envelope::Body::SLOT_SAVE:
+      case Envelope::Body::SLOT_RESTORE:
+        handle_slot(msg.peer, env);
         break;
       default:
         reply(msg.peer, protocol::make_error(ErrorCode::BAD_REQUEST, std::string("a worker does not take ") +
@@ -681,6 +688,39 @@ void Server::handle_restore(const std::string& peer, Envelope::Reader env, net::
   }
   protocol::Builder b;
   b.envelope().getBody().initRestored().setSeqId(seq_id);
+  reply(peer, b.encode());
+}
+
+void Server::handle_slot(const std::string& peer, Envelope::Reader env) {
+  const bool save = env.getBody().which() == Envelope::Body::SLOT_SAVE;
+  const auto request = save ? env.getBody().getSlotSave() : env.getBody().getSlotRestore();
+  const std::string name = request.getName();
+  const int32_t seq_id = request.getSeqId();
+  const std::string where = "layers " + std::to_string(engine_.layers().first) + "-" +
+                            std::to_string(engine_.layers().last - 1) + ": ";
+  protocol::Builder b;
+  auto done = b.envelope().getBody().initSlotDone();
+  done.setSeqId(seq_id);
+  done.setName(name);
+  try {
+    const std::filesystem::path path = slot_file_path(slot_dir_, name);
+    if (save) {
+      std::vector<int32_t> tokens;
+      for (const int32_t t : request.getTokens()) tokens.push_back(t);
+      done.setBytes(save_slot(engine_, seq_id, path, tokens));
+    } else {
+      const std::vector<int32_t> tokens = restore_slot(engine_, seq_id, path);
+      done.setTokens(kj::arrayPtr(tokens.data(), tokens.size()));
+      done.setBytes(std::filesystem::file_size(path));
+    }
+  } catch (const LimitError& e) {
+    reply(peer, protocol::make_error(ErrorCode::LIMIT, where + e.what()));
+    return;
+  } catch (const std::exception& e) {
+    reply(peer, protocol::make_error(ErrorCode::BAD_REQUEST, where + e.what()));
+    return;
+  }
+  spdlog::info("slot {}: sequence {} {} {}", name, seq_id, save ? "saved to" : "restored from", slot_dir_);
   reply(peer, b.encode());
 }
 

@@ -55,6 +55,8 @@ class Server {
          const std::string& listen_address, const net::Timing& timing = {}, const Security& security = {});
   // What Capabilities reports as the worker's profile (worker/profile.hpp); none until set.
   void set_profile(const WorkerProfile& profile) { profile_ = profile; }
+  // Where slot files are written and read (--slot-save-path; empty: slots on disk off).
+  void set_slot_dir(std::string dir) { slot_dir_ = std::move(dir); }
   // Serves until `stop` is set (checked every 100 ms).
   void run(const std::atomic<bool>& stop);
   // One turn of run(): waits up to timeout_ms for a message and handles it; false when
@@ -73,6 +75,8 @@ class Server {
   void connect_chain();
   void handle_forward(const std::string& peer, protocol::Envelope::Reader env, net::Received& msg);
   void handle_restore(const std::string& peer, protocol::Envelope::Reader env, net::Received& msg);
+  // slotSave / slotRestore (worker/slot_file.hpp), answered by slotDone.
+  void handle_slot(const std::string& peer, protocol::Envelope::Reader env);
   void answer_snapshot(const std::string& peer, int32_t seq_id);
   // The last stage of a greedy chain (protocol Forward.chainSteps): sends the next step
   // to the first stage when the grant and the rows allow it; true when it did.
@@ -110,6 +114,7 @@ class Server {
   uint64_t idle_since_nanos_ = 0;
   uint64_t finished_nanos_ = 0;  // a forward's output was handed to the socket
   std::optional<WorkerProfile> profile_;
+  std::string slot_dir_;
 };
 
 // Resident memory of this process in bytes (/proc/self/statm), 0 when unknown.

@@ -12,6 +12,7 @@
 #include <boost/beast/http.hpp>
 #include <chrono>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -125,6 +126,12 @@ class Generation {
   std::vector<bool> finished_;
 };
 
+// Runs work on a thread of its own; the coroutine waits without holding an I/O thread.
+// A StageError or std::invalid_argument from it becomes ApiError 400 with `code`.
+// (Callers pass a named std::function: GCC 12 destroys a lambda temporary with
+// captures inside a co_await expression twice.)
+awaitable<json> off_thread(std::function<json()> work, std::string code);
+
 // The request's body as a JSON object (ApiError 400 otherwise).
 json parse_body(const HttpRequest& request);
 int64_t unix_time();
@@ -143,6 +150,7 @@ awaitable<void> health(Session& s);
 awaitable<void> props(Session& s);
 awaitable<void> set_props(Session& s);
 awaitable<void> slots(Session& s);
+awaitable<void> slot_action(Session& s);  // POST /slots/{id}?action=save|restore|erase
 awaitable<void> metrics(Session& s);
 awaitable<void> embeddings(Session& s);              // /v1/embeddings
 awaitable<void> responses(Session& s);               // /v1/responses

@@ -47,31 +47,6 @@ ClusterControl& control(Session& s) {
   return *s.state.options.cluster;
 }
 
-// Runs work on a thread of its own; the coroutine waits without holding an I/O thread.
-// (Callers pass a named std::function: GCC 12 destroys a lambda temporary with
-// captures inside a co_await expression twice.)
-awaitable<json> off_thread(std::function<json()> work) {
-  auto result = std::make_shared<std::promise<json>>();
-  std::future<json> done = result->get_future();
-  std::thread([result, work = std::move(work)]() mutable {
-    try {
-      result->set_value(work());
-    } catch (...) {
-      result->set_exception(std::current_exception());
-    }
-  }).detach();
-  asio::steady_timer timer(co_await asio::this_coro::executor);
-  while (done.wait_for(std::chrono::seconds(0)) != std::future_status::ready) {
-    timer.expires_after(std::chrono::milliseconds(20));
-    co_await timer.async_wait(asio::use_awaitable);
-  }
-  try {
-    co_return done.get();
-  } catch (const StageError& e) {
-    throw ApiError(400, e.what(), "invalid_request_error", "cluster_refused");
-  }
-}
-
 json body_of(Session& s) {
   if (s.request.body().empty()) return json::object();
   json body = json::parse(s.request.body(), nullptr, false);
@@ -84,7 +59,7 @@ json body_of(Session& s) {
 awaitable<void> cluster(Session& s) {
   ClusterControl& c = control(s);
   std::function<json()> work = [&c] { return to_json(c.view()); };
-  const json out = co_await off_thread(work);
+  const json out = co_await off_thread(work, "cluster_refused");
   co_await s.reply(200, out);
 }
 
@@ -97,7 +72,7 @@ awaitable<void> cluster_join(Session& s) {
   }
   const std::string address = body["address"].get<std::string>();
   std::function<json()> work = [&c, address] { return to_json(c.join(address)); };
-  const json out = co_await off_thread(work);
+  const json out = co_await off_thread(work, "cluster_refused");
   co_await s.reply(200, out);
 }
 
@@ -115,7 +90,7 @@ awaitable<void> cluster_replan(Session& s) {
     j["moved"] = moved;
     return j;
   };
-  const json out = co_await off_thread(work);
+  const json out = co_await off_thread(work, "cluster_refused");
   co_await s.reply(200, out);
 }
 

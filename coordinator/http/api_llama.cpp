@@ -1,5 +1,6 @@
 // llama.cpp server endpoints: /completion, /tokenize, /detokenize, /health, /props,
 // /slots, /metrics.
+#include <charconv>
 #include <boost/asio/this_coro.hpp>
 #include <cmath>
 #include <sstream>
@@ -292,6 +293,65 @@ awaitable<void> slots(Session& s) {
     }
     out.push_back(j);
   }
+  co_await s.reply(200, out);
+}
+
+// llama-server's slot files: POST /slots/{id}?action=save|restore|erase, with
+// {"filename": NAME} for save and restore. Each stage writes its own layers' state to
+// its own disk (pico-worker --slot-save-path; pico-coord's for its in-process stage). A
+// restore makes a new idle slot, whose id is answered (pico's slots are its sequences,
+// not a fixed set); a later request with a common prompt prefix continues it.
+awaitable<void> slot_action(Session& s) {
+  const std::string_view target(s.request.target().data(), s.request.target().size());
+  const size_t query = target.find('?');
+  const std::string_view path = target.substr(0, query);
+  const std::string id_text(path.substr(path.find("/slots/") + 7));
+  int32_t id = -1;
+  const auto [end, ec] = std::from_chars(id_text.data(), id_text.data() + id_text.size(), id);
+  if (ec != std::errc() || end != id_text.data() + id_text.size() || id < 0) {
+    throw ApiError(400, "'" + id_text + "' is not a slot id", "invalid_request_error", "invalid_value", "id_slot");
+  }
+  std::string action;
+  if (query != std::string_view::npos) {
+    for (std::string_view rest = target.substr(query + 1); !rest.empty();) {
+      const std::string_view pair = rest.substr(0, rest.find('&'));
+      rest = pair.size() < rest.size() ? rest.substr(pair.size() + 1) : std::string_view();
+      if (pair.starts_with("action=")) action = std::string(pair.substr(7));
+    }
+  }
+  Engine::SlotAction what;
+  if (action == "save") {
+    what = Engine::SlotAction::save;
+  } else if (action == "restore") {
+    what = Engine::SlotAction::restore;
+  } else if (action == "erase") {
+    what = Engine::SlotAction::erase;
+  } else {
+    throw ApiError(400, "Invalid action: '" + action + "' (save, restore or erase)", "invalid_request_error",
+                   "invalid_value", "action");
+  }
+  std::string filename;
+  if (what != Engine::SlotAction::erase) {
+    const json body = parse_body(s.request);
+    auto it = body.find("filename");
+    if (it == body.end() || !it->is_string() || it->get<std::string>().empty()) {
+      throw ApiError(400, "'filename' (a file name in the slot save path) is required", "invalid_request_error",
+                     "invalid_value", "filename");
+    }
+    filename = it->get<std::string>();
+  }
+  Engine& engine = s.state.engine;
+  std::function<json()> work = [&engine, what, id, filename] {
+    const Engine::SlotFileResult r = engine.slot_file(what, id, filename).get();
+    if (what == Engine::SlotAction::erase) return json{{"id_slot", r.slot}, {"n_erased", r.tokens}};
+    const bool save = what == Engine::SlotAction::save;
+    return json{{"id_slot", r.slot},
+                {"filename", filename},
+                {save ? "n_saved" : "n_restored", r.tokens},
+                {save ? "n_written" : "n_read", r.bytes},
+                {"timings", {{save ? "save_ms" : "restore_ms", r.ms}}}};
+  };
+  const json out = co_await off_thread(work, "slot_refused");
   co_await s.reply(200, out);
 }
 

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <limits>
+#include <future>
 #include <thread>
 
 #include "http/api.hpp"
@@ -238,6 +239,30 @@ awaitable<Generation::Event> Generation::next() {
 
 json parse_body(const HttpRequest& request) { return parse_json_body(request.body()); }
 
+awaitable<json> off_thread(std::function<json()> work, std::string code) {
+  auto result = std::make_shared<std::promise<json>>();
+  std::future<json> done = result->get_future();
+  std::thread([result, work = std::move(work)]() mutable {
+    try {
+      result->set_value(work());
+    } catch (...) {
+      result->set_exception(std::current_exception());
+    }
+  }).detach();
+  asio::steady_timer timer(co_await asio::this_coro::executor);
+  while (done.wait_for(std::chrono::seconds(0)) != std::future_status::ready) {
+    timer.expires_after(std::chrono::milliseconds(20));
+    co_await timer.async_wait(asio::use_awaitable);
+  }
+  try {
+    co_return done.get();
+  } catch (const StageError& e) {
+    throw ApiError(400, e.what(), "invalid_request_error", code);
+  } catch (const std::invalid_argument& e) {
+    throw ApiError(400, e.what(), "invalid_request_error", code);
+  }
+}
+
 int64_t unix_time() {
   return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch())
       .count();
@@ -279,6 +304,7 @@ const Route kRoutes[] = {
     {"/props", http::verb::get, props},
     {"/props", http::verb::post, set_props},
     {"/slots", http::verb::get, slots},
+    {"/slots/*", http::verb::post, slot_action},
     {"/metrics", http::verb::get, metrics},
     {"/v1/messages", http::verb::post, anthropic_messages},
     {"/v1/messages/count_tokens", http::verb::post, anthropic_count_tokens},

@@ -88,6 +88,14 @@ inline std::vector<SeedMessage> seed_messages(const std::vector<uint8_t> (&snaps
       r.setBytes(snapshots[stage].size());
       add("restore-" + s, stage, b, {snapshots[stage]});
     }
+    for (const bool save : {true, false}) {  // slot files (the fuzzed worker keeps none: refused)
+      protocol::Builder b;
+      auto r = save ? b.envelope().getBody().initSlotSave() : b.envelope().getBody().initSlotRestore();
+      r.setSeqId(3);
+      r.setName("slot.bin");
+      if (save) r.initTokens(2).set(1, 7);
+      add(std::string(save ? "slot-save-" : "slot-restore-") + s, stage, b);
+    }
   }
   // Forwards: tokens into the first stage; hidden states (each dtype) into the last,
   // full rows, arg max rows and a greedy chain.

@@ -453,15 +453,22 @@ def main():
     # context returns for a model without a pooling type (embedding_tests).
     coord_args = [COORD, "-m", model, "--port", "0", "-c", str(CTX), "--http-threads", "4", "--pooling", "last"]
     workers = []
+    # Slot files: each worker's own directory (the in-process stage's is pico-coord's).
+    slot_dirs = [os.path.join(tmp, "slots-%d" % k) for k in range(2)]
+    for d in slot_dirs:
+        os.makedirs(d)
     if MODE in ("cluster", "openai"):  # the openai client against a 2-worker cluster
         for k, layers in enumerate(["0-0", "1-1"]):
             addr = "tcp://127.0.0.1:%d" % free_port()
-            args = [WORKER, "-m", model, "--layers", layers, "--listen", addr, "-t", "1"]
+            args = [WORKER, "-m", model, "--layers", layers, "--listen", addr, "-t", "1",
+                    "--slot-save-path", slot_dirs[k]]
             workers.append((start(args, "worker-%d.log" % k), args))
             coord_args += ["--worker", addr]
         coord_args += ["--parallel", "8"]  # 32 concurrent streams: 24 wait in the queue
     elif MODE == "local":
         coord_args += ["--parallel", "4"]  # few slots: the queued-cancel test fills them all
+        coord_args += ["--slot-save-path", slot_dirs[0]]
+        slot_dirs = slot_dirs[:1]
     if MODE == "auth":
         coord_args += ["--api-key", KEY]
     coord = start(coord_args, "coord.log")
@@ -645,6 +652,7 @@ def main():
     anthropic_tests(api, port)
     embedding_tests(api, model)
     infill_tests(api)
+    slot_file_tests(api, slot_dirs)
     cancel_tests(api, port, slots_total)
 
     # Malformed requests: status and an OpenAI-style error object, and the server lives on.
@@ -1200,6 +1208,54 @@ def infill_tests(api):
                        (dict(body, input_extra=[{"text": 5}]), "input_extra[0].text")):
         s, e = api.json("POST", "/infill", bad)
         check(s == 400 and e["error"].get("param") == param, "/infill refuses a bad request naming %s" % param)
+
+
+def slot_file_tests(api, slot_dirs):
+    """POST /slots/{id}?action=save|restore|erase: each stage writes its own layers to its
+    own directory; a restored slot is continued by a request with its prefix, with the
+    reply of a fresh computation."""
+    prompt = "Slots on disk keep a conversation for later: zebra quartz"
+    body = {"prompt": prompt, "n_predict": 8, "temperature": 0}
+    _, first = api.json("POST", "/completion", body)
+    _, slots = api.json("GET", "/slots")
+    idle = [x for x in slots if x["state"] == "idle"]
+    mine = max(idle, key=lambda x: x["id"])
+    s, saved = api.json("POST", "/slots/%d?action=save" % mine["id"], {"filename": "conv.bin"})
+    check(s == 200 and saved["id_slot"] == mine["id"] and saved["n_saved"] == mine["n_past"] and saved["n_written"] > 0 and
+          "save_ms" in saved["timings"], "a slot is saved: %s" % saved)
+    check(all(os.path.getsize(os.path.join(d, "conv.bin")) > 0 for d in slot_dirs),
+          "each stage wrote its file in its own directory (%d)" % len(slot_dirs))
+    for x in idle:  # nothing kept: the reply below can only come from the restored slot
+        s, e = api.json("POST", "/slots/%d?action=erase" % x["id"])
+        check(s == 200 and e["id_slot"] == x["id"] and e["n_erased"] == x["n_past"], "an idle slot is erased")
+    _, slots = api.json("GET", "/slots")
+    check(not [x for x in slots if x["state"] == "idle"], "no idle slot is left")
+    s, restored = api.json("POST", "/slots/0?action=restore", {"filename": "conv.bin"})
+    check(s == 200 and restored["n_restored"] == saved["n_saved"] and restored["n_read"] > 0, "the slot is restored: %s" % restored)
+    _, slots = api.json("GET", "/slots")
+    check([(x["id"], x["n_past"]) for x in slots if x["state"] == "idle"] == [(restored["id_slot"], saved["n_saved"])],
+          "the restored slot is idle with its positions")
+    _, again = api.json("POST", "/completion", body)
+    check(again["tokens_cached"] > 0 and again["content"] == first["content"],
+          "a request continues the restored slot, with the same reply (%d cached)" % again["tokens_cached"])
+    with open(os.path.join(slot_dirs[0], "junk.bin"), "wb") as f:
+        f.write(b"not a slot file at all")
+    if len(slot_dirs) > 1:  # stage 0's file in stage 1's directory: another layer range
+        shutil.copy(os.path.join(slot_dirs[0], "conv.bin"), os.path.join(slot_dirs[1], "swapped.bin"))
+        shutil.copy(os.path.join(slot_dirs[0], "conv.bin"), os.path.join(slot_dirs[0], "swapped.bin"))
+        s, e = api.json("POST", "/slots/0?action=restore", {"filename": "swapped.bin"})
+        check(s == 400 and "holds layers 0-0" in e["error"]["message"], "another layer range's file is refused: %s" % e)
+    for path, req, named in (("/slots/0?action=restore", {"filename": "missing.bin"}, "no such file"),
+                             ("/slots/0?action=restore", {"filename": "junk.bin"}, "not a slot file"),
+                             ("/slots/0?action=restore", {"filename": "../conv.bin"}, "not a plain file name"),
+                             ("/slots/0?action=restore", {}, "filename"),
+                             ("/slots/99999?action=save", {"filename": "x.bin"}, "no idle slot 99999"),
+                             ("/slots/0?action=copy", {"filename": "x.bin"}, "Invalid action"),
+                             ("/slots/abc?action=save", {"filename": "x.bin"}, "not a slot id")):
+        s, e = api.json("POST", path, req)
+        check(s == 400 and named in e["error"]["message"], "%s %s is refused naming '%s': %s" % (path, req, named, e))
+    _, slots = api.json("GET", "/slots")
+    check(len([x for x in slots if x["state"] == "idle"]) == 1, "a refused restore leaves no slot behind")
 
 
 def cancel_tests(api, port, slots_total):
