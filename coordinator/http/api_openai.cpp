@@ -121,34 +121,48 @@ awaitable<void> generate(Session& s, ParsedGeneration parsed, bool chat) {
   // (final: the reply ended). What is new, to stream: text, then each finished call.
   struct ChatPart {
     ReasoningSplitter::Split text;
+    std::vector<ToolCallSplitter::CallPiece> pieces;
     std::vector<ToolCall> calls;
-    bool empty() const { return text.empty() && calls.empty(); }
+    bool empty() const { return text.empty() && pieces.empty() && calls.empty(); }
   };
   auto chat_part = [](Choice& c, ReasoningSplitter::Split part, bool final) {
     ToolCallSplitter::Part tools = final ? c.tool_split.finish(part.content) : c.tool_split.feed(part.content);
     c.reasoning += part.reasoning;
     c.content += tools.content;
-    ChatPart out{{std::move(part.reasoning), std::move(tools.content)}, std::move(tools.calls)};
+    ChatPart out{{std::move(part.reasoning), std::move(tools.content)}, std::move(tools.pieces), std::move(tools.calls)};
     for (const ToolCall& call : out.calls) c.calls.push_back(call);
     return out;
   };
-  // The chunks of a chat part: its text, then per call its header (id, name, empty
-  // arguments) and its arguments, as OpenAI streams them.
+  // The chunks of a chat part: its text, then the pieces of a call still coming (its
+  // header: index, id, name, empty arguments; then its arguments piece by piece), then
+  // per finished call not streamed so its header and its arguments, as OpenAI streams
+  // them.
   auto part_chunks = [&](const Choice& c, const ChatPart& part, const json& lp, size_t choice) {
     std::vector<json> out;
     if (!part.text.empty() || !lp.is_null()) {
       out.push_back(chunk({{"delta", delta(part.text)}, {"logprobs", lp}, {"finish_reason", nullptr}}, choice));
     }
+    auto header_chunk = [&](size_t index, const std::string& call_id, const std::string& name) {
+      json header = tool_call_json({call_id, name, "", false}, index);
+      return chunk({{"delta", {{"tool_calls", json::array({header})}}}, {"logprobs", nullptr}, {"finish_reason", nullptr}},
+                   choice);
+    };
+    auto arguments_chunk = [&](size_t index, const std::string& arguments) {
+      return chunk({{"delta", {{"tool_calls", json::array({{{"index", index}, {"function", {{"arguments", arguments}}}}})}}},
+                    {"logprobs", nullptr},
+                    {"finish_reason", nullptr}},
+                   choice);
+    };
+    for (const ToolCallSplitter::CallPiece& piece : part.pieces) {
+      if (!piece.id.empty() || !piece.name.empty()) out.push_back(header_chunk(piece.index, piece.id, piece.name));
+      if (!piece.arguments.empty()) out.push_back(arguments_chunk(piece.index, piece.arguments));
+    }
     size_t index = c.calls.size() - part.calls.size();
     for (const ToolCall& call : part.calls) {
-      json header = tool_call_json(call, index);
-      header["function"]["arguments"] = "";
-      out.push_back(chunk({{"delta", {{"tool_calls", json::array({header})}}}, {"logprobs", nullptr}, {"finish_reason", nullptr}},
-                          choice));
-      out.push_back(chunk({{"delta", {{"tool_calls", json::array({{{"index", index}, {"function", {{"arguments", call.arguments}}}}})}}},
-                           {"logprobs", nullptr},
-                           {"finish_reason", nullptr}},
-                          choice));
+      if (!call.streamed) {
+        out.push_back(header_chunk(index, call.id, call.name));
+        out.push_back(arguments_chunk(index, call.arguments));
+      }
       ++index;
     }
     return out;

@@ -66,6 +66,68 @@ size_t find_close_tag(std::string_view text, bool json_body) {
   return std::string_view::npos;
 }
 
+// The head of a Hermes call as it streams: {"name": "N", "arguments": then the value.
+// Wait: not all of it has come; Other: the body is not shaped so (it does not stream).
+struct CallHead {
+  enum Kind { Wait, Other, Head } kind = Wait;
+  std::string name;
+  size_t value_at = 0;
+};
+CallHead hermes_call_head(std::string_view body) {
+  size_t i = 0;
+  const auto skip = [&] {
+    while (i < body.size() && is_space(body[i])) ++i;
+    return i < body.size();
+  };
+  const auto literal = [&](char c) -> std::optional<bool> {
+    if (!skip()) return std::nullopt;
+    if (body[i] != c) return false;
+    ++i;
+    return true;
+  };
+  // A JSON string's text (its escapes decoded by the JSON parser).
+  const auto string = [&]() -> std::optional<std::string> {
+    if (!skip()) return std::nullopt;
+    if (body[i] != '"') return std::string("\x01");  // not a string
+    size_t end = i + 1;
+    bool escaped = false;
+    for (; end < body.size(); ++end) {
+      if (escaped) escaped = false;
+      else if (body[end] == '\\') escaped = true;
+      else if (body[end] == '"') break;
+    }
+    if (end >= body.size()) return std::nullopt;
+    const json value = json::parse(body.substr(i, end + 1 - i), nullptr, false);
+    i = end + 1;
+    return value.is_string() ? value.get<std::string>() : std::string("\x01");
+  };
+  CallHead head, other;
+  other.kind = CallHead::Other;
+  const auto step = [&](std::optional<bool> ok) {
+    if (!ok) return false;
+    if (!*ok) head.kind = CallHead::Other;
+    return *ok;
+  };
+  if (!step(literal('{'))) return head;
+  auto key = string();
+  if (!key) return head;
+  if (*key != "name") return other;
+  if (!step(literal(':'))) return head;
+  auto name = string();
+  if (!name) return head;
+  if (*name == "\x01") return other;
+  if (!step(literal(','))) return head;
+  key = string();
+  if (!key) return head;
+  if (*key != "arguments") return other;
+  if (!step(literal(':'))) return head;
+  if (!skip()) return head;
+  head.kind = CallHead::Head;
+  head.name = std::move(*name);
+  head.value_at = i;
+  return head;
+}
+
 std::string hermes_tools_block(const ToolCalling& calling) {
   std::string out =
       "# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with "
@@ -519,12 +581,61 @@ bool ToolCallSplitter::take_call(Part& out, std::string_view body) {
     if (calls.empty()) return false;
   } else {
     if (!json_call(json::parse(text, nullptr, false))) return false;
+    const Streaming& st = streaming_;
+    if (st.on) {
+      // The call went out as it came: its id, and its arguments' text as sent (the same
+      // JSON value as parsed, without the whitespace outside strings).
+      if (!st.ended || calls.front().name != st.name || json::parse(st.arguments, nullptr, false) != json::parse(calls.front().arguments)) {
+        return false;
+      }
+      calls.front().id = st.id;
+      calls.front().arguments = st.arguments;
+      calls.front().streamed = true;
+    }
   }
   held_space_.clear();  // the whitespace between content and a call is neither's
   after_call_ = true;
   for (ToolCall& c : calls) out.calls.push_back(std::move(c));
   calls_ += calls.size();
   return true;
+}
+
+void ToolCallSplitter::stream_call(Part& out) {
+  Streaming& st = streaming_;
+  if (!st.decided) {
+    const CallHead head = hermes_call_head(pending_);
+    if (head.kind == CallHead::Wait) return;
+    st.decided = true;
+    const bool allowed = head.kind == CallHead::Head && calling_.find(head.name) &&
+                         (calling_.choice != ToolChoice::Named || head.name == calling_.named);
+    if (!allowed || pending_[head.value_at] != '{') return;  // arguments as a JSON string: whole only
+    st.on = true;
+    st.id = make_id_ ? make_id_() : std::string();
+    st.name = head.name;
+    st.scanned = head.value_at;
+    out.pieces.push_back({calls_, st.id, st.name, {}});
+  }
+  if (!st.on || st.ended) return;
+  std::string piece;
+  for (; st.scanned < pending_.size() && !st.ended; ++st.scanned) {
+    const char c = pending_[st.scanned];
+    if (st.in_string) {
+      if (st.escaped) st.escaped = false;
+      else if (c == '\\') st.escaped = true;
+      else if (c == '"') st.in_string = false;
+    } else if (c == '"') {
+      st.in_string = true;
+    } else if (is_space(c)) {
+      continue;  // outside strings: dropped
+    } else if (c == '{' || c == '[') {
+      ++st.depth;
+    } else if (c == '}' || c == ']') {
+      st.ended = --st.depth == 0;
+    }
+    piece += c;
+  }
+  st.arguments += piece;
+  if (!piece.empty()) out.pieces.push_back({calls_, {}, {}, std::move(piece)});
 }
 
 void ToolCallSplitter::run(Part& out, bool final) {
@@ -549,6 +660,7 @@ void ToolCallSplitter::run(Part& out, bool final) {
         state_ = State::Content;
         return;
       }
+      if (calling_.style == ToolStyle::Hermes) stream_call(out);
       const size_t close = find_close(pending_);
       if (close == std::string::npos) {
         if (!final) return;
@@ -556,12 +668,14 @@ void ToolCallSplitter::run(Part& out, bool final) {
         if (!take_call(out, pending_)) emit_content(out, std::string(kCallOpen) + pending_);
         pending_.clear();
         state_ = State::Content;
+        streaming_ = {};
         return;
       }
       const std::string body = pending_.substr(0, close);
       if (!take_call(out, body)) emit_content(out, std::string(kCallOpen) + body + std::string(kCallClose));
       pending_.erase(0, close + kCallClose.size());
       state_ = State::Content;
+      streaming_ = {};
       continue;
     }
     // Content. Without parallel calls, nothing after the first call is parsed.

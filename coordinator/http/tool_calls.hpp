@@ -42,6 +42,7 @@ struct ToolFunction {
 struct ToolCall {
   std::string id, name;
   std::string arguments;  // JSON text of an object
+  bool streamed = false;  // its header and arguments went out as ToolCallSplitter::Part::pieces already
 };
 
 enum class ToolStyle { Hermes, QwenXml, Llama3, Mistral };
@@ -108,12 +109,23 @@ std::vector<std::string> tool_call_triggers(ToolStyle style);
 // what may be the start of a call (held until known); a call leaves only once whole and
 // valid (a known tool, arguments a JSON object); a block that does not parse stays
 // content. Without parallel calls, what follows the first call is content.
+// A Hermes call ({"name": N, "arguments": {...}}) of an allowed tool also streams while
+// it comes, as OpenAI streams calls: its header (index, id, name) once the name is
+// known, then its arguments' text piece by piece (whitespace outside strings dropped),
+// which is then the whole call's `arguments` (marked `streamed`). A streamed call that
+// then does not parse (a reply cut inside it) stays content as well.
 class ToolCallSplitter {
  public:
+  struct CallPiece {
+    size_t index = 0;       // the call's, among the reply's calls
+    std::string id, name;   // set on its first piece only
+    std::string arguments;  // the next piece of its arguments' text
+  };
   struct Part {
     std::string content;
+    std::vector<CallPiece> pieces;  // of calls still coming (before `calls`)
     std::vector<ToolCall> calls;
-    bool empty() const { return content.empty() && calls.empty(); }
+    bool empty() const { return content.empty() && pieces.empty() && calls.empty(); }
   };
   ToolCallSplitter() = default;  // content only
   ToolCallSplitter(ToolCalling calling, std::function<std::string()> make_id);
@@ -138,6 +150,17 @@ class ToolCallSplitter {
   std::string held_space_;  // whitespace after content: dropped if a call follows
   bool after_call_ = false;  // the whitespace that follows a call is dropped too
   size_t calls_ = 0;
+  // The Hermes call in pending_ as it streams (stream_call).
+  struct Streaming {
+    bool decided = false;    // its head was read, or it will not stream
+    bool on = false;         // its header went out: its arguments follow
+    bool ended = false;      // its arguments' object closed
+    size_t scanned = 0;      // bytes of pending_ looked at
+    int depth = 0;           // of the arguments' JSON
+    bool in_string = false, escaped = false;
+    std::string id, name, arguments;  // arguments: as sent
+  } streaming_;
+  void stream_call(Part& out);
 };
 
 }  // namespace pico::coordinator::http_api

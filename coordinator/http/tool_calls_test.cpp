@@ -187,6 +187,7 @@ ToolCallSplitter::Part split(const ToolCalling& calling, const std::string& text
   ToolCallSplitter::Part all;
   auto add = [&](ToolCallSplitter::Part part) {
     all.content += part.content;
+    for (auto& p : part.pieces) all.pieces.push_back(std::move(p));
     for (auto& c : part.calls) all.calls.push_back(std::move(c));
   };
   size_t i = 0;
@@ -208,9 +209,75 @@ ToolCallSplitter::Part split_all_ways(const ToolCalling& calling, const std::str
     for (size_t i = 0; i < std::min(part.calls.size(), whole.calls.size()); ++i) {
       EXPECT_EQ(part.calls[i].name, whole.calls[i].name);
       EXPECT_EQ(part.calls[i].arguments, whole.calls[i].arguments);
+      EXPECT_EQ(part.calls[i].streamed, whole.calls[i].streamed);
+    }
+    // A streamed call's pieces: one header (its id and name) first, then pieces of its
+    // arguments that make up the call's arguments.
+    for (size_t i = 0; i < part.calls.size(); ++i) {
+      std::string id, name, arguments;
+      int headers = 0;
+      for (const auto& piece : part.pieces) {
+        if (piece.index != i) continue;
+        if (!piece.id.empty() || !piece.name.empty()) {
+          ++headers;
+          EXPECT_TRUE(arguments.empty()) << "the header comes first";
+          id = piece.id;
+          name = piece.name;
+        }
+        arguments += piece.arguments;
+      }
+      if (!part.calls[i].streamed) continue;
+      EXPECT_EQ(headers, 1) << "pieces of " << size;
+      EXPECT_EQ(id, part.calls[i].id);
+      EXPECT_EQ(name, part.calls[i].name);
+      EXPECT_EQ(arguments, part.calls[i].arguments) << "pieces of " << size;
     }
   }
   return whole;
+}
+
+// A Hermes call streams as it comes: its header once the name is known, its arguments
+// piece by piece (whitespace outside strings dropped, inside kept), before the block
+// closes; arguments given as a string, an unknown tool or another order do not stream.
+TEST(ToolCalls, HermesCallsStreamTheirArgumentsAsTheyCome) {
+  ToolCalling calling = weather_tools();
+  int next = 0;
+  ToolCallSplitter splitter(calling, [&] { return "call_" + std::to_string(next++); });
+  auto part = splitter.feed("Sure.\n<tool_call>\n{\"name\": \"get_weather\", ");
+  EXPECT_EQ(part.content, "Sure.");
+  EXPECT_TRUE(part.pieces.empty());
+  part = splitter.feed("\"arguments\": {\"city\": \"Los ");
+  ASSERT_EQ(part.pieces.size(), 2u);
+  EXPECT_EQ(part.pieces[0].index, 0u);
+  EXPECT_EQ(part.pieces[0].id, "call_0");
+  EXPECT_EQ(part.pieces[0].name, "get_weather");
+  EXPECT_EQ(part.pieces[1].arguments, "{\"city\":\"Los ");
+  EXPECT_TRUE(part.calls.empty());
+  part = splitter.feed("Angeles\",\n  \"days\": 3}}\n</tool_call>");
+  ASSERT_EQ(part.pieces.size(), 1u);
+  EXPECT_EQ(part.pieces[0].arguments, "Angeles\",\"days\":3}");
+  ASSERT_EQ(part.calls.size(), 1u);
+  EXPECT_TRUE(part.calls[0].streamed);
+  EXPECT_EQ(part.calls[0].id, "call_0");
+  EXPECT_EQ(part.calls[0].arguments, "{\"city\":\"Los Angeles\",\"days\":3}");
+  for (const std::string text : {"<tool_call>{\"name\": \"get_time\", \"arguments\": \"{}\"}</tool_call>",
+                                 "<tool_call>{\"arguments\": {}, \"name\": \"get_time\"}</tool_call>"}) {
+    const auto r = split_all_ways(calling, text);
+    ASSERT_EQ(r.calls.size(), 1u) << text;
+    EXPECT_FALSE(r.calls[0].streamed) << text;
+    EXPECT_TRUE(r.pieces.empty()) << text;
+  }
+  const auto unknown = split_all_ways(calling, "<tool_call>{\"name\": \"rm\", \"arguments\": {}}</tool_call>");
+  EXPECT_TRUE(unknown.pieces.empty() && unknown.calls.empty());
+  // Parallel calls: each its own index.
+  calling.parallel = true;
+  const auto two = split_all_ways(calling,
+                                  "<tool_call>{\"name\": \"get_time\", \"arguments\": {}}</tool_call>\n"
+                                  "<tool_call>{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Rome\"}}</tool_call>");
+  ASSERT_EQ(two.calls.size(), 2u);
+  EXPECT_TRUE(two.calls[0].streamed && two.calls[1].streamed);
+  EXPECT_EQ(two.pieces.front().index, 0u);
+  EXPECT_EQ(two.pieces.back().index, 1u);
 }
 
 TEST(ToolCalls, HermesRepliesSplitIntoContentAndCalls) {

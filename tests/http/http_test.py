@@ -1013,7 +1013,10 @@ def tool_tests(api):
             entry["id"] = d.get("id", entry["id"])
             entry["name"] += d.get("function", {}).get("name", "")
             entry["arguments"] += d.get("function", {}).get("arguments", "")
+            entry["pieces"] = entry.get("pieces", 0) + (1 if d.get("function", {}).get("arguments") else 0)
     finish = [c["choices"][0]["finish_reason"] for c in chunks if c.get("choices") and c["choices"][0]["finish_reason"]]
+    check(len(streamed) == 1 and streamed[0].get("pieces", 0) > 1,
+          "streamed: the call's arguments come in pieces as they are generated (%d)" % streamed.get(0, {}).get("pieces", 0))
     check(s == 200 and content == "" and len(streamed) == 1 and streamed[0]["name"] == "add" and streamed[0]["id"] and
           calls and streamed[0]["arguments"] == calls[0]["function"]["arguments"] and finish == ["tool_calls"],
           "streamed: the same call in delta.tool_calls (%s, %s)" % (streamed, finish))
