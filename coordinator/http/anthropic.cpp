@@ -88,7 +88,10 @@ void add_tools(json& chat, const json& body) {
         throw ApiError(400, "'" + name + ".type' '" + type->dump() + "' is not supported (client tools only)",
                        "invalid_request_error", "unsupported_field", name + ".type");
       }
-      json function = {{"name", t.value("name", json())}};
+      // The tool's own field is named: the chat request's would be tools[i].function.name.
+      if (!t.contains("name") || !t["name"].is_string()) invalid(name + ".name", "must be a string");
+      if (!valid_function_name(t["name"].get<std::string>())) invalid(name + ".name", kFunctionNameRule);
+      json function = {{"name", t["name"]}};
       if (t.contains("description")) function["description"] = t["description"];
       function["parameters"] = t.value("input_schema", json::object());
       functions.push_back({{"type", "function"}, {"function", std::move(function)}});

@@ -638,12 +638,7 @@ ToolCalling parse_tool_calling(const json& body, tokenizer::ChatFormat format) {
       ToolFunction tool;
       if (!f.contains("name")) invalid(at + ".function.name", "is required");
       tool.name = string(at + ".function.name", f["name"]);
-      // OpenAI's rule for a function name.
-      const bool name_ok = !tool.name.empty() && tool.name.size() <= 64 &&
-                           std::all_of(tool.name.begin(), tool.name.end(), [](char c) {
-                             return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-';
-                           });
-      if (!name_ok) invalid(at + ".function.name", "must be 1 to 64 letters, digits, '_' or '-'");
+      if (!valid_function_name(tool.name)) invalid(at + ".function.name", kFunctionNameRule);
       if (calling.find(tool.name)) invalid(at + ".function.name", "names '" + tool.name + "' a second time");
       if (auto d = f.find("description"); d != f.end() && !d->is_null()) {
         tool.description = string(at + ".function.description", *d);
@@ -935,6 +930,12 @@ EmbeddingRequest parse_embedding_request(const ParseContext& ctx, const json& bo
     }
   }
   return out;
+}
+
+bool valid_function_name(const std::string& name) {
+  return !name.empty() && name.size() <= 64 && std::all_of(name.begin(), name.end(), [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-';
+  });
 }
 
 json infill_completion_body(const ParseContext& ctx, json body) {

@@ -128,6 +128,10 @@ ParsedGeneration parse_generation_request(const ParseContext& ctx, Endpoint endp
 // chat_template_kwargs become.
 std::string parse_apply_template_request(const ParseContext& ctx, const json& body);
 TokenizeRequest parse_tokenize_request(const json& body);
+// OpenAI's (and Anthropic's) rule for a function's name: 1 to 64 letters, digits, '_' or '-'.
+bool valid_function_name(const std::string& name);
+inline constexpr const char* kFunctionNameRule = "must be 1 to 64 letters, digits, '_' or '-'";
+
 // /infill (llama-server's): the body of a /completion whose prompt is the fill-in-the-
 // middle prompt of input_prefix, input_suffix, input_extra and prompt (the model's FIM
 // tokens, in llama-server's repository-level pattern and proportions); ApiError 501 for

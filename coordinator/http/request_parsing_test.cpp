@@ -365,6 +365,15 @@ TEST(RequestParsing, AnthropicToolsBecomeChatTools) {
   any["tool_choice"] = {{"type", "any"}};
   EXPECT_EQ(chat_request_from_messages(any)["tool_choice"], "required");
   EXPECT_EQ(chat_request_from_messages(any)["parallel_tool_calls"], true);
+  // A bad tool name is named as Anthropic's field.
+  json badly_named = messages;
+  badly_named["tools"][0]["name"] = "add it";
+  try {
+    chat_request_from_messages(badly_named);
+    ADD_FAILURE() << "a bad tool name was taken";
+  } catch (const ApiError& e) {
+    EXPECT_EQ(e.param, "tools[0].name");
+  }
   // A tool_use in a user message is not a tool call.
   json misplaced = messages;
   misplaced["messages"][0]["content"] = json::parse(R"([{"type": "tool_use", "id": "t", "name": "add", "input": {}}])");
@@ -824,6 +833,7 @@ TEST(RequestParsing, ResponsesBecomeAChatRequest) {
   EXPECT_EQ(param_of({{"input", "x"}, {"reasoning", {{"effort", "high"}}}}), "reasoning.effort");
   EXPECT_EQ(param_of({{"input", "x"}, {"frequency_whatever", 1}}), "frequency_whatever");
   EXPECT_EQ(param_of({{"input", "x"}, {"tools", {{{"type", "web_search"}}}}}), "tools[0].type");
+  EXPECT_EQ(param_of({{"input", "x"}, {"tools", {{{"type", "function"}, {"name", "a b"}}}}}), "tools[0].name");
   EXPECT_EQ(param_of({{"input", "x"}, {"text", {{"format", {{"type", "xml"}}}}}}), "text.format.type");
   EXPECT_EQ(param_of({{"input", {{{"role", "user"}, {"content", {{{"type", "input_image"}}}}}}}}),
             "input[0].content[0].type");

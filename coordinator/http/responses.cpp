@@ -161,6 +161,7 @@ json chat_request_from_responses(const json& body) {
       if (!tool.is_object()) invalid(where, "must be a tool");
       const std::string& type = string_field(tool, where, "type");
       if (type != "function") unsupported(where + ".type", "'" + type + "' (function tools only)");
+      if (!valid_function_name(string_field(tool, where, "name"))) invalid(where + ".name", kFunctionNameRule);
       json function = tool;
       function.erase("type");
       tools.push_back({{"type", "function"}, {"function", std::move(function)}});

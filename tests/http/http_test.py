@@ -1096,7 +1096,7 @@ def anthropic_tests(api, port):
                        ({"messages": msgs, "max_tokens": 4, "tools": [{"type": "web_search_20250305", "name": "w"}]},
                         "tools[0].type"),
                        ({"messages": msgs, "max_tokens": 4, "tools": [{"name": "f g", "input_schema": {}}]},
-                        "tools[0].function.name"),
+                        "tools[0].name"),
                        ({"messages": msgs, "max_tokens": 4, "tool_choice": {"type": "sometimes"}}, "tool_choice.type")):
         s, b = api.json("POST", "/v1/messages", bad)
         check(s == 400 and b["error"]["param"] == param, "/v1/messages refuses %s (%d %s)" % (param, s, b))
