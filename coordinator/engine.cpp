@@ -437,13 +437,18 @@ void Engine::loop() {
       std::vector<model::BatchToken> batch;
       std::vector<protocol::LogitsOutput> outputs;  // per batch row
       bool any_reduced = false;  // a row asked as arg max or hidden state
-      auto output = [&](const Seq& s, bool logits) {
+      // last: the prompt's last token (mean pooling ends there).
+      auto output = [&](const Seq& s, bool logits, bool last = false) {
         const bool hidden = logits && s.request.embedding.has_value();
         const bool argmax = logits && s.argmax_only;
         any_reduced = any_reduced || argmax || hidden;
-        outputs.push_back(hidden   ? protocol::LogitsOutput::HIDDEN
-                          : argmax ? protocol::LogitsOutput::ARGMAX
-                                   : protocol::LogitsOutput::FULL);
+        if (hidden && *s.request.embedding == Pooling::mean) {
+          outputs.push_back(last ? protocol::LogitsOutput::MEAN_END : protocol::LogitsOutput::MEAN_ADD);
+        } else {
+          outputs.push_back(hidden   ? protocol::LogitsOutput::HIDDEN
+                            : argmax ? protocol::LogitsOutput::ARGMAX
+                                     : protocol::LogitsOutput::FULL);
+        }
       };
       std::vector<Seq*> seqs, wants;
       int budget = options_.max_batch_tokens, prefill = 0, decode = 0;
@@ -484,7 +489,7 @@ void Engine::loop() {
             s.kv_tokens.push_back(prompt[s.prefill_sent]);
             batch.push_back({s.kv_id, s.n_past++, prompt[s.prefill_sent++], wanted});
             mark_checkpoint(s, batch.back(), last);
-            output(s, wanted);
+            output(s, wanted, last);
           }
           seqs.push_back(&s);
           budget -= static_cast<int>(n);

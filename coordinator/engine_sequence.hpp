@@ -20,8 +20,9 @@ struct PostSamplingProbs {
   std::vector<TokenProb> top;
 };
 
-// Which prompt tokens' hidden states an embedding request pools: the position of
-// prompt token `index` of `n`.
+// Which prompt tokens' hidden states an embedding request pools (prompt token `index`
+// of `n`), and which come back to the coordinator: for mean pooling the last stage
+// sums them (in position order) and returns their mean at the last token.
 inline bool wants_hidden(Pooling pooling, size_t index, size_t n) {
   switch (pooling) {
     case Pooling::cls:
@@ -31,6 +32,9 @@ inline bool wants_hidden(Pooling pooling, size_t index, size_t n) {
     default:
       return true;
   }
+}
+inline bool returns_hidden(Pooling pooling, size_t index, size_t n) {
+  return pooling == Pooling::mean ? index + 1 == n : wants_hidden(pooling, index, n);
 }
 
 struct Engine::Seq {
@@ -56,9 +60,8 @@ struct Engine::Seq {
   size_t replay_sent = 0;
   bool replay_logits = false;
   bool argmax_only = false;          // the last stage returns its rows' arg max only
-  // An embedding request's hidden states received so far, in position order: their sum
-  // (Pooling::mean, summed in that order whatever the steps), or the rows kept.
-  std::vector<double> hidden_sum;
+  // An embedding request's hidden states received so far, in position order (for
+  // mean pooling the one mean the last stage returns).
   std::vector<std::vector<float>> hidden_rows;
   int32_t hidden_next = 0;  // the position of the next hidden state expected
   int n_decoded = 0;

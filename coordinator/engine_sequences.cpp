@@ -241,7 +241,6 @@ void Engine::replay_all() {
       s.n_past = 0;
       s.awaiting = false;
       s.prefill_sent = 0;
-      s.hidden_sum.clear();
       s.hidden_rows.clear();
       s.hidden_next = 0;
       ++replayed;
@@ -336,25 +335,16 @@ void Engine::receive_hidden(const std::vector<Seq*>& seqs, const StepOutput& out
     if (!sp || sp->done || sp->cancelled) continue;  // a row nobody asked for, or for a request that ended
     Seq& s = *sp;
     const size_t n = s.request.prompt.size();
-    // The next position whose hidden state the pooling wants.
+    // The next position whose hidden state comes back.
     size_t expected = static_cast<size_t>(s.hidden_next);
-    while (expected < n && !wants_hidden(*s.request.embedding, expected, n)) ++expected;
+    while (expected < n && !returns_hidden(*s.request.embedding, expected, n)) ++expected;
     if (width == 0 || (r + 1) * width > out.hidden.size() || expected >= n ||
         out.hidden_positions[r] != static_cast<int32_t>(expected)) {
       fail(s, "the last stage answered with a hidden state this request did not expect next");
       continue;
     }
     const std::span<const float> row(out.hidden.data() + r * width, width);
-    if (*s.request.embedding == Pooling::mean) {
-      if (s.hidden_sum.empty()) s.hidden_sum.assign(width, 0.0);
-      if (s.hidden_sum.size() != width) {
-        fail(s, "the last stage answered with hidden states of two widths");
-        continue;
-      }
-      for (size_t i = 0; i < width; ++i) s.hidden_sum[i] += row[i];
-    } else {
-      s.hidden_rows.emplace_back(row.begin(), row.end());
-    }
+    s.hidden_rows.emplace_back(row.begin(), row.end());
     s.hidden_next = static_cast<int32_t>(expected + 1);
   }
 }
@@ -363,21 +353,12 @@ void Engine::finish_embedding(Seq& s) {
   s.awaiting = false;
   const size_t n = s.request.prompt.size();
   size_t wanted = 0;
-  for (size_t i = 0; i < n; ++i) wanted += wants_hidden(*s.request.embedding, i, n) ? 1 : 0;
-  const size_t received = *s.request.embedding == Pooling::mean ? static_cast<size_t>(s.hidden_next)
-                                                                : s.hidden_rows.size();
-  if (received != wanted) {
+  for (size_t i = 0; i < n; ++i) wanted += returns_hidden(*s.request.embedding, i, n) ? 1 : 0;
+  if (s.hidden_rows.size() != wanted) {
     fail(s, "the last stage's answers lack hidden states of this request's prompt");
     return;
   }
-  std::vector<std::vector<float>> rows;
-  if (*s.request.embedding == Pooling::mean) {
-    std::vector<float>& mean = rows.emplace_back(s.hidden_sum.size());
-    for (size_t i = 0; i < mean.size(); ++i) mean[i] = static_cast<float>(s.hidden_sum[i] / static_cast<double>(n));
-  } else {
-    rows = std::move(s.hidden_rows);
-  }
-  s.hidden_sum.clear();
+  std::vector<std::vector<float>> rows = std::move(s.hidden_rows);
   s.hidden_rows.clear();
   try {
     if (s.callbacks.on_embedding) s.callbacks.on_embedding(std::move(rows));

@@ -63,7 +63,9 @@ void LocalStage::submit(uint64_t step, std::span<const model::BatchToken> batch,
   if (outputs.size() == rows.size()) {
     for (size_t i = 0; i < rows.size(); ++i) {
       rows[i].argmax_only = outputs[i] == protocol::LogitsOutput::ARGMAX;
-      rows[i].hidden_state = outputs[i] == protocol::LogitsOutput::HIDDEN;
+      using Output = protocol::LogitsOutput;
+      rows[i].hidden_state = outputs[i] == Output::HIDDEN || outputs[i] == Output::MEAN_ADD || outputs[i] == Output::MEAN_END;
+      rows[i].pool = outputs[i] == Output::MEAN_ADD ? 1 : outputs[i] == Output::MEAN_END ? 2 : 0;
     }
   }
   run(step, rows, nullptr, {});

@@ -34,6 +34,8 @@ enum LogitsOutput {
   full @0;             # the row of nVocab F32 logits
   argmax @1;           # its arg max only (token id and logit): all that greedy sampling needs
   hidden @2;           # its hidden state after the output norm (nEmbd F32 values: embeddings)
+  meanAdd @3;          # that hidden state added to its sequence's running sum on the last stage; nothing returned
+  meanEnd @4;          # added, and the mean of the sequence's rows returned as its hidden state (mean pooling)
 }
 
 enum ErrorCode {

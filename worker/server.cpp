@@ -434,7 +434,10 @@ void Server::handle_forward(const std::string& peer, Envelope::Reader env, net::
                 tokens.size() == rows ? tokens[static_cast<unsigned>(i)] : 0, want[static_cast<unsigned>(i)],
                 checkpoints.size() == rows ? checkpoints[static_cast<unsigned>(i)] : uint8_t{0}};
     batch[i].argmax_only = outputs.size() == rows && outputs[static_cast<unsigned>(i)] == LogitsOutput::ARGMAX;
-    batch[i].hidden_state = outputs.size() == rows && outputs[static_cast<unsigned>(i)] == LogitsOutput::HIDDEN;
+    const LogitsOutput output = outputs.size() == rows ? outputs[static_cast<unsigned>(i)] : LogitsOutput::FULL;
+    batch[i].hidden_state =
+        output == LogitsOutput::HIDDEN || output == LogitsOutput::MEAN_ADD || output == LogitsOutput::MEAN_END;
+    batch[i].pool = output == LogitsOutput::MEAN_ADD ? 1 : output == LogitsOutput::MEAN_END ? 2 : 0;
   }
   std::vector<float> scratch;
   const float* hidden = nullptr;

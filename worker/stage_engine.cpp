@@ -292,7 +292,37 @@ std::vector<float> StageEngine::forward(std::span<const model::BatchToken> batch
   std::vector<float> out = model_->forward(*be_, batch, hidden, range_, *cache_, argmax);
   ++batches_;
   tokens_ += batch.size();
+  if (argmax) pool_hidden(batch, *argmax);
   return out;
+}
+
+void StageEngine::pool_hidden(std::span<const model::BatchToken> batch, model::ReducedRows& rows) {
+  const auto width = static_cast<size_t>(n_embd());
+  if (std::none_of(rows.hidden_rows.begin(), rows.hidden_rows.end(),
+                   [&](int32_t r) { return batch[static_cast<size_t>(r)].pool != 0; })) {
+    return;
+  }
+  std::vector<int32_t> kept_rows;
+  std::vector<float> kept;
+  for (size_t k = 0; k < rows.hidden_rows.size(); ++k) {
+    const model::BatchToken& t = batch[static_cast<size_t>(rows.hidden_rows[k])];
+    const float* row = rows.hidden.data() + k * width;
+    if (t.pool == 0) {
+      kept_rows.push_back(rows.hidden_rows[k]);
+      kept.insert(kept.end(), row, row + width);
+      continue;
+    }
+    Pool& p = pools_[t.seq_id];
+    if (p.sum.empty()) p.sum.assign(width, 0.0);
+    for (size_t i = 0; i < width; ++i) p.sum[i] += row[i];
+    ++p.rows;
+    if (t.pool != 2) continue;
+    kept_rows.push_back(rows.hidden_rows[k]);
+    for (size_t i = 0; i < width; ++i) kept.push_back(static_cast<float>(p.sum[i] / static_cast<double>(p.rows)));
+    pools_.erase(t.seq_id);
+  }
+  rows.hidden_rows = std::move(kept_rows);
+  rows.hidden = std::move(kept);
 }
 
 std::optional<StageEngine::Snapshot> StageEngine::snapshot(int32_t seq_id) const {

@@ -106,7 +106,9 @@ class StageEngine {
 
   // Runs the stage's layers (see model::Model::forward): hidden is null on the first
   // stage, else batch.size() rows of n_embd. Returns logits rows (last stage) or
-  // hidden states. Throws LimitError for a batch beyond the limits and
+  // hidden states. The last stage pools the hidden-state rows marked `pool` (mean
+  // pooling: a running sum per sequence, in position order whatever the batches, so
+  // the mean does not depend on how the prompt was split). Throws LimitError for a batch beyond the limits and
   // std::invalid_argument for one the stage cannot take, both before changing any
   // sequence.
   // argmax (the last stage): rows asked as arg max only come back reduced on the
@@ -123,16 +125,27 @@ class StageEngine {
     std::vector<uint8_t> bytes;
   };
   std::optional<Snapshot> snapshot(int32_t seq_id) const;
+ private:
+  void pool_hidden(std::span<const model::BatchToken> batch, model::ReducedRows& rows);
+
+ public:
   void restore(int32_t seq_id, std::span<const uint8_t> bytes);
 
-  void close(int32_t seq_id) { cache_->remove(seq_id); }
-  void close_all() { cache_->clear(); }  // a new session's plan: the old one's sequences go
+  void close(int32_t seq_id) {
+    cache_->remove(seq_id);
+    pools_.erase(seq_id);
+  }
+  void close_all() {  // a new session's plan: the old one's sequences go
+    cache_->clear();
+    pools_.clear();
+  }
   void truncate(int32_t seq_id, int64_t pos) { cache_->truncate(seq_id, pos); }
   size_t kv_bytes() const { return cache_->bytes_used(); }  // all sequence state: KV, recurrent, checkpoints
   size_t recurrent_bytes() const { return cache_->recurrent_bytes(); }  // of which recurrent states and checkpoints
   size_t checkpoint_bytes() const { return cache_->checkpoint_bytes(); }  // of which checkpoints
   size_t sequences() const { return cache_->size(); }
   uint64_t batches() const { return batches_; }  // forward calls served
+  size_t pooling_sequences() const { return pools_.size(); }  // sequences with a running mean
   uint64_t tokens() const { return tokens_; }    // tokens in them
 
  private:
@@ -156,6 +169,12 @@ class StageEngine {
   int threads_ = 0;
   protocol::ModelIdentity identity_;
   uint64_t batches_ = 0;
+  // Mean pooling's running sums per sequence (BatchToken::pool), in double.
+  struct Pool {
+    std::vector<double> sum;
+    int64_t rows = 0;
+  };
+  std::map<int32_t, Pool> pools_;
   uint64_t tokens_ = 0;
 };
 

@@ -85,6 +85,10 @@ struct BatchToken {
   // With `logits`: its hidden state after the output norm is wanted instead of its
   // logits (embeddings), which the last stage returns in ReducedRows.
   bool hidden_state = false;
+  // With hidden_state, mean pooling on the last stage (worker::StageEngine): 1 adds the
+  // hidden state to its sequence's running sum there and returns nothing; 2 adds it and
+  // returns the mean of the sequence's rows so far instead.
+  uint8_t pool = 0;
 };
 
 // What the last stage returns besides whole logits rows. Per token with `logits` and

@@ -482,6 +482,62 @@ TEST_F(WorkerChain, AGreedyChainRunsOnWithoutTheCoordinator) {
   expect_still_serving();
 }
 
+// Rows asked as hidden states come back as the hidden state after the output norm
+// instead of logits; rows asked for mean pooling are summed on the worker, in position
+// order across forwards, and their mean comes back at the row that ends it.
+TEST_F(WorkerProtocol, HiddenRowsAndTheirMeanPooledOnTheLastStage) {
+  using protocol::LogitsOutput;
+  const std::vector<int32_t> prompt{1, 450, 306, 4966};
+  auto forward = [&](uint64_t step, int32_t seq, size_t from, size_t to, const std::vector<LogitsOutput>& outputs) {
+    protocol::Builder b;
+    auto f = b.envelope().getBody().initForward();
+    const auto n = static_cast<unsigned>(to - from);
+    f.setStepId(step);
+    f.setRows(n);
+    auto s = f.initSeqIds(n);
+    auto pos = f.initPositions(n);
+    auto t = f.initTokens(n);
+    auto w = f.initWantLogits(n);
+    auto out = f.initLogitsOutput(n);
+    for (unsigned i = 0; i < n; ++i) {
+      s.set(i, seq);
+      pos.set(i, static_cast<int32_t>(from + i));
+      t.set(i, prompt[from + i]);
+      w.set(i, true);
+      out.set(i, outputs[from + i]);
+    }
+    return b.encode();
+  };
+  const std::vector<LogitsOutput> hidden(4, LogitsOutput::HIDDEN);
+  auto r = ask(forward(300, 81, 0, 4, hidden));
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->which(), Envelope::Body::LOGITS);
+  auto l = r->envelope().getBody().getLogits();
+  EXPECT_EQ(l.getRows(), 0u);
+  ASSERT_EQ(l.getHiddenSeqIds().size(), 4u);
+  const size_t width = l.getNEmbd();
+  ASSERT_GT(width, 0u);
+  ASSERT_EQ(l.getHidden().size(), 4 * width);
+  std::vector<double> sum(width, 0.0);
+  for (unsigned i = 0; i < 4; ++i) {
+    EXPECT_EQ(l.getHiddenSeqIds()[i], 81);
+    EXPECT_EQ(l.getHiddenPositions()[i], static_cast<int32_t>(i));
+    for (size_t k = 0; k < width; ++k) sum[k] += l.getHidden()[static_cast<unsigned>(i * width + k)];
+  }
+  const std::vector<LogitsOutput> mean{LogitsOutput::MEAN_ADD, LogitsOutput::MEAN_ADD, LogitsOutput::MEAN_ADD,
+                                       LogitsOutput::MEAN_END};
+  r = ask(forward(301, 82, 0, 2, mean));
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->envelope().getBody().getLogits().getHiddenSeqIds().size(), 0u);  // summed, nothing back yet
+  r = ask(forward(302, 82, 2, 4, mean));
+  ASSERT_TRUE(r);
+  l = r->envelope().getBody().getLogits();
+  ASSERT_EQ(l.getHiddenSeqIds().size(), 1u);
+  EXPECT_EQ(l.getHiddenPositions()[0], 3);
+  ASSERT_EQ(l.getHidden().size(), width);
+  for (size_t k = 0; k < width; ++k) EXPECT_EQ(l.getHidden()[static_cast<unsigned>(k)], static_cast<float>(sum[k] / 4)) << k;
+}
+
 TEST_F(WorkerProtocol, HeartbeatAnswersEchoTheSendersClock) {
   protocol::Builder b;
   b.envelope().getBody().initHeartbeat().setSentNanos(123456789);
