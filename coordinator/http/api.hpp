@@ -132,6 +132,30 @@ class Generation {
 // captures inside a co_await expression twice.)
 awaitable<json> off_thread(std::function<json()> work, std::string code);
 
+// A chat reply's text through its splitters as it comes (reasoning, then tool calls,
+// the Anthropic and Responses endpoints'): next() takes one event's text (done: the
+// reply ended) and returns what is new; the reply's reasoning and content accumulate.
+struct ChatReplySplit {
+  ChatReplySplit(const ParsedGeneration& parsed, bool stream, std::function<std::string()> make_id)
+      : split(ReasoningSplitter::for_reply(parsed.reasoning, stream)) {
+    if (parsed.tools.active()) tool_split = ToolCallSplitter(parsed.tools, std::move(make_id));
+  }
+  struct Piece {
+    std::string reasoning;
+    ToolCallSplitter::Part tools;
+  };
+  Piece next(bool done, const std::string& text) {
+    ReasoningSplitter::Split part = done ? split.finish() : split.feed(text);
+    Piece out{std::move(part.reasoning), done ? tool_split.finish(part.content) : tool_split.feed(part.content)};
+    reasoning += out.reasoning;
+    content += out.tools.content;
+    return out;
+  }
+  ReasoningSplitter split;
+  ToolCallSplitter tool_split;
+  std::string reasoning, content;
+};
+
 // The request's body as a JSON object (ApiError 400 otherwise).
 json parse_body(const HttpRequest& request);
 int64_t unix_time();

@@ -92,10 +92,7 @@ awaitable<void> anthropic_messages(Session& s) {
   const std::string& model = s.state.options.model_name;
   const auto input_tokens = static_cast<int>(parsed.choices.front().prompt.size());
   Generation gen(s.state.engine, co_await asio::this_coro::executor, s.socket, std::move(parsed.choices));
-  ReasoningSplitter split = ReasoningSplitter::for_reply(parsed.reasoning, stream);
-  ToolCallSplitter tool_split;
-  if (parsed.tools.active()) tool_split = ToolCallSplitter(parsed.tools, [] { return random_id("toolu_"); });
-  std::string reasoning, content;
+  ChatReplySplit reply(parsed, stream, [] { return random_id("toolu_"); });
   std::vector<ToolCall> calls;
   BlockStream blocks(s);
   auto gone = [&] {
@@ -133,12 +130,12 @@ awaitable<void> anthropic_messages(Session& s) {
       co_return;
     }
     const bool done = ev.kind == Generation::Event::Done;
-    const ReasoningSplitter::Split part = done ? split.finish() : split.feed(ev.token.text);
-    ToolCallSplitter::Part tools = done ? tool_split.finish(part.content) : tool_split.feed(part.content);
-    reasoning += part.reasoning;
-    content += tools.content;
+    ChatReplySplit::Piece piece = reply.next(done, ev.token.text);
+    const std::string& reasoning = reply.reasoning;
+    const std::string& content = reply.content;
+    ToolCallSplitter::Part& tools = piece.tools;
     const std::string thinking_kind = "thinking", text_kind = "text";
-    if (stream && !(co_await blocks.delta(thinking_kind, part.reasoning) && co_await blocks.delta(text_kind, tools.content))) {
+    if (stream && !(co_await blocks.delta(thinking_kind, piece.reasoning) && co_await blocks.delta(text_kind, tools.content))) {
       gone();
       co_return;
     }

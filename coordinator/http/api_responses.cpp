@@ -169,12 +169,7 @@ awaitable<void> responses(Session& s) {
   const std::string id = random_id("resp_");
   const std::string& model = s.state.options.model_name;
   Generation gen(s.state.engine, co_await asio::this_coro::executor, s.socket, std::move(parsed.choices));
-  ReasoningSplitter split = ReasoningSplitter::for_reply(parsed.reasoning, stream);
-  ToolCallSplitter tool_split;
-  if (parsed.tools.active()) {
-    tool_split = ToolCallSplitter(parsed.tools, [style = parsed.tools.style] { return tool_call_id(style); });
-  }
-  std::string reasoning, content;
+  ChatReplySplit reply(parsed, stream, [style = parsed.tools.style] { return tool_call_id(style); });
   std::vector<std::pair<std::string, ToolCall>> calls;  // item id, call
   ItemStream items(s);
   auto gone = [&] {
@@ -208,12 +203,12 @@ awaitable<void> responses(Session& s) {
       co_return;
     }
     const bool done = ev.kind == Generation::Event::Done;
-    const ReasoningSplitter::Split part = done ? split.finish() : split.feed(ev.token.text);
-    ToolCallSplitter::Part tools = done ? tool_split.finish(part.content) : tool_split.feed(part.content);
-    reasoning += part.reasoning;
-    content += tools.content;
+    ChatReplySplit::Piece piece = reply.next(done, ev.token.text);
+    const std::string& reasoning = reply.reasoning;
+    const std::string& content = reply.content;
+    ToolCallSplitter::Part& tools = piece.tools;
     const std::string reasoning_kind = "reasoning", message_kind = "message";
-    if (stream && !(co_await items.delta(reasoning_kind, part.reasoning) && co_await items.delta(message_kind, tools.content))) {
+    if (stream && !(co_await items.delta(reasoning_kind, piece.reasoning) && co_await items.delta(message_kind, tools.content))) {
       gone();
       co_return;
     }
