@@ -66,14 +66,15 @@ size_t find_close_tag(std::string_view text, bool json_body) {
   return std::string_view::npos;
 }
 
-// The head of a Hermes call as it streams: {"name": "N", "arguments": then the value.
+// The head of a JSON call as it streams: {"name": "N", "arguments": (Llama 3:
+// "parameters":) then the value; a Mistral list's first call after its '['.
 // Wait: not all of it has come; Other: the body is not shaped so (it does not stream).
 struct CallHead {
   enum Kind { Wait, Other, Head } kind = Wait;
   std::string name;
   size_t value_at = 0;
 };
-CallHead hermes_call_head(std::string_view body) {
+CallHead json_call_head(std::string_view body, bool in_list) {
   size_t i = 0;
   const auto skip = [&] {
     while (i < body.size() && is_space(body[i])) ++i;
@@ -108,6 +109,7 @@ CallHead hermes_call_head(std::string_view body) {
     if (!*ok) head.kind = CallHead::Other;
     return *ok;
   };
+  if (in_list && !step(literal('['))) return head;
   if (!step(literal('{'))) return head;
   auto key = string();
   if (!key) return head;
@@ -119,7 +121,7 @@ CallHead hermes_call_head(std::string_view body) {
   if (!step(literal(','))) return head;
   key = string();
   if (!key) return head;
-  if (*key != "arguments") return other;
+  if (*key != "arguments" && *key != "parameters") return other;
   if (!step(literal(':'))) return head;
   if (!skip()) return head;
   head.kind = CallHead::Head;
@@ -581,17 +583,17 @@ bool ToolCallSplitter::take_call(Part& out, std::string_view body) {
     if (calls.empty()) return false;
   } else {
     if (!json_call(json::parse(text, nullptr, false))) return false;
-    const Streaming& st = streaming_;
-    if (st.on) {
-      // The call went out as it came: its id, and its arguments' text as sent (the same
-      // JSON value as parsed, without the whitespace outside strings).
-      if (!st.ended || calls.front().name != st.name || json::parse(st.arguments, nullptr, false) != json::parse(calls.front().arguments)) {
-        return false;
-      }
-      calls.front().id = st.id;
-      calls.front().arguments = st.arguments;
-      calls.front().streamed = true;
+  }
+  if (const Streaming& st = streaming_; st.on) {
+    // The (first) call went out as it came: its id, and its arguments' text as sent (the
+    // same JSON value as parsed, without the whitespace outside strings).
+    if (calls.empty() || !st.ended || calls.front().name != st.name ||
+        json::parse(st.arguments, nullptr, false) != json::parse(calls.front().arguments)) {
+      return false;
     }
+    calls.front().id = st.id;
+    calls.front().arguments = st.arguments;
+    calls.front().streamed = true;
   }
   held_space_.clear();  // the whitespace between content and a call is neither's
   after_call_ = true;
@@ -603,7 +605,7 @@ bool ToolCallSplitter::take_call(Part& out, std::string_view body) {
 void ToolCallSplitter::stream_call(Part& out) {
   Streaming& st = streaming_;
   if (!st.decided) {
-    const CallHead head = hermes_call_head(pending_);
+    const CallHead head = json_call_head(pending_, calling_.style == ToolStyle::Mistral);
     if (head.kind == CallHead::Wait) return;
     st.decided = true;
     const bool allowed = head.kind == CallHead::Head && calling_.find(head.name) &&
@@ -653,11 +655,13 @@ void ToolCallSplitter::run(Part& out, bool final) {
     }
     if (state_ == State::InCall) {
       if (calling_.style == ToolStyle::Llama3 || calling_.style == ToolStyle::Mistral) {
+        stream_call(out);
         if (!final) return;  // the calls run to the end of the reply
         const std::string_view opened = calling_.style == ToolStyle::Mistral ? kMistralCalls : std::string_view();
         if (!take_call(out, pending_)) emit_content(out, std::string(opened) + pending_);
         pending_.clear();
         state_ = State::Content;
+        streaming_ = {};
         return;
       }
       if (calling_.style == ToolStyle::Hermes) stream_call(out);

@@ -109,11 +109,12 @@ std::vector<std::string> tool_call_triggers(ToolStyle style);
 // what may be the start of a call (held until known); a call leaves only once whole and
 // valid (a known tool, arguments a JSON object); a block that does not parse stays
 // content. Without parallel calls, what follows the first call is content.
-// A Hermes call ({"name": N, "arguments": {...}}) of an allowed tool also streams while
-// it comes, as OpenAI streams calls: its header (index, id, name) once the name is
-// known, then its arguments' text piece by piece (whitespace outside strings dropped),
-// which is then the whole call's `arguments` (marked `streamed`). A streamed call that
-// then does not parse (a reply cut inside it) stays content as well.
+// A JSON call ({"name": N, "arguments": {...}}: Hermes; Llama 3's first call, with
+// "parameters"; a Mistral list's first call) of an allowed tool also streams while it
+// comes, as OpenAI streams calls: its header (index, id, name) once the name is known,
+// then its arguments' text piece by piece (whitespace outside strings dropped), which
+// is then the whole call's `arguments` (marked `streamed`). A streamed call that then
+// does not parse (a reply cut inside it) stays content as well.
 class ToolCallSplitter {
  public:
   struct CallPiece {
@@ -150,7 +151,7 @@ class ToolCallSplitter {
   std::string held_space_;  // whitespace after content: dropped if a call follows
   bool after_call_ = false;  // the whitespace that follows a call is dropped too
   size_t calls_ = 0;
-  // The Hermes call in pending_ as it streams (stream_call).
+  // The JSON call in pending_ as it streams (stream_call).
   struct Streaming {
     bool decided = false;    // its head was read, or it will not stream
     bool on = false;         // its header went out: its arguments follow

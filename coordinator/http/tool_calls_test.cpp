@@ -350,6 +350,8 @@ TEST(ToolCalls, MistralRepliesOpenWithToolCalls) {
   EXPECT_EQ(r.content, "Let me see.");
   ASSERT_EQ(r.calls.size(), 2u);
   EXPECT_EQ(r.calls[0].arguments, R"({"city":"Oslo"})");
+  EXPECT_TRUE(r.calls[0].streamed);  // the list's first call streams as it comes
+  EXPECT_FALSE(r.calls[1].streamed);
   EXPECT_EQ(r.calls[1].name, "get_time");
   r = split_all_ways(calling, "[TOOL_CALLS] [{\"name\": \"nope\", \"arguments\": {}}]");
   EXPECT_TRUE(r.calls.empty());
@@ -362,6 +364,7 @@ TEST(ToolCalls, Llama3RepliesThatAreJsonAreCalls) {
   auto r = split_all_ways(calling, " {\"name\": \"get_weather\", \"parameters\": {\"city\": \"Lima\"}}");
   ASSERT_EQ(r.calls.size(), 1u);
   EXPECT_EQ(r.calls[0].arguments, R"({"city":"Lima"})");
+  EXPECT_TRUE(r.calls[0].streamed);
   EXPECT_EQ(r.content, "");
   r = split_all_ways(calling, "It is {sunny} today.");
   EXPECT_TRUE(r.calls.empty());
