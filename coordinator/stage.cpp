@@ -61,12 +61,7 @@ void LocalStage::submit(uint64_t step, std::span<const model::BatchToken> batch,
   // max leaves a device), as a worker's are.
   std::vector<model::BatchToken> rows(batch.begin(), batch.end());
   if (outputs.size() == rows.size()) {
-    for (size_t i = 0; i < rows.size(); ++i) {
-      rows[i].argmax_only = outputs[i] == protocol::LogitsOutput::ARGMAX;
-      using Output = protocol::LogitsOutput;
-      rows[i].hidden_state = outputs[i] == Output::HIDDEN || outputs[i] == Output::MEAN_ADD || outputs[i] == Output::MEAN_END;
-      rows[i].pool = outputs[i] == Output::MEAN_ADD ? 1 : outputs[i] == Output::MEAN_END ? 2 : 0;
-    }
+    for (size_t i = 0; i < rows.size(); ++i) worker::set_output(rows[i], outputs[i]);
   }
   run(step, rows, nullptr, {});
 }
@@ -703,31 +698,29 @@ void RemoteStage::restore(int32_t seq_id, std::span<const uint8_t> state) {
 }
 
 uint64_t RemoteStage::save_slot(int32_t seq_id, const std::string& name, std::span<const int32_t> tokens) {
-  check_alive();
-  protocol::Builder b;
-  auto r = b.envelope().getBody().initSlotSave();
-  r.setSeqId(seq_id);
-  r.setName(name);
-  r.setTokens(kj::arrayPtr(tokens.data(), tokens.size()));
-  send(b);
-  const auto msg = expect(Envelope::Body::SLOT_DONE, "a slot save");
-  protocol::Decoded d(msg.header_bytes());
-  const auto done = d.envelope().getBody().getSlotDone();
-  if (done.getSeqId() != seq_id || done.getName() != name) fail("answered a slot save for another sequence or file");
-  return done.getBytes();
+  return slot_file(true, seq_id, name, tokens).bytes;
 }
 
 Stage::SlotRead RemoteStage::restore_slot(int32_t seq_id, const std::string& name) {
+  return slot_file(false, seq_id, name, {});
+}
+
+Stage::SlotRead RemoteStage::slot_file(bool save, int32_t seq_id, const std::string& name,
+                                       std::span<const int32_t> tokens) {
   check_alive();
   protocol::Builder b;
-  auto r = b.envelope().getBody().initSlotRestore();
+  auto r = save ? b.envelope().getBody().initSlotSave() : b.envelope().getBody().initSlotRestore();
   r.setSeqId(seq_id);
   r.setName(name);
+  if (save) r.setTokens(kj::arrayPtr(tokens.data(), tokens.size()));
   send(b);
-  const auto msg = expect(Envelope::Body::SLOT_DONE, "a slot restore");
+  const char* what = save ? "a slot save" : "a slot restore";
+  const auto msg = expect(Envelope::Body::SLOT_DONE, what);
   protocol::Decoded d(msg.header_bytes());
   const auto done = d.envelope().getBody().getSlotDone();
-  if (done.getSeqId() != seq_id || done.getName() != name) fail("answered a slot restore for another sequence or file");
+  if (done.getSeqId() != seq_id || done.getName() != name) {
+    fail(std::string("answered ") + what + " for another sequence or file");
+  }
   SlotRead read;
   for (const int32_t t : done.getTokens()) read.tokens.push_back(t);
   read.bytes = done.getBytes();

@@ -277,6 +277,8 @@ class RemoteStage final : public Stage {
   std::string public_key() const { return options_.curve ? options_.curve->server_key : std::string(); }
 
  private:
+  // slotSave (save) or slotRestore, answered by slotDone: the file's tokens and bytes.
+  SlotRead slot_file(bool save, int32_t seq_id, const std::string& name, std::span<const int32_t> tokens);
   void connect();  // a fresh socket and monitor
   void hello(int timeout_ms);  // hello/capabilities into info_, then the clock offset
   void estimate_clock_offset();

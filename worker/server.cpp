@@ -433,11 +433,7 @@ void Server::handle_forward(const std::string& peer, Envelope::Reader env, net::
     batch[i] = {seqs[static_cast<unsigned>(i)], pos[static_cast<unsigned>(i)],
                 tokens.size() == rows ? tokens[static_cast<unsigned>(i)] : 0, want[static_cast<unsigned>(i)],
                 checkpoints.size() == rows ? checkpoints[static_cast<unsigned>(i)] : uint8_t{0}};
-    batch[i].argmax_only = outputs.size() == rows && outputs[static_cast<unsigned>(i)] == LogitsOutput::ARGMAX;
-    const LogitsOutput output = outputs.size() == rows ? outputs[static_cast<unsigned>(i)] : LogitsOutput::FULL;
-    batch[i].hidden_state =
-        output == LogitsOutput::HIDDEN || output == LogitsOutput::MEAN_ADD || output == LogitsOutput::MEAN_END;
-    batch[i].pool = output == LogitsOutput::MEAN_ADD ? 1 : output == LogitsOutput::MEAN_END ? 2 : 0;
+    if (outputs.size() == rows) set_output(batch[i], outputs[static_cast<unsigned>(i)]);
   }
   std::vector<float> scratch;
   const float* hidden = nullptr;

@@ -246,6 +246,13 @@ void StageEngine::check_limits(std::span<const model::BatchToken> batch,
   }
 }
 
+void set_output(model::BatchToken& row, protocol::LogitsOutput output) {
+  using Output = protocol::LogitsOutput;
+  row.argmax_only = output == Output::ARGMAX;
+  row.hidden_state = output == Output::HIDDEN || output == Output::MEAN_ADD || output == Output::MEAN_END;
+  row.pool = output == Output::MEAN_ADD ? 1 : output == Output::MEAN_END ? 2 : 0;
+}
+
 std::vector<float> StageEngine::forward(std::span<const model::BatchToken> batch, const float* hidden,
                                        model::ReducedRows* argmax) {
   if (batch.empty()) throw std::invalid_argument("empty batch");

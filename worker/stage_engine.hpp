@@ -36,6 +36,11 @@ struct StageLimits {
   uint64_t max_message_bytes = 0;
 };
 
+// What the last stage returns for a row (protocol::LogitsOutput) as the row's flags:
+// argmax_only, hidden_state, pool. The worker's server and the in-process stage both
+// read a forward's outputs through it.
+void set_output(model::BatchToken& row, protocol::LogitsOutput output);
+
 // The limits asked for (pico-worker's flags); 0 / nullopt takes the default.
 // The backend a stage runs its layers on (backend/devices.hpp's open_backend).
 struct StageBackendOptions {
@@ -108,9 +113,9 @@ class StageEngine {
   // stage, else batch.size() rows of n_embd. Returns logits rows (last stage) or
   // hidden states. The last stage pools the hidden-state rows marked `pool` (mean
   // pooling: a running sum per sequence, in position order whatever the batches, so
-  // the mean does not depend on how the prompt was split). Throws LimitError for a batch beyond the limits and
-  // std::invalid_argument for one the stage cannot take, both before changing any
-  // sequence.
+  // the mean does not depend on how the prompt was split). Throws LimitError for a
+  // batch beyond the limits and std::invalid_argument for one the stage cannot take,
+  // both before changing any sequence.
   // argmax (the last stage): rows asked as arg max only come back reduced on the
   // backend (Model::forward), left out of the returned logits.
   std::vector<float> forward(std::span<const model::BatchToken> batch, const float* hidden,
@@ -125,10 +130,6 @@ class StageEngine {
     std::vector<uint8_t> bytes;
   };
   std::optional<Snapshot> snapshot(int32_t seq_id) const;
- private:
-  void pool_hidden(std::span<const model::BatchToken> batch, model::ReducedRows& rows);
-
- public:
   void restore(int32_t seq_id, std::span<const uint8_t> bytes);
 
   void close(int32_t seq_id) {
@@ -145,7 +146,6 @@ class StageEngine {
   size_t checkpoint_bytes() const { return cache_->checkpoint_bytes(); }  // of which checkpoints
   size_t sequences() const { return cache_->size(); }
   uint64_t batches() const { return batches_; }  // forward calls served
-  size_t pooling_sequences() const { return pools_.size(); }  // sequences with a running mean
   uint64_t tokens() const { return tokens_; }    // tokens in them
 
  private:
@@ -156,6 +156,8 @@ class StageEngine {
   void check_device_memory(const StageBackendOptions& backend, bool budget_given, uint64_t one_sequence);
 
   void check_limits(std::span<const model::BatchToken> batch, const std::map<int32_t, int64_t>& next_pos) const;
+  // The last stage's mean pooling of `rows`' hidden states (BatchToken::pool).
+  void pool_hidden(std::span<const model::BatchToken> batch, model::ReducedRows& rows);
 
   std::unique_ptr<gguf::Model> file_;
   std::unique_ptr<model::Model> model_;

@@ -493,21 +493,16 @@ const Field kGenerationFields[] = {
     {"reasoning_format", kAll, parse_reasoning_format},
 };
 
-// A prompt: text (tokenized with BOS and specials), a list of token ids, or llama.cpp's
-// mixed list of texts and ids.
-std::vector<int32_t> parse_prompt(const ParseContext& ctx, const json& prompt, const std::string& field = "prompt") {
+// llama.cpp's mixed list of texts and token ids (or one text) as tokens; with
+// `special`, BOS before the first text (as the vocabulary asks) and special-token
+// texts parsed, else neither (llama-server's /infill fields).
+std::vector<int32_t> mixed_tokens(const ParseContext& ctx, const json& list, const std::string& field, bool special) {
   const auto n_vocab = static_cast<int64_t>(ctx.tok.vocab_size());
-  if (prompt.is_string()) return ctx.tok.encode(prompt.get<std::string>(), true, true);
-  if (!prompt.is_array() || prompt.empty()) invalid(field, "must be a non-empty string or a list of token ids");
-  if (std::count_if(prompt.begin(), prompt.end(), [](const json& x) { return !x.is_number_integer(); }) > 1 &&
-      std::all_of(prompt.begin(), prompt.end(), [](const json& x) { return x.is_string() || x.is_array(); })) {
-    invalid(field, "holds several prompts; one per request is supported");
-  }
   std::vector<int32_t> ids;
   bool first = true;
-  for (const auto& t : prompt) {
+  for (const auto& t : list.is_array() ? list : json::array({list})) {
     if (t.is_string()) {
-      const auto part = ctx.tok.encode(t.get<std::string>(), first, true);
+      const auto part = ctx.tok.encode(t.get<std::string>(), special && first, special);
       ids.insert(ids.end(), part.begin(), part.end());
     } else if (t.is_number_integer()) {
       const bool neg = t.is_number_unsigned() ? false : t.get<int64_t>() < 0;
@@ -524,6 +519,20 @@ std::vector<int32_t> parse_prompt(const ParseContext& ctx, const json& prompt, c
     first = false;
   }
   return ids;
+}
+
+// A prompt: text (tokenized with BOS and specials), a list of token ids, or llama.cpp's
+// mixed list of texts and ids.
+std::vector<int32_t> parse_prompt(const ParseContext& ctx, const json& prompt, const std::string& field = "prompt") {
+  if (!prompt.is_string() && (!prompt.is_array() || prompt.empty())) {
+    invalid(field, "must be a non-empty string or a list of token ids");
+  }
+  if (prompt.is_array() &&
+      std::count_if(prompt.begin(), prompt.end(), [](const json& x) { return !x.is_number_integer(); }) > 1 &&
+      std::all_of(prompt.begin(), prompt.end(), [](const json& x) { return x.is_string() || x.is_array(); })) {
+    invalid(field, "holds several prompts; one per request is supported");
+  }
+  return mixed_tokens(ctx, prompt, field, true);
 }
 
 std::string message_content(const json& m, const std::string& where, bool may_be_empty) {
@@ -947,27 +956,6 @@ json infill_completion_body(const ParseContext& ctx, json body) {
   if (!missing.empty()) {
     throw ApiError(501, "Infill is not supported by this model: " + missing, "not_supported_error", "not_supported");
   }
-  // Text or llama.cpp's mixed list of texts and ids, special tokens not parsed in the text.
-  const auto tokens_of = [&](const json& value, const std::string& field) {
-    std::vector<int32_t> out;
-    const auto n_vocab = static_cast<int64_t>(ctx.tok.vocab_size());
-    const auto add = [&](const json& part) {
-      if (part.is_string()) {
-        const auto t = ctx.tok.encode(part.get<std::string>(), false, false);
-        out.insert(out.end(), t.begin(), t.end());
-      } else if (part.is_number_integer() && part.get<int64_t>() >= 0 && part.get<int64_t>() < n_vocab) {
-        out.push_back(static_cast<int32_t>(part.get<int64_t>()));
-      } else {
-        invalid(field, "must be a string or a list of texts and token ids in the vocabulary");
-      }
-    };
-    if (value.is_array()) {
-      for (const json& part : value) add(part);
-    } else {
-      add(value);
-    }
-    return out;
-  };
   const auto take = [&](const char* key) -> json {
     auto it = body.find(key);
     if (it == body.end()) return nullptr;
@@ -983,8 +971,8 @@ json infill_completion_body(const ParseContext& ctx, json body) {
   if (!extra_chunks.is_null() && !extra_chunks.is_array()) {
     invalid("input_extra", "must be an array of {\"filename\": string, \"text\": string}");
   }
-  std::vector<int32_t> tokens_prefix = tokens_of(prefix, "input_prefix");
-  std::vector<int32_t> tokens_suffix = tokens_of(suffix, "input_suffix");
+  std::vector<int32_t> tokens_prefix = mixed_tokens(ctx, prefix, "input_prefix", false);
+  std::vector<int32_t> tokens_suffix = mixed_tokens(ctx, suffix, "input_suffix", false);
   const std::vector<int32_t> tokens_prompt =
       prompt.is_string() ? ctx.tok.encode(prompt.get<std::string>(), false, true) : std::vector<int32_t>{};
   // The repository-level pattern (as llama-server):
