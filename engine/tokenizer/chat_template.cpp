@@ -1,5 +1,8 @@
 #include "tokenizer/chat_template.hpp"
 
+#include <cctype>
+#include <cstdio>
+#include <ctime>
 #include <stdexcept>
 
 namespace pico::tokenizer {
@@ -18,11 +21,14 @@ constexpr NamedFormat kFormats[] = {
     {"llama2-sys-bos", ChatFormat::Llama2SysBos},
     {"llama2-sys-strip", ChatFormat::Llama2SysStrip},
     {"llama3", ChatFormat::Llama3},
+    {"llama3.1", ChatFormat::Llama31},
     {"mistral-v1", ChatFormat::MistralV1},
     {"mistral-v3", ChatFormat::MistralV3},
     {"mistral-v3-tekken", ChatFormat::MistralV3Tekken},
     {"mistral-v7", ChatFormat::MistralV7},
     {"mistral-v7-tekken", ChatFormat::MistralV7Tekken},
+    {"mistral-small-3.2", ChatFormat::MistralSmall32},
+    {"ministral-3", ChatFormat::Ministral3},
     {"gemma", ChatFormat::Gemma},
     {"zephyr", ChatFormat::Zephyr},
     {"phi3", ChatFormat::Phi3},
@@ -38,6 +44,41 @@ std::string trim(std::string_view s) {
   while (begin < end && is_space(s[begin])) ++begin;
   while (end > begin && is_space(s[end - 1])) --end;
   return std::string(s.substr(begin, end - begin));
+}
+
+// Today's date in the local time zone, as strftime writes it with `format`.
+std::string today(const char* format) {
+  const std::time_t now = std::time(nullptr);
+  std::tm local{};
+  localtime_r(&now, &local);
+  char buffer[128];
+  const size_t n = std::strftime(buffer, sizeof buffer, format, &local);
+  return std::string(buffer, n);
+}
+
+// A string as JSON text (tojson of a string).
+std::string json_string(std::string_view s) {
+  std::string out = "\"";
+  for (const char c : s) {
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\r': out += "\\r"; break;
+      case '\t': out += "\\t"; break;
+      case '\b': out += "\\b"; break;
+      case '\f': out += "\\f"; break;
+      default:
+        if (static_cast<unsigned char>(c) < 0x20) {
+          char escaped[8];
+          std::snprintf(escaped, sizeof escaped, "\\u%04x", static_cast<unsigned>(c));
+          out += escaped;
+        } else {
+          out += c;
+        }
+    }
+  }
+  return out + "\"";
 }
 
 void chatml(std::string& out, std::span<const ChatMessage> messages, bool add_generation_prompt) {
@@ -180,7 +221,8 @@ void llama2(std::string& out, ChatFormat format, std::span<const ChatMessage> me
 }
 
 void mistral(std::string& out, ChatFormat format, std::span<const ChatMessage> messages) {
-  if (format == ChatFormat::MistralV7 || format == ChatFormat::MistralV7Tekken) {
+  if (format == ChatFormat::MistralV7 || format == ChatFormat::MistralV7Tekken || format == ChatFormat::MistralSmall32 ||
+      format == ChatFormat::Ministral3) {
     const std::string space = format == ChatFormat::MistralV7 ? " " : "";
     for (const auto& m : messages) {
       if (m.role == "system") {
@@ -188,18 +230,34 @@ void mistral(std::string& out, ChatFormat format, std::span<const ChatMessage> m
       } else if (m.role == "user") {
         out += "[INST]" + space + m.content + "[/INST]";
       } else {
-        out += space + m.content + "</s>";
+        // Ministral 3's template writes an assistant's thinking block before its text.
+        const bool thinking = format == ChatFormat::Ministral3 && m.reasoning_content && !m.reasoning_content->empty();
+        out += space + (thinking ? "[THINK]" + *m.reasoning_content + "[/THINK]" : std::string()) + m.content + "</s>";
+      }
+    }
+    return;
+  }
+  if (format == ChatFormat::MistralV3 || format == ChatFormat::MistralV3Tekken) {
+    // Their templates (Mistral 7B v0.3, Nemo) give the first system message to the
+    // last message when it is the user's; otherwise it is not written.
+    const std::string space = format == ChatFormat::MistralV3 ? " " : "";
+    const size_t first = !messages.empty() && messages[0].role == "system" ? 1 : 0;
+    for (size_t i = first; i < messages.size(); ++i) {
+      const ChatMessage& m = messages[i];
+      if (m.role == "user" || m.role == "system") {
+        const bool with_system = first == 1 && m.role == "user" && i + 1 == messages.size();
+        out += "[INST]" + space + (with_system ? messages[0].content + "\n\n" : "") + m.content + "[/INST]";
+      } else {
+        out += space + (format == ChatFormat::MistralV3 ? trim(m.content) : m.content) + "</s>";
       }
     }
     return;
   }
   const std::string leading = format == ChatFormat::MistralV1 ? " " : "";
-  const std::string trailing = format == ChatFormat::MistralV3Tekken ? "" : " ";
-  const bool trim_assistant = format == ChatFormat::MistralV3;
   bool in_turn = false;
   for (const auto& m : messages) {
     if (!in_turn) {
-      out += leading + "[INST]" + trailing;
+      out += leading + "[INST] ";
       in_turn = true;
     }
     if (m.role == "system") {
@@ -207,10 +265,32 @@ void mistral(std::string& out, ChatFormat format, std::span<const ChatMessage> m
     } else if (m.role == "user") {
       out += m.content + leading + "[/INST]";
     } else {
-      out += trailing + (trim_assistant ? trim(m.content) : m.content) + "</s>";
+      out += " " + m.content + "</s>";
       in_turn = false;
     }
   }
+}
+
+// Llama 3.1's template (3.2's and 3.3's write the same without builtin tools): a system
+// block always, with the knowledge and today's date (llama.cpp gives templates
+// date_string, "%d %b %Y"); texts trimmed; tool results ("ipython") as JSON strings.
+void llama31(std::string& out, std::span<const ChatMessage> messages, const ChatOptions& options) {
+  size_t first = 0;
+  std::string system;
+  if (!messages.empty() && messages[0].role == "system") {
+    system = trim(messages[0].content);
+    first = 1;
+  }
+  out += "<|start_header_id|>system<|end_header_id|>\n\n";
+  if (options.tools) out += "Environment: ipython\n";
+  out += "Cutting Knowledge Date: December 2023\nToday Date: " + today("%d %b %Y") + "\n\n" + system + "<|eot_id|>";
+  for (size_t i = first; i < messages.size(); ++i) {
+    const ChatMessage& m = messages[i];
+    const bool result = m.role == "ipython" || m.role == "tool";
+    out += "<|start_header_id|>" + std::string(result ? "ipython" : m.role) + "<|end_header_id|>\n\n" +
+           (result ? json_string(m.content) : trim(m.content)) + "<|eot_id|>";
+  }
+  if (options.add_generation_prompt) out += "<|start_header_id|>assistant<|end_header_id|>\n\n";
 }
 
 void gemma(std::string& out, std::span<const ChatMessage> messages, bool add_generation_prompt) {
@@ -285,7 +365,12 @@ ChatFormat detect_chat_format(std::string_view text) {
     return ChatFormat::ChatML;
   }
   if (text.starts_with("mistral") || has("[INST]")) {
-    if (has("[SYSTEM_PROMPT]")) return ChatFormat::MistralV7;
+    if (has("[SYSTEM_PROMPT]")) {
+      // Not in llama.cpp's list (its Jinja engine runs them): the templates whose calls
+      // name the function before [ARGS]; Mistral Small 3.2's also carry [CALL_ID].
+      if (has("[TOOL_CALLS]") && has("[ARGS]")) return has("[CALL_ID]") ? ChatFormat::MistralSmall32 : ChatFormat::Ministral3;
+      return ChatFormat::MistralV7;
+    }
     if (has("' [INST] ' + system_message") || has("[AVAILABLE_TOOLS]")) {
       if (has(" [INST]")) return ChatFormat::MistralV1;
       if (has("\"[INST]\"")) return ChatFormat::MistralV3Tekken;
@@ -307,7 +392,10 @@ ChatFormat detect_chat_format(std::string_view text) {
       (has("### Instruction:") && has("<|EOT|>")) || (has("<|START_OF_TURN_TOKEN|>") && has("<|USER_TOKEN|>"))) {
     return ChatFormat::Unknown;
   }
-  if (has("<|start_header_id|>") && has("<|end_header_id|>")) return ChatFormat::Llama3;
+  if (has("<|start_header_id|>") && has("<|end_header_id|>")) {
+    // Not in llama.cpp's list: 3.1's system block, which 3.0's template has not.
+    return has("Cutting Knowledge Date") ? ChatFormat::Llama31 : ChatFormat::Llama3;
+  }
   // Not in llama.cpp: Alpaca-style instruction templates.
   if (has("### Instruction:") && has("### Response:")) return ChatFormat::Alpaca;
   return ChatFormat::Unknown;
@@ -325,12 +413,14 @@ ChatFormat chat_format_from_vocabulary(const Vocabulary& vocab) {
 
 std::optional<ThinkingTags> chat_format_thinking_tags(ChatFormat format) {
   if (format == ChatFormat::Qwen3 || format == ChatFormat::Qwen35) return ThinkingTags{"<think>", "</think>"};
+  if (format == ChatFormat::Ministral3) return ThinkingTags{"[THINK]", "[/THINK]"};
   return std::nullopt;
 }
 
 ReplyStart chat_format_reply_start(ChatFormat format, const ChatOptions& options) {
   if (!chat_format_thinking_tags(format)) return ReplyStart::Content;
   if (!options.add_generation_prompt) return ReplyStart::MayThink;  // a continued turn: nothing known
+  if (format == ChatFormat::Ministral3) return ReplyStart::MayThink;  // its prompt has no switch for it
   if (!options.enable_thinking) return ReplyStart::Content;         // the prompt closed an empty block
   return format == ChatFormat::Qwen35 ? ReplyStart::InsideThinking : ReplyStart::MayThink;
 }
@@ -358,6 +448,9 @@ std::string apply_chat_format(ChatFormat format, std::span<const ChatMessage> me
     case ChatFormat::Llama2SysStrip:
       llama2(out, format, messages);
       break;
+    case ChatFormat::Llama31:
+      llama31(out, messages, options);
+      break;
     case ChatFormat::Llama3:
       for (const auto& m : messages) {
         out += "<|start_header_id|>" + m.role + "<|end_header_id|>\n\n" + trim(m.content) + "<|eot_id|>";
@@ -369,6 +462,8 @@ std::string apply_chat_format(ChatFormat format, std::span<const ChatMessage> me
     case ChatFormat::MistralV3Tekken:
     case ChatFormat::MistralV7:
     case ChatFormat::MistralV7Tekken:
+    case ChatFormat::MistralSmall32:
+    case ChatFormat::Ministral3:
       mistral(out, format, messages);
       break;
     case ChatFormat::Gemma:
@@ -391,6 +486,100 @@ std::string apply_chat_format(ChatFormat format, std::span<const ChatMessage> me
   return out;
 }
 
+namespace {
+
+// A Jinja string literal at text[i] ('...' or "...", Python's escapes): its value, i
+// moved past it; nullopt when there is none.
+std::optional<std::string> jinja_string(std::string_view text, size_t& i) {
+  if (i >= text.size() || (text[i] != '\'' && text[i] != '"')) return std::nullopt;
+  const char quote = text[i];
+  std::string out;
+  for (size_t j = i + 1; j < text.size(); ++j) {
+    const char c = text[j];
+    if (c == quote) {
+      i = j + 1;
+      return out;
+    }
+    if (c != '\\' || j + 1 == text.size()) {
+      out += c;
+      continue;
+    }
+    const char e = text[++j];
+    switch (e) {
+      case 'n': out += '\n'; break;
+      case 't': out += '\t'; break;
+      case 'r': out += '\r'; break;
+      case '\\': case '\'': case '"': out += e; break;
+      default: out += '\\'; out += e;  // Python keeps an unknown escape as written
+    }
+  }
+  return std::nullopt;
+}
+
+bool is_name_char(char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; }
+
+// The value of `{%- set name = strftime_now("format") %}` in the template: today's date.
+std::optional<std::string> strftime_variable(std::string_view text, std::string_view name) {
+  const std::string set = "set " + std::string(name) + " = strftime_now(";
+  const size_t at = text.find(set);
+  if (at == std::string_view::npos) return std::nullopt;
+  size_t i = at + set.size();
+  const auto format = jinja_string(text, i);
+  if (!format || i >= text.size() || text[i] != ')') return std::nullopt;
+  return today(format->c_str());
+}
+
+// Qwen2.5's: a whole system turn as one literal, written when a conversation has none.
+std::string literal_system_turn(std::string_view text) {
+  constexpr std::string_view kOpen = "<|im_start|>system\n", kClose = "<|im_end|>\n";
+  for (const std::string_view quote : {"'<|im_start|>system\\n", "\"<|im_start|>system\\n"}) {
+    for (size_t at = text.find(quote); at != std::string_view::npos; at = text.find(quote, at + 1)) {
+      size_t i = at;
+      const auto literal = jinja_string(text, i);
+      if (literal && literal->size() > kOpen.size() + kClose.size() && literal->starts_with(kOpen) &&
+          literal->ends_with(kClose)) {
+        return literal->substr(kOpen.size(), literal->size() - kOpen.size() - kClose.size());
+      }
+    }
+  }
+  return {};
+}
+
+}  // namespace
+
+std::string default_system_message(std::string_view text) {
+  constexpr std::string_view kSet = "set default_system_message = ";
+  const size_t at = text.find(kSet);
+  if (at == std::string_view::npos) return literal_system_turn(text);
+  std::string out;
+  size_t i = at + kSet.size();
+  while (true) {
+    while (i < text.size() && is_space(text[i])) ++i;
+    if (auto literal = jinja_string(text, i)) {
+      out += *literal;
+    } else if (i < text.size() && is_name_char(text[i])) {
+      const size_t begin = i;
+      while (i < text.size() && is_name_char(text[i])) ++i;
+      const auto value = strftime_variable(text.substr(0, at), text.substr(begin, i - begin));
+      if (!value) return {};
+      out += *value;
+    } else {
+      return {};
+    }
+    while (i < text.size() && is_space(text[i])) ++i;
+    if (i < text.size() && text[i] == '+') {
+      ++i;
+      continue;
+    }
+    return text.substr(i).starts_with("%}") || text.substr(i).starts_with("-%}") ? out : std::string();
+  }
+}
+
+ChatTemplate ChatTemplate::from_text(std::string_view text) {
+  const ChatFormat format = detect_chat_format(text);
+  return ChatTemplate(format == ChatFormat::Unknown ? ChatFormat::ChatML : format, default_system_message(text));
+}
+
 ChatTemplate ChatTemplate::from_metadata(const gguf::Metadata& metadata, const Vocabulary* vocab,
                                          std::string_view override_name) {
   if (!override_name.empty()) {
@@ -398,11 +587,11 @@ ChatTemplate ChatTemplate::from_metadata(const gguf::Metadata& metadata, const V
     if (format == ChatFormat::Unknown) {
       throw std::invalid_argument("unknown chat template '" + std::string(override_name) + "'");
     }
-    return ChatTemplate(format);
+    return ChatTemplate(format, default_system_message(override_name));
   }
   if (auto text = metadata.get_string("tokenizer.chat_template")) {
     const ChatFormat format = detect_chat_format(*text);
-    if (format != ChatFormat::Unknown) return ChatTemplate(format);
+    if (format != ChatFormat::Unknown) return ChatTemplate(format, default_system_message(*text));
   }
   if (vocab) {
     const ChatFormat format = chat_format_from_vocabulary(*vocab);

@@ -29,11 +29,17 @@ enum class ChatFormat {
   Llama2SysBos,    // ... and <s> before each later [INST]
   Llama2SysStrip,  // ... and message text trimmed
   Llama3,          // <|start_header_id|>role<|end_header_id|>\n\n...<|eot_id|>
+  Llama31,         // Llama 3.1 / 3.2 / 3.3: Llama 3's turns after a system block with the dates (and tools)
   MistralV1,       // " [INST] ... [/INST] ...</s>"
   MistralV3,       // "[INST] ...[/INST] ...</s>"
   MistralV3Tekken, // "[INST]...[/INST]...</s>"
   MistralV7,       // [SYSTEM_PROMPT] ...[/SYSTEM_PROMPT][INST] ...[/INST] ...</s>
   MistralV7Tekken,
+  // Mistral Small 3.2: v7-tekken's turns; tool calls as [TOOL_CALLS]name[CALL_ID]id[ARGS]{...}
+  MistralSmall32,
+  // Ministral 3 / Magistral, Devstral Small: v7-tekken's turns; calls as
+  // [TOOL_CALLS]name[ARGS]{...}; replies may open with [THINK]...[/THINK]
+  Ministral3,
   Gemma,           // <start_of_turn>user\n...<end_of_turn>\n; assistant is "model"
   Zephyr,          // <|role|>\n...<|endoftext|>\n
   Phi3,            // <|role|>\n...<|end|>\n
@@ -55,13 +61,15 @@ struct ChatMessage {
 struct ChatOptions {
   bool add_generation_prompt = true;  // open an assistant turn
   bool enable_thinking = true;        // chat_template_kwargs.enable_thinking (formats that think; others ignore it)
+  bool tools = false;                 // the request has tools (Llama 3.1's system block then says "Environment: ipython")
 };
 
 // The tags a format's replies put their reasoning between.
 struct ThinkingTags {
   std::string_view open, close;
 };
-// <think> and </think> for the formats that think (Qwen3, Qwen3.5); nothing for the others.
+// <think> and </think> for the formats that think (Qwen3, Qwen3.5), [THINK] and [/THINK]
+// for Ministral 3; nothing for the others.
 std::optional<ThinkingTags> chat_format_thinking_tags(ChatFormat format);
 
 // How a reply to a prompt rendered with `options` begins.
@@ -73,9 +81,9 @@ enum class ReplyStart {
 ReplyStart chat_format_reply_start(ChatFormat format, const ChatOptions& options);
 
 std::string_view chat_format_name(ChatFormat format);
-// "chatml", "llama2", "llama2-sys", "llama2-sys-bos", "llama2-sys-strip", "llama3",
+// "chatml", "llama2", "llama2-sys", "llama2-sys-bos", "llama2-sys-strip", "llama3", "llama3.1",
 // "mistral-v1", "mistral-v3", "mistral-v3-tekken", "mistral-v7", "mistral-v7-tekken",
-// "gemma", "zephyr", "phi3", "alpaca", "qwen3", "qwen3.5".
+// "mistral-small-3.2", "ministral-3", "gemma", "zephyr", "phi3", "alpaca", "qwen3", "qwen3.5".
 std::optional<ChatFormat> chat_format_from_name(std::string_view name);
 
 // The format a template is written for: a format name, or Jinja text recognized by
@@ -93,9 +101,22 @@ ChatFormat chat_format_from_vocabulary(const Vocabulary& vocab);
 std::string apply_chat_format(ChatFormat format, std::span<const ChatMessage> messages, const ChatOptions& options);
 std::string apply_chat_format(ChatFormat format, std::span<const ChatMessage> messages, bool add_generation_prompt);
 
+// The system message a template writes when a conversation has none, where it says so
+// as Mistral's recent templates do: `set default_system_message = ...` of string
+// literals joined by '+', and of variables set to strftime_now("format") (today's date,
+// as llama.cpp's template engine gives it); or as Qwen2.5's does, a literal
+// '<|im_start|>system\n...<|im_end|>\n' of its own. Empty when there is none, or when
+// the expression holds anything else.
+std::string default_system_message(std::string_view template_text);
+
 class ChatTemplate {
  public:
-  explicit ChatTemplate(ChatFormat format = ChatFormat::ChatML) : format_(format) {}
+  explicit ChatTemplate(ChatFormat format = ChatFormat::ChatML, std::string default_system = {})
+      : format_(format), default_system_(std::move(default_system)) {}
+
+  // The format a template's text (or a format name) is written for, and its default
+  // system message; ChatML when the format is not recognised.
+  static ChatTemplate from_text(std::string_view text);
 
   // `override_name` (a format name, or template text) wins; else tokenizer.chat_template;
   // else the vocabulary's tokens; else ChatML. Throws std::invalid_argument for an
@@ -104,6 +125,8 @@ class ChatTemplate {
                                     std::string_view override_name = {});
 
   ChatFormat format() const { return format_; }
+  // What a conversation without a system message gets as one (empty: nothing).
+  const std::string& default_system() const { return default_system_; }
   std::string_view name() const { return chat_format_name(format_); }
   std::string apply(std::span<const ChatMessage> messages, bool add_generation_prompt) const {
     return apply_chat_format(format_, messages, add_generation_prompt);
@@ -120,6 +143,7 @@ class ChatTemplate {
 
  private:
   ChatFormat format_;
+  std::string default_system_;
 };
 
 }  // namespace pico::tokenizer

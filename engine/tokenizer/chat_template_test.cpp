@@ -4,6 +4,7 @@
 // worked out by hand from the template text.
 #include "tokenizer/chat_template.hpp"
 
+#include <ctime>
 #include <fstream>
 #include <sstream>
 
@@ -59,16 +60,83 @@ TEST(ChatFormats, Llama3) {
             "<|start_header_id|>user<|end_header_id|>\n\nHello<|eot_id|>"
             "<|start_header_id|>assistant<|end_header_id|>\n\nHi there<|eot_id|>"
             "<|start_header_id|>assistant<|end_header_id|>\n\n");
+  // Llama 3.1: a system block always, with today's date as llama.cpp gives it; a tool
+  // result as a JSON string.
+  const std::string date = [] {
+    const std::time_t now = std::time(nullptr);
+    std::tm local{};
+    localtime_r(&now, &local);
+    char buffer[32];
+    return std::string(buffer, std::strftime(buffer, sizeof buffer, "%d %b %Y", &local));
+  }();
+  const std::vector<ChatMessage> with_result = {{"user", "Hello"}, {"ipython", "said \"hi\"\n"}};
+  EXPECT_EQ(apply_chat_format(ChatFormat::Llama31, with_result, ChatOptions{true, true, true}),
+            "<|start_header_id|>system<|end_header_id|>\n\nEnvironment: ipython\nCutting Knowledge Date: December 2023\n"
+            "Today Date: " + date + "\n\n<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nHello<|eot_id|>"
+            "<|start_header_id|>ipython<|end_header_id|>\n\n\"said \\\"hi\\\"\\n\"<|eot_id|>"
+            "<|start_header_id|>assistant<|end_header_id|>\n\n");
+  EXPECT_EQ(render(ChatFormat::Llama31),
+            "<|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge Date: December 2023\nToday Date: " + date +
+                "\n\nYou are helpful.<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nHello<|eot_id|>"
+                "<|start_header_id|>assistant<|end_header_id|>\n\nHi there<|eot_id|>"
+                "<|start_header_id|>assistant<|end_header_id|>\n\n");
+  EXPECT_EQ(detect_chat_format("<|start_header_id|>{{ 'Cutting Knowledge Date: December 2023' }}<|end_header_id|>"),
+            ChatFormat::Llama31);
 }
 
 TEST(ChatFormats, Mistral) {
   EXPECT_EQ(render(ChatFormat::MistralV1), " [INST] You are helpful.\n\nHello [/INST] Hi there</s>");
-  EXPECT_EQ(render(ChatFormat::MistralV3), "[INST] You are helpful.\n\nHello[/INST] Hi there</s>");
-  EXPECT_EQ(render(ChatFormat::MistralV3Tekken), "[INST]You are helpful.\n\nHello[/INST]Hi there</s>");
+  // Mistral 7B v0.3's and Nemo's templates give the system message to the last message
+  // when it is the user's, and write it nowhere otherwise.
+  EXPECT_EQ(render(ChatFormat::MistralV3), "[INST] Hello[/INST] Hi there</s>");
+  EXPECT_EQ(render(ChatFormat::MistralV3Tekken), "[INST]Hello[/INST]Hi there</s>");
+  std::vector<ChatMessage> asking = kChat;
+  asking.push_back({"user", "And you?"});
+  EXPECT_EQ(apply_chat_format(ChatFormat::MistralV3, asking, true),
+            "[INST] Hello[/INST] Hi there</s>[INST] You are helpful.\n\nAnd you?[/INST]");
+  EXPECT_EQ(apply_chat_format(ChatFormat::MistralV3Tekken, asking, true),
+            "[INST]Hello[/INST]Hi there</s>[INST]You are helpful.\n\nAnd you?[/INST]");
   EXPECT_EQ(render(ChatFormat::MistralV7),
             "[SYSTEM_PROMPT] You are helpful.[/SYSTEM_PROMPT][INST] Hello[/INST] Hi there</s>");
   EXPECT_EQ(render(ChatFormat::MistralV7Tekken),
             "[SYSTEM_PROMPT]You are helpful.[/SYSTEM_PROMPT][INST]Hello[/INST]Hi there</s>");
+  EXPECT_EQ(render(ChatFormat::MistralSmall32), render(ChatFormat::MistralV7Tekken));
+  // Ministral 3 writes an assistant turn's thinking before its text.
+  std::vector<ChatMessage> thought = kChat;
+  thought[2].reasoning_content = "Greet back.";
+  EXPECT_EQ(apply_chat_format(ChatFormat::Ministral3, thought, true),
+            "[SYSTEM_PROMPT]You are helpful.[/SYSTEM_PROMPT][INST]Hello[/INST][THINK]Greet back.[/THINK]Hi there</s>");
+}
+
+TEST(ChatDetect, DefaultSystemMessages) {
+  // Ministral 3's and Devstral's: one literal; Mistral Small 3.2's: literals and today's date.
+  EXPECT_EQ(default_system_message("{%- set default_system_message = 'First line.\\n\\nIt\\'s \"quoted\"' %}"),
+            "First line.\n\nIt's \"quoted\"");
+  EXPECT_EQ(default_system_message("{%- set today = strftime_now(\"%Y\") %}\n"
+                                   "{%- set default_system_message = \"Year \" + today + \".\" %}"),
+            "Year " + std::to_string(1900 + [] {
+              const std::time_t now = std::time(nullptr);
+              std::tm local{};
+              localtime_r(&now, &local);
+              return local.tm_year;
+            }()) + ".");
+  // Anything else in the expression, or no such variable: none.
+  EXPECT_EQ(default_system_message("{%- set default_system_message = name | upper %}"), "");
+  EXPECT_EQ(default_system_message("{%- set default_system_message = 'a' + unknown %}"), "");
+  EXPECT_EQ(default_system_message("{%- set default_system_message = 'unterminated %}"), "");
+  EXPECT_EQ(default_system_message("{{ messages }}"), "");
+  const ChatTemplate ministral = ChatTemplate::from_text(
+      "{%- set default_system_message = 'Think first.' %}[SYSTEM_PROMPT][TOOL_CALLS][ARGS][INST]");
+  EXPECT_EQ(ministral.format(), ChatFormat::Ministral3);
+  EXPECT_EQ(ministral.default_system(), "Think first.");
+  EXPECT_EQ(ChatTemplate::from_text("[SYSTEM_PROMPT][TOOL_CALLS][CALL_ID][ARGS][INST]").format(),
+            ChatFormat::MistralSmall32);
+  EXPECT_EQ(ChatTemplate::from_text("{{ messages }}").format(), ChatFormat::ChatML);
+  // Qwen2.5's: its own system turn written as one literal.
+  EXPECT_EQ(default_system_message("{%- else %}{{- '<|im_start|>system\\nYou are Qwen.<|im_end|>\\n' }}"
+                                   "{{- '<|im_start|>system\\n' + message.content }}"),
+            "You are Qwen.");
+  EXPECT_EQ(default_system_message("{{- '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}"), "");
 }
 
 TEST(ChatFormats, Gemma) {
@@ -188,6 +256,11 @@ TEST(ChatFormats, ThinkingTagsAndHowRepliesStart) {
   EXPECT_EQ(chat_format_reply_start(ChatFormat::Qwen3, {true, false}), ReplyStart::Content);
   EXPECT_EQ(chat_format_reply_start(ChatFormat::ChatML, {}), ReplyStart::Content);
   EXPECT_EQ(chat_format_reply_start(ChatFormat::Llama3, {true, false}), ReplyStart::Content);
+  ASSERT_TRUE(chat_format_thinking_tags(ChatFormat::Ministral3));
+  EXPECT_EQ(chat_format_thinking_tags(ChatFormat::Ministral3)->open, "[THINK]");
+  EXPECT_EQ(chat_format_thinking_tags(ChatFormat::Ministral3)->close, "[/THINK]");
+  EXPECT_EQ(chat_format_reply_start(ChatFormat::Ministral3, {true, false}), ReplyStart::MayThink);  // no switch in its prompt
+  EXPECT_FALSE(chat_format_thinking_tags(ChatFormat::MistralSmall32));
 }
 
 TEST(ChatDetect, QwenThinkingTemplates) {
@@ -228,6 +301,11 @@ TEST(ChatDetect, FromTemplateText) {
   EXPECT_EQ(detect_chat_format("[AVAILABLE_TOOLS] {{ '[INST] ' + content }}"), ChatFormat::MistralV3);
   EXPECT_EQ(detect_chat_format("[AVAILABLE_TOOLS] {{ \"[INST]\" + content }}"), ChatFormat::MistralV3Tekken);
   EXPECT_EQ(detect_chat_format("[SYSTEM_PROMPT]{{ x }}[INST]"), ChatFormat::MistralV7);
+  EXPECT_EQ(detect_chat_format("[SYSTEM_PROMPT][INST][TOOL_CALLS]' + name + '[CALL_ID]' + id + '[ARGS]"),
+            ChatFormat::MistralSmall32);
+  EXPECT_EQ(detect_chat_format("[SYSTEM_PROMPT][INST][TOOL_CALLS]' + name + '[ARGS]"), ChatFormat::Ministral3);
+  EXPECT_EQ(detect_chat_format("mistral-small-3.2"), ChatFormat::MistralSmall32);
+  EXPECT_EQ(detect_chat_format("ministral-3"), ChatFormat::Ministral3);
   EXPECT_EQ(detect_chat_format("{{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' }}"),
             ChatFormat::Llama3);
   EXPECT_EQ(detect_chat_format("{{ '<start_of_turn>' + role + '\\n' }}"), ChatFormat::Gemma);

@@ -183,7 +183,7 @@ std::string Tokenizer::decode(std::span<const int32_t> ids, bool show_special) c
 }
 
 std::string StreamDecoder::push(int32_t id) {
-  pending_ += tokenizer_.piece(id, show_special_);
+  pending_ += tokenizer_.piece(id, show_special_ || std::binary_search(shown_.begin(), shown_.end(), id));
   const size_t hold = utf8_incomplete_suffix(pending_);
   std::string ready = pending_.substr(0, pending_.size() - hold);
   pending_.erase(0, pending_.size() - hold);

@@ -11,6 +11,7 @@
 // several threads at once.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -74,8 +75,12 @@ class Tokenizer {
 // wait for the rest.
 class StreamDecoder {
  public:
-  explicit StreamDecoder(const Tokenizer& tokenizer, bool show_special = false)
-      : tokenizer_(tokenizer), show_special_(show_special) {}
+  // shown: control tokens whose text is written all the same (a chat format's tool-call
+  // and thinking tags: llama-server's preserved tokens).
+  explicit StreamDecoder(const Tokenizer& tokenizer, bool show_special = false, std::vector<int32_t> shown = {})
+      : tokenizer_(tokenizer), show_special_(show_special), shown_(std::move(shown)) {
+    std::sort(shown_.begin(), shown_.end());
+  }
 
   // The text completed by this token (may be empty).
   std::string push(int32_t id);
@@ -87,6 +92,7 @@ class StreamDecoder {
  private:
   const Tokenizer& tokenizer_;
   bool show_special_;
+  std::vector<int32_t> shown_;  // sorted
   std::string pending_;
 };
 

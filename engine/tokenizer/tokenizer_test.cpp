@@ -239,6 +239,10 @@ TEST(StreamDecoder, HoldsPartialUtf8) {
   EXPECT_EQ(stream.push(21), "");
   EXPECT_EQ(stream.flush(), "\xC3");
   EXPECT_EQ(stream.pending_bytes(), 0u);
+  // A control token asked for is shown (a chat format's tool-call tag); the others stay hidden.
+  StreamDecoder shown(tok, false, {0});
+  EXPECT_EQ(shown.push(12), "hello");
+  EXPECT_EQ(shown.push(0), "<|endoftext|>");
 }
 
 TEST(SpmTokenizer, InvalidUtf8SplitsByLeadByte) {
