@@ -312,7 +312,7 @@ void Engine::admit() {
     try {
       s->sampler = std::make_unique<sample::Sampler>(s->request.sampling);
       for (int32_t t : s->request.prompt) s->sampler->remember(t);
-      s->decoder = std::make_unique<tokenizer::StreamDecoder>(tok_);
+      s->decoder = std::make_unique<tokenizer::StreamDecoder>(tok_, false, s->request.shown_tokens);
       s->matcher = std::make_unique<StopMatcher>(s->request.stop);
     } catch (const std::exception& e) {
       s->kv_released = true;  // no sequence yet

@@ -89,6 +89,9 @@ struct OnlineRequest {
   // sampling and the stop strings do not apply) and no kept prefix is reused (every
   // position's state is wanted).
   std::optional<Pooling> embedding;
+  // Control tokens whose text the reply shows (a chat format's tool-call and thinking
+  // tags, which the reply's parsers read: llama-server's preserved tokens).
+  std::vector<int32_t> shown_tokens;
 };
 
 struct Callbacks {

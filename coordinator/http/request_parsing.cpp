@@ -575,12 +575,16 @@ std::vector<ToolCall> parse_message_tool_calls(const std::string& where, const j
     call.name = string(at + ".function.name", f["name"]);
     if (auto id = c.find("id"); id != c.end() && !id->is_null()) call.id = string(at + ".id", *id);
     json arguments = f.value("arguments", json::object());
+    // Text as given stays as given: the templates that write arguments as a string
+    // write the client's text (those that take an object parse it again).
+    std::optional<std::string> text;
     if (arguments.is_string()) {
-      arguments = json::parse(arguments.get<std::string>(), nullptr, false);
+      text = arguments.get<std::string>();
+      arguments = json::parse(*text, nullptr, false);
       if (arguments.is_discarded()) invalid(at + ".function.arguments", "is not valid JSON");
     }
     if (!arguments.is_object()) invalid(at + ".function.arguments", "must be a JSON object (or its text)");
-    call.arguments = arguments.dump(-1, ' ', false, json::error_handler_t::replace);
+    call.arguments = text ? std::move(*text) : arguments.dump(-1, ' ', false, json::error_handler_t::replace);
     calls.push_back(std::move(call));
   }
   return calls;
@@ -657,7 +661,6 @@ ToolCalling parse_tool_calling(const json& body, tokenizer::ChatFormat format) {
         tool.parameters = *params;
       }
       if (auto strict = f.find("strict"); strict != f.end() && !strict->is_null()) boolean(at + ".function.strict", *strict);
-      tool.definition = t;
       calling.tools.push_back(std::move(tool));
     }
   }
@@ -695,19 +698,79 @@ ToolCalling parse_tool_calling(const json& body, tokenizer::ChatFormat format) {
   return calling;
 }
 
-// The prompt text of a chat request (a conversation the template refuses: 400).
-std::string render_chat(const ParseContext& ctx, const json& body, const tokenizer::ChatOptions& options,
-                        const ToolCalling& calling) {
+struct RenderedChat {
+  std::string prompt;
+  // Where the reply begins when the prompt continues a last assistant message (nullopt:
+  // as the format's generation prompt has it).
+  std::optional<tokenizer::ReplyStart> continued;
+};
+
+// The prompt text of a chat request (a conversation the template refuses: 400). The
+// template's default system message goes first when the request has none. An assistant
+// message last is continued (llama-server's assistant prefill, HF's
+// continue_final_message): the conversation is rendered with it and without a
+// generation prompt, and cut after its text, so that the reply goes on from there.
+RenderedChat render_chat(const ParseContext& ctx, const json& body, const tokenizer::ChatOptions& options,
+                         const ToolCalling& calling) {
   if (!ctx.chat) throw ApiError(500, "no chat template", "server_error");
-  const auto request_messages = parse_messages(body);
-  if (auto prompt = render_tool_prompt(ctx.chat->format(), calling, request_messages)) return *prompt;
-  const auto messages = render_tool_messages(ctx.chat->format(), calling, request_messages);
-  try {
-    return ctx.chat->apply(messages, options);
-  } catch (const std::invalid_argument& e) {
-    throw ApiError(400, "the chat template (" + std::string(ctx.chat->name()) + ") refuses the messages: " + e.what(),
+  auto request_messages = parse_messages(body);
+  if (!ctx.chat->default_system().empty() && request_messages.front().message.role != "system") {
+    RequestMessage system;
+    system.message = {"system", ctx.chat->default_system()};
+    request_messages.insert(request_messages.begin(), std::move(system));
+  }
+  // The text the prompt is cut after (empty: nothing is continued).
+  std::string continued;
+  RenderedChat out;
+  if (const RequestMessage& last = request_messages.back(); last.message.role == "assistant") {
+    const size_t n = request_messages.size();
+    if (n >= 2 && request_messages[n - 2].message.role == "assistant") {
+      invalid("messages", "ends with two assistant messages: only the last one can be continued");
+    }
+    if (!last.tool_calls.empty()) {
+      invalid("messages", "ends with an assistant message with tool_calls, which cannot be continued");
+    }
+    const std::string reasoning = last.message.reasoning_content.value_or("");
+    if (!last.message.content.empty()) {
+      continued = last.message.content;
+      out.continued = tokenizer::ReplyStart::Content;
+    } else if (!reasoning.empty() && ctx.chat->thinking_tags()) {
+      continued = reasoning;
+      out.continued = tokenizer::ReplyStart::InsideThinking;
+    } else {
+      request_messages.pop_back();  // nothing to continue: a new turn
+    }
+  }
+  const tokenizer::ChatOptions render_options{continued.empty(), options.enable_thinking, calling.active()};
+  if (auto prompt = render_tool_prompt(ctx.chat->format(), calling, request_messages)) {
+    out.prompt = std::move(*prompt);
+  } else {
+    const auto messages = render_tool_messages(ctx.chat->format(), calling, request_messages);
+    try {
+      out.prompt = ctx.chat->apply(messages, render_options);
+    } catch (const std::invalid_argument& e) {
+      throw ApiError(400, "the chat template (" + std::string(ctx.chat->name()) + ") refuses the messages: " + e.what(),
+                     "invalid_request_error", "invalid_value", "messages");
+    }
+  }
+  if (continued.empty()) return out;
+  // Some formats trim a message's text: then its trimmed text is what the prompt holds.
+  size_t at = out.prompt.rfind(continued);
+  size_t length = continued.size();
+  if (at == std::string::npos) {
+    const size_t first = continued.find_first_not_of(" \t\n\r\v\f");
+    const size_t last = continued.find_last_not_of(" \t\n\r\v\f");
+    const std::string trimmed = first == std::string::npos ? std::string() : continued.substr(first, last + 1 - first);
+    at = trimmed.empty() ? std::string::npos : out.prompt.rfind(trimmed);
+    length = trimmed.size();
+  }
+  if (at == std::string::npos) {
+    throw ApiError(400, "the chat template (" + std::string(ctx.chat->name()) +
+                            ") does not write the last assistant message's text, so it cannot be continued",
                    "invalid_request_error", "invalid_value", "messages");
   }
+  out.prompt.erase(at + length);
+  return out;
 }
 
 }  // namespace
@@ -812,9 +875,22 @@ ParsedGeneration parse_generation_request(const ParseContext& ctx, Endpoint endp
         p.req.sampling.grammar = nullptr;
       }
     }
-    p.req.prompt = ctx.tok.encode(render_chat(ctx, body, p.chat, p.out.tools), true, true);
+    const RenderedChat rendered = render_chat(ctx, body, p.chat, p.out.tools);
+    p.req.prompt = ctx.tok.encode(rendered.prompt, true, true);
+    // The tags the reply's parsers read are written in the reply even where the
+    // vocabulary has them as control tokens.
+    std::vector<std::string> read_tags =
+        p.out.tools.active() ? tool_syntax_tags(p.out.tools.style) : std::vector<std::string>();
+    if (const auto thinking = ctx.chat->thinking_tags()) {
+      read_tags.emplace_back(thinking->open);
+      read_tags.emplace_back(thinking->close);
+    }
+    for (const std::string& tag : read_tags) {
+      const int32_t id = ctx.tok.vocab().find(tag);
+      if (id != tokenizer::kNoToken && ctx.tok.is_control(id)) p.req.shown_tokens.push_back(id);
+    }
     if (const auto tags = ctx.chat->thinking_tags()) {
-      const tokenizer::ReplyStart start = ctx.chat->reply_start(p.chat);
+      const tokenizer::ReplyStart start = rendered.continued.value_or(ctx.chat->reply_start(p.chat));
       if (start != tokenizer::ReplyStart::Content) {
         p.out.reasoning.open_tag = tags->open;
         p.out.reasoning.close_tag = tags->close;
@@ -849,7 +925,7 @@ std::string parse_apply_template_request(const ParseContext& ctx, const json& bo
   if (auto it = body.find("chat_template_kwargs"); it != body.end() && !it->is_null()) {
     options = parse_chat_template_kwargs("chat_template_kwargs", *it);
   }
-  return render_chat(ctx, body, options, ctx.chat ? parse_tool_calling(body, ctx.chat->format()) : ToolCalling{});
+  return render_chat(ctx, body, options, ctx.chat ? parse_tool_calling(body, ctx.chat->format()) : ToolCalling{}).prompt;
 }
 
 TokenizeRequest parse_tokenize_request(const json& body) {

@@ -6,6 +6,8 @@
 
 #include "http/anthropic.hpp"
 
+#include <algorithm>
+
 #include <gtest/gtest.h>
 
 #include <tuple>
@@ -576,12 +578,39 @@ TEST(RequestParsing, ThinkingFormatsAndReasoning) {
   EXPECT_FALSE(parse_generation_request(f.ctx, Endpoint::ChatCompletions, body).reasoning.separates());
   f.ctx.reasoning_format = ReasoningFormat::Deepseek;
 
-  // An earlier turn's reasoning_content is rendered after the last query.
+  // An assistant message last is continued (llama-server's prefill): its reasoning_content
+  // is rendered (after the last query) and the prompt ends with its text; the reply is content.
   json turns = body;
   turns["messages"] = json::array({{{"role", "user"}, {"content", "a"}},
                                    {{"role", "assistant"}, {"content", "b"}, {"reasoning_content", "c"}}});
-  EXPECT_EQ(prompt_of(turns), tokens("<|im_start|>user\na<|im_end|>\n<|im_start|>assistant\n<think>\nc\n</think>\n\nb"
-                                     "<|im_end|>\n<|im_start|>assistant\n<think>\n"));
+  EXPECT_EQ(prompt_of(turns), tokens("<|im_start|>user\na<|im_end|>\n<|im_start|>assistant\n<think>\nc\n</think>\n\nb"));
+  EXPECT_FALSE(parse_generation_request(f.ctx, Endpoint::ChatCompletions, turns).reasoning.starts_inside);
+  // Only reasoning: the reply goes on inside the block.
+  turns["messages"][1]["content"] = "";
+  EXPECT_EQ(prompt_of(turns), tokens("<|im_start|>user\na<|im_end|>\n<|im_start|>assistant\n<think>\nc"));
+  EXPECT_TRUE(parse_generation_request(f.ctx, Endpoint::ChatCompletions, turns).reasoning.starts_inside);
+  // Neither: a new turn.
+  turns["messages"][1].erase("reasoning_content");
+  EXPECT_EQ(prompt_of(turns), tokens("<|im_start|>user\na<|im_end|>\n<|im_start|>assistant\n<think>\n"));
+  // What cannot be continued: 400 naming the messages.
+  for (const json& ending : {json::array({{{"role", "assistant"}, {"content", "b"}}, {{"role", "assistant"}, {"content", "c"}}}),
+                             json::array({{{"role", "assistant"},
+                                           {"content", ""},
+                                           {"tool_calls", json::array({{{"id", "x"},
+                                                                        {"type", "function"},
+                                                                        {"function", {{"name", "f"}, {"arguments", "{}"}}}}})}}})}) {
+    json bad = turns;
+    bad["messages"] = json::array({{{"role", "user"}, {"content", "a"}}});
+    for (const json& m : ending) bad["messages"].push_back(m);
+    try {
+      parse_generation_request(f.ctx, Endpoint::ChatCompletions, bad);
+      ADD_FAILURE() << "accepted " << bad.dump();
+    } catch (const ApiError& e) {
+      EXPECT_EQ(e.status, 400);
+      EXPECT_EQ(e.param, "messages");
+      EXPECT_NE(std::string(e.what()).find("continue"), std::string::npos) << e.what();
+    }
+  }
   // A conversation the template refuses: 400 naming the messages.
   turns["messages"] = json::array({{{"role", "assistant"}, {"content", "b"}}});
   try {
@@ -658,6 +687,48 @@ TEST(RequestParsing, ParseRequestDispatchesByPath) {
   } catch (const ApiError& e) {
     EXPECT_EQ(e.status, 404);
   }
+}
+
+// A Mistral tekken-style vocabulary: the tool-call tags are control tokens.
+std::unique_ptr<tokenizer::Tokenizer> mistral_tokenizer() {
+  gguf::Metadata m;
+  m.set("tokenizer.ggml.model", std::string("llama"));
+  m.set("tokenizer.ggml.tokens",
+        gguf::string_array({"<unk>", "<s>", "</s>", "\xE2\x96\x81" "a", "\xE2\x96\x81" "b", "c", "[TOOL_CALLS]", "[ARGS]",
+                            "[CALL_ID]", "[INST]", "[/INST]", "[SYSTEM_PROMPT]", "[/SYSTEM_PROMPT]"}));
+  std::vector<gguf::Value> scores(13, gguf::Value(0.0f));
+  std::vector<gguf::Value> types(13, gguf::Value(int32_t{3}));
+  for (size_t i = 3; i < 6; ++i) types[i] = gguf::Value(int32_t{1});
+  m.set("tokenizer.ggml.scores", gguf::make_array(gguf::ValueType::Float32, scores));
+  m.set("tokenizer.ggml.token_type", gguf::make_array(gguf::ValueType::Int32, types));
+  return std::make_unique<tokenizer::Tokenizer>(tokenizer::Vocabulary::from_metadata(m));
+}
+
+// With tools, the call syntax's control tokens are shown in the reply (its parser reads
+// them); the template's default system message opens a conversation without one.
+TEST(RequestParsing, ToolTagsAreShownAndTheDefaultSystemMessageIsUsed) {
+  auto tok = mistral_tokenizer();
+  const tokenizer::ChatTemplate chat(tokenizer::ChatFormat::MistralSmall32, "Default.");
+  ParseContext ctx{*tok, &chat, 4096, "M", "/models/M.gguf", 16, 4, 8};
+  json body = {{"messages", json::array({{{"role", "user"}, {"content", "a"}}})}};
+  EXPECT_EQ(parse_apply_template_request(ctx, body), "[SYSTEM_PROMPT]Default.[/SYSTEM_PROMPT][INST]a[/INST]");
+  auto g = parse_generation_request(ctx, Endpoint::ChatCompletions, body);
+  EXPECT_TRUE(g.choices[0].shown_tokens.empty()) << "no tools: nothing to parse";
+  body["tools"] = json::array({{{"type", "function"}, {"function", {{"name", "f"}}}}});
+  g = parse_generation_request(ctx, Endpoint::ChatCompletions, body);
+  std::vector<int32_t> shown = g.choices[0].shown_tokens;
+  std::sort(shown.begin(), shown.end());
+  EXPECT_EQ(shown, (std::vector<int32_t>{6, 7, 8}));
+  EXPECT_EQ(parse_apply_template_request(ctx, body),
+            "[SYSTEM_PROMPT]Default.[/SYSTEM_PROMPT][AVAILABLE_TOOLS][{\"type\": \"function\", \"function\": "
+            "{\"name\": \"f\", \"description\": \"\", \"parameters\": {}}}][/AVAILABLE_TOOLS][INST]a[/INST]");
+  // A system message of the request's own replaces the default.
+  body["messages"] = json::array({{{"role", "system"}, {"content", "Mine."}}, {{"role", "user"}, {"content", "a"}}});
+  body.erase("tools");
+  EXPECT_EQ(parse_apply_template_request(ctx, body), "[SYSTEM_PROMPT]Mine.[/SYSTEM_PROMPT][INST]a[/INST]");
+  // An assistant message last is continued: the prompt ends with its text.
+  body["messages"].push_back({{"role", "assistant"}, {"content", "b c"}});
+  EXPECT_EQ(parse_apply_template_request(ctx, body), "[SYSTEM_PROMPT]Mine.[/SYSTEM_PROMPT][INST]a[/INST]b c");
 }
 
 // A tokenizer with fill-in-the-middle tokens: <unk>, <s>, </s>, three words, then

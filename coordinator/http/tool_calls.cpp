@@ -1,6 +1,7 @@
 #include "http/tool_calls.hpp"
 
 #include <algorithm>
+#include <cctype>
 #include <utility>
 
 #include "http/json_schema_grammar.hpp"
@@ -17,6 +18,8 @@ namespace {
 constexpr std::string_view kCallOpen = "<tool_call>";
 constexpr std::string_view kCallClose = "</tool_call>";
 constexpr std::string_view kMistralCalls = "[TOOL_CALLS]";
+constexpr std::string_view kMistralArgs = "[ARGS]";
+constexpr std::string_view kMistralCallId = "[CALL_ID]";
 
 bool is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f'; }
 std::string_view trim(std::string_view s) {
@@ -130,11 +133,58 @@ CallHead json_call_head(std::string_view body, bool in_list) {
   return head;
 }
 
+// A call of Mistral Small 3.2's or Ministral 3's templates after its [TOOL_CALLS]:
+// name[CALL_ID]id[ARGS]{...} (Small 3.2) or name[ARGS]{...}. nullopt before [ARGS] came.
+struct ArgsCall {
+  std::string_view name, id;
+  size_t value_at = 0;  // where the text after [ARGS] begins
+};
+std::optional<ArgsCall> args_call(std::string_view body) {
+  const size_t args = body.find(kMistralArgs);
+  if (args == std::string_view::npos) return std::nullopt;
+  const std::string_view head = body.substr(0, args);
+  const size_t id_at = head.find(kMistralCallId);
+  ArgsCall call;
+  call.name = trim(head.substr(0, id_at));
+  if (id_at != std::string_view::npos) call.id = trim(head.substr(id_at + kMistralCallId.size()));
+  call.value_at = args + kMistralArgs.size();
+  return call;
+}
+
+// Where such a call ends: one past its arguments' closing '}' (outside strings); npos
+// while it has not come, or when the arguments are not an object (the reply's end decides).
+size_t args_call_end(std::string_view body) {
+  const auto call = args_call(body);
+  if (!call) return std::string_view::npos;
+  size_t i = call->value_at;
+  while (i < body.size() && is_space(body[i])) ++i;
+  if (i == body.size() || body[i] != '{') return std::string_view::npos;
+  JsonScan scan;
+  for (; i < body.size(); ++i) {
+    if (scan.structural(body[i]) && body[i] == '}' && scan.depth == 0) return i + 1;
+  }
+  return std::string_view::npos;
+}
+
+// Its head as it streams: the name once [ARGS] and the first byte after it came.
+CallHead args_call_head(std::string_view body) {
+  CallHead head;
+  const auto call = args_call(body);
+  if (!call) return head;
+  size_t i = call->value_at;
+  while (i < body.size() && is_space(body[i])) ++i;
+  if (i == body.size()) return head;
+  head.kind = CallHead::Head;
+  head.name = std::string(call->name);
+  head.value_at = i;
+  return head;
+}
+
 std::string hermes_tools_block(const ToolCalling& calling) {
   std::string out =
       "# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with "
       "function signatures within <tools></tools> XML tags:\n<tools>";
-  for (const ToolFunction& t : calling.tools) out += "\n" + python_json(t.definition);
+  for (const ToolFunction& t : calling.tools) out += "\n" + python_json(tool_definition(t));
   out +=
       "\n</tools>\n\nFor each function call, return a json object with function name and arguments within "
       "<tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": "
@@ -144,7 +194,7 @@ std::string hermes_tools_block(const ToolCalling& calling) {
 
 std::string qwen_xml_tools_block(const ToolCalling& calling) {
   std::string out = "# Tools\n\nYou have access to the following functions:\n\n<tools>";
-  for (const ToolFunction& t : calling.tools) out += "\n" + python_json(t.definition);
+  for (const ToolFunction& t : calling.tools) out += "\n" + python_json(tool_definition(t));
   out +=
       "\n</tools>\n\nIf you choose to call a function ONLY reply in the following format with NO suffix:\n\n"
       "<tool_call>\n<function=example_function_name>\n<parameter=example_parameter_1>\nvalue_1\n</parameter>\n"
@@ -162,7 +212,7 @@ std::string llama3_tools_preamble(const ToolCalling& calling) {
       "Given the following functions, please respond with a JSON for a function call with its proper arguments "
       "that best answers the given prompt.\n\nRespond in the format {\"name\": function name, \"parameters\": "
       "dictionary of argument name and its value}.Do not use variables.\n\n";
-  for (const ToolFunction& t : calling.tools) out += t.definition.dump(4) + "\n\n";
+  for (const ToolFunction& t : calling.tools) out += tool_definition(t).dump(4) + "\n\n";
   return out;
 }
 
@@ -214,31 +264,92 @@ std::string with_calls(ToolStyle style, const std::string& content, const std::v
 // Formats whose renderer writes `tool` turns itself (the Qwen templates).
 bool renders_tool_turns(ChatFormat format) { return format == ChatFormat::Qwen3 || format == ChatFormat::Qwen35; }
 
+// The request's tools as the Mistral templates' tojson writes them.
+std::string mistral_tools(const ToolCalling& calling) {
+  std::string out = "[";
+  for (size_t t = 0; t < calling.tools.size(); ++t) out += (t ? ", " : "") + python_json(tool_definition(calling.tools[t]));
+  return out + "]";
+}
+
+// Mistral Small 3.2's template (calls with [CALL_ID], results with theirs, the tools
+// before the last user turn) and Ministral 3's / Devstral's (the tools after the system
+// prompt, results without ids, an assistant's thinking before its text).
+std::string mistral_args_prompt(ChatFormat format, const ToolCalling& calling, const std::vector<RequestMessage>& messages) {
+  const bool small32 = format == ChatFormat::MistralSmall32;
+  const std::string tools = calling.active() ? "[AVAILABLE_TOOLS]" + mistral_tools(calling) + "[/AVAILABLE_TOOLS]" : "";
+  std::string out;
+  size_t first = 0;
+  if (!messages.empty() && messages[0].message.role == "system") {
+    out += "[SYSTEM_PROMPT]" + messages[0].message.content + "[/SYSTEM_PROMPT]";
+    first = 1;
+  }
+  if (!small32) out += tools;
+  size_t last_user = messages.size();
+  for (size_t i = first; i < messages.size(); ++i) {
+    if (messages[i].message.role == "user") last_user = i;
+  }
+  for (size_t i = first; i < messages.size(); ++i) {
+    const RequestMessage& m = messages[i];
+    const std::string& role = m.message.role;
+    if (role == "user") {
+      if (small32 && i == last_user) out += tools;
+      out += "[INST]" + m.message.content + "[/INST]";
+    } else if (role == "assistant") {
+      if (small32 && !m.tool_calls.empty()) {  // the calls are the turn: its text is not written
+        for (const ToolCall& call : m.tool_calls) {
+          out += std::string(kMistralCalls) + call.name + std::string(kMistralCallId) + call.id +
+                 std::string(kMistralArgs) + python_json(arguments_of(call));
+        }
+      } else {
+        const auto& reasoning = m.message.reasoning_content;
+        if (!small32 && reasoning && !reasoning->empty()) out += "[THINK]" + *reasoning + "[/THINK]";
+        out += m.message.content;
+        for (const ToolCall& call : m.tool_calls) {  // arguments as given, as the template writes them
+          out += std::string(kMistralCalls) + call.name + std::string(kMistralArgs) +
+                 (call.arguments.empty() ? std::string("{}") : call.arguments);
+        }
+      }
+      out += "</s>";
+    } else if (role == "tool") {
+      out += small32 ? "[TOOL_RESULTS]" + m.tool_call_id + "[TOOL_CONTENT]" + m.message.content + "[/TOOL_RESULTS]"
+                     : "[TOOL_RESULTS]" + m.message.content + "[/TOOL_RESULTS]";
+    } else {
+      out += "[SYSTEM_PROMPT]" + m.message.content + "[/SYSTEM_PROMPT]";
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 ToolStyle tool_style(ChatFormat format) {
   switch (format) {
     case ChatFormat::Qwen35: return ToolStyle::QwenXml;
-    case ChatFormat::Llama3: return ToolStyle::Llama3;
+    case ChatFormat::Llama3:
+    case ChatFormat::Llama31: return ToolStyle::Llama3;
     case ChatFormat::MistralV3:
     case ChatFormat::MistralV3Tekken:
     case ChatFormat::MistralV7:
     case ChatFormat::MistralV7Tekken: return ToolStyle::Mistral;
+    case ChatFormat::MistralSmall32:
+    case ChatFormat::Ministral3: return ToolStyle::MistralArgs;
     default: return ToolStyle::Hermes;
   }
 }
 
 std::string tool_call_id(ToolStyle style) {
-  return style == ToolStyle::Mistral ? random_id("", 9) : random_id("call_");
+  return style == ToolStyle::Mistral || style == ToolStyle::MistralArgs ? random_id("", 9) : random_id("call_");
 }
 
 std::optional<std::string> render_tool_prompt(ChatFormat format, const ToolCalling& calling,
                                               const std::vector<RequestMessage>& messages) {
-  if (tool_style(format) != ToolStyle::Mistral) return std::nullopt;
+  const ToolStyle style = tool_style(format);
+  if (style != ToolStyle::Mistral && style != ToolStyle::MistralArgs) return std::nullopt;
   const bool history = std::any_of(messages.begin(), messages.end(), [](const RequestMessage& m) {
     return !m.tool_calls.empty() || m.message.role == "tool";
   });
   if (!calling.active() && !history) return std::nullopt;
+  if (style == ToolStyle::MistralArgs) return mistral_args_prompt(format, calling, messages);
   // mistral-v3 and -v7 put a space after each tag, the tekken ones none.
   const bool spaced = format == ChatFormat::MistralV3 || format == ChatFormat::MistralV7;
   const bool system_prompt_tag = format == ChatFormat::MistralV7 || format == ChatFormat::MistralV7Tekken;
@@ -259,14 +370,7 @@ std::optional<std::string> render_tool_prompt(ChatFormat format, const ToolCalli
     const RequestMessage& m = messages[i];
     const std::string& role = m.message.role;
     if (role == "user") {
-      if (calling.active() && i == last_user) {
-        out += "[AVAILABLE_TOOLS]" + space + "[";
-        for (size_t t = 0; t < calling.tools.size(); ++t) {
-          out += std::string(t ? ", " : "") + "{\"type\": \"function\", \"function\": " +
-                 python_json(calling.tools[t].definition["function"]) + "}";
-        }
-        out += "][/AVAILABLE_TOOLS]";
-      }
+      if (calling.active() && i == last_user) out += "[AVAILABLE_TOOLS]" + space + mistral_tools(calling) + "[/AVAILABLE_TOOLS]";
       // The v3 templates give the system message to the last turn when it is the user's.
       const bool with_system = !system_prompt_tag && first == 1 && i + 1 == messages.size();
       out += "[INST]" + space + (with_system ? system + "\n\n" : "") + m.message.content + "[/INST]";
@@ -298,23 +402,40 @@ const ToolFunction* ToolCalling::find(std::string_view name) const {
   return nullptr;
 }
 
-std::string python_json(const json& value) {
+namespace {
+template <class Json>
+std::string python_json_of(const Json& value) {
   if (value.is_object()) {
     std::string out = "{";
     bool first = true;
     for (const auto& [key, v] : value.items()) {
       if (!first) out += ", ";
       first = false;
-      out += json(key).dump() + ": " + python_json(v);
+      out += Json(key).dump() + ": " + python_json_of(v);
     }
     return out + "}";
   }
   if (value.is_array()) {
     std::string out = "[";
-    for (size_t i = 0; i < value.size(); ++i) out += (i ? ", " : "") + python_json(value[i]);
+    for (size_t i = 0; i < value.size(); ++i) out += (i ? ", " : "") + python_json_of(value[i]);
     return out + "]";
   }
-  return value.dump(-1, ' ', false, json::error_handler_t::replace);
+  return value.dump(-1, ' ', false, Json::error_handler_t::replace);
+}
+}  // namespace
+
+std::string python_json(const json& value) { return python_json_of(value); }
+std::string python_json(const nlohmann::ordered_json& value) { return python_json_of(value); }
+
+nlohmann::ordered_json tool_definition(const ToolFunction& tool) {
+  nlohmann::ordered_json function = nlohmann::ordered_json::object();
+  function["name"] = tool.name;
+  function["description"] = tool.description;
+  function["parameters"] = nlohmann::ordered_json::parse(tool.parameters.dump());
+  nlohmann::ordered_json out = nlohmann::ordered_json::object();
+  out["type"] = "function";
+  out["function"] = std::move(function);
+  return out;
 }
 
 std::vector<ChatMessage> render_tool_messages(ChatFormat format, const ToolCalling& calling,
@@ -344,12 +465,16 @@ std::vector<ChatMessage> render_tool_messages(ChatFormat format, const ToolCalli
   if (!calling.active()) return out;
   const bool has_system = !out.empty() && out.front().role == "system";
   if (style == ToolStyle::Llama3) {
-    // The template's system block for custom tools, and the tools in the first user message.
-    const std::string environment = "Environment: ipython\nCutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\n";
-    if (has_system) {
-      out.front().content = environment + std::string(trim(out.front().content));
-    } else {
-      out.insert(out.begin(), ChatMessage{"system", environment});
+    // The tools in the first user message; Llama 3.1's renderer writes its system block
+    // for tools itself, for Llama 3.0 (no tool template) the same block is written here.
+    if (format == ChatFormat::Llama3) {
+      const std::string environment =
+          "Environment: ipython\nCutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\n";
+      if (has_system) {
+        out.front().content = environment + std::string(trim(out.front().content));
+      } else {
+        out.insert(out.begin(), ChatMessage{"system", environment});
+      }
     }
     for (ChatMessage& m : out) {
       if (m.role == "user") {
@@ -447,10 +572,63 @@ std::string qwen_xml_grammar(const ToolCalling& calling) {
   return root + block + rules + "pico-value ::= [^<]*\n";
 }
 
+// GBNF text with every rule name prefixed (references too), so that several converted
+// schemas live in one grammar: names are words outside literals, classes and {m,n}.
+std::string prefixed_rules(std::string_view gbnf, const std::string& prefix) {
+  const auto is_word = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_'; };
+  std::string out;
+  for (size_t i = 0; i < gbnf.size();) {
+    const char c = gbnf[i];
+    if (c == '"' || c == '[') {  // a literal or a class, escapes included
+      const char close = c == '"' ? '"' : ']';
+      size_t end = i + 1;
+      while (end < gbnf.size() && gbnf[end] != close) end += gbnf[end] == '\\' ? 2 : 1;
+      end = std::min(end + 1, gbnf.size());
+      out.append(gbnf.substr(i, end - i));
+      i = end;
+    } else if (c == '{' || c == '#') {  // a repetition count, a comment
+      const size_t end = std::min(gbnf.find(c == '{' ? '}' : '\n', i), gbnf.size());
+      out.append(gbnf.substr(i, end - i));
+      i = end;
+    } else if (is_word(c)) {
+      size_t end = i;
+      while (end < gbnf.size() && is_word(gbnf[end])) ++end;
+      out += prefix;
+      out.append(gbnf.substr(i, end - i));
+      i = end;
+    } else {
+      out += c;
+      ++i;
+    }
+  }
+  return out;
+}
+
+// [TOOL_CALLS]name[ARGS]{...} calls (Mistral Small 3.2's with an optional [CALL_ID]):
+// each tool's arguments by its own converted schema, its rules under their own prefix.
+std::string mistral_args_grammar(const ToolCalling& calling) {
+  std::string rules, functions;
+  const auto tools = allowed_tools(calling);
+  for (size_t i = 0; i < tools.size(); ++i) {
+    nlohmann::ordered_json parameters = nlohmann::ordered_json::parse(tools[i]->parameters.dump());
+    if (!parameters.is_object() || parameters.empty()) parameters = {{"type", "object"}};
+    const std::string prefix = "pico-args-" + std::to_string(i) + "-";
+    rules += prefixed_rules(json_schema_to_grammar(parameters), prefix);
+    if (!rules.ends_with('\n')) rules += '\n';
+    functions += (i ? " | " : "") + gbnf_literal(tools[i]->name) + " pico-call-id? " +
+                 gbnf_literal(std::string(kMistralArgs)) + " " + prefix + "root";
+  }
+  std::string start = calling.parallel ? "pico-tool-calls ::= pico-call+\n" : "pico-tool-calls ::= pico-call\n";
+  start += "pico-call ::= " + gbnf_literal(std::string(kMistralCalls)) + " (" + functions + ")\n";
+  start += "pico-call-id ::= " + gbnf_literal(std::string(kMistralCallId)) + " [a-zA-Z0-9]{9}\n";
+  return start + rules;
+}
+
 }  // namespace
 
 std::string tool_call_grammar(const ToolCalling& calling) {
   if (calling.style == ToolStyle::QwenXml) return qwen_xml_grammar(calling);
+  if (calling.style == ToolStyle::MistralArgs) return mistral_args_grammar(calling);
   const char* arguments_key = calling.style == ToolStyle::Llama3 ? "parameters" : "arguments";
   const auto tools = allowed_tools(calling);
   nlohmann::ordered_json schema;
@@ -480,9 +658,18 @@ std::string tool_call_grammar(const ToolCalling& calling) {
   return start + call;
 }
 
+std::vector<std::string> tool_syntax_tags(ToolStyle style) {
+  switch (style) {
+    case ToolStyle::Llama3: return {};
+    case ToolStyle::Mistral: return {std::string(kMistralCalls)};
+    case ToolStyle::MistralArgs: return {std::string(kMistralCalls), std::string(kMistralCallId), std::string(kMistralArgs)};
+    default: return {std::string(kCallOpen), std::string(kCallClose)};
+  }
+}
+
 std::vector<std::string> tool_call_triggers(ToolStyle style) {
   if (style == ToolStyle::Llama3) return {"{\"name\""};
-  if (style == ToolStyle::Mistral) return {std::string(kMistralCalls)};
+  if (style == ToolStyle::Mistral || style == ToolStyle::MistralArgs) return {std::string(kMistralCalls)};
   return {std::string(kCallOpen)};
 }
 
@@ -565,6 +752,9 @@ bool ToolCallSplitter::take_call(Part& out, std::string_view body) {
     for (const json& call : list) {
       if (!json_call(call)) return false;
     }
+  } else if (calling_.style == ToolStyle::MistralArgs) {
+    const auto call = args_call(text);
+    if (!call || !add(std::string(call->name), json::parse(text.substr(call->value_at), nullptr, false))) return false;
   } else if (calling_.style == ToolStyle::Llama3) {
     // One object, or several separated by ';' or whitespace.
     std::string_view rest = text;
@@ -605,7 +795,8 @@ bool ToolCallSplitter::take_call(Part& out, std::string_view body) {
 void ToolCallSplitter::stream_call(Part& out) {
   Streaming& st = streaming_;
   if (!st.decided) {
-    const CallHead head = json_call_head(pending_, calling_.style == ToolStyle::Mistral);
+    const CallHead head = calling_.style == ToolStyle::MistralArgs ? args_call_head(pending_)
+                                                                   : json_call_head(pending_, calling_.style == ToolStyle::Mistral);
     if (head.kind == CallHead::Wait) return;
     st.decided = true;
     const bool allowed = head.kind == CallHead::Head && calling_.find(head.name) &&
@@ -654,6 +845,17 @@ void ToolCallSplitter::run(Part& out, bool final) {
       continue;
     }
     if (state_ == State::InCall) {
+      if (calling_.style == ToolStyle::MistralArgs) {  // one call, ended by its arguments' object
+        stream_call(out);
+        const size_t end = args_call_end(pending_);
+        if (end == std::string::npos && !final) return;
+        const std::string body = end == std::string::npos ? pending_ : pending_.substr(0, end);
+        if (!take_call(out, body)) emit_content(out, std::string(kMistralCalls) + body);
+        pending_.erase(0, body.size());
+        state_ = State::Content;
+        streaming_ = {};
+        continue;
+      }
       if (calling_.style == ToolStyle::Llama3 || calling_.style == ToolStyle::Mistral) {
         stream_call(out);
         if (!final) return;  // the calls run to the end of the reply
@@ -683,7 +885,8 @@ void ToolCallSplitter::run(Part& out, bool final) {
       continue;
     }
     // Content. Without parallel calls, nothing after the first call is parsed.
-    const std::string_view opening = calling_.style == ToolStyle::Mistral ? kMistralCalls : kCallOpen;
+    const bool mistral = calling_.style == ToolStyle::Mistral || calling_.style == ToolStyle::MistralArgs;
+    const std::string_view opening = mistral ? kMistralCalls : kCallOpen;
     const bool parse = active_ && calling_.style != ToolStyle::Llama3 && (calling_.parallel || calls_ == 0);
     const size_t open = parse ? pending_.find(opening) : std::string::npos;
     if (open != std::string::npos) {

@@ -16,6 +16,11 @@
 //            tools in [AVAILABLE_TOOLS] before the last user turn, calls as
 //            [TOOL_CALLS] [{"name": "f", "arguments": {...}, "id": "abcdef123"}], results
 //            in [TOOL_RESULTS]; these prompts are written whole (render_tool_prompt).
+//   MistralArgs  Mistral Small 3.2 (mistral-small-3.2), Ministral 3 / Magistral and
+//            Devstral Small (ministral-3): each call [TOOL_CALLS]f[ARGS]{...} (Small 3.2's
+//            with [CALL_ID]abcdef123 before [ARGS]); the tools in [AVAILABLE_TOOLS] (Small
+//            3.2: before the last user turn; the others: after the system prompt), results
+//            in [TOOL_RESULTS] (Small 3.2's: id[TOOL_CONTENT]text); written whole too.
 //
 //   ToolCallSplitter split(calling, make_id);
 //   for (piece : reply) { auto part = split.feed(piece); send(part.content, part.calls); }
@@ -36,7 +41,6 @@ namespace pico::coordinator::http_api {
 struct ToolFunction {
   std::string name, description;
   nlohmann::json parameters = nlohmann::json::object();  // a JSON Schema of the arguments object
-  nlohmann::json definition;                              // the request's whole tool entry (rendered as given)
 };
 
 struct ToolCall {
@@ -45,7 +49,7 @@ struct ToolCall {
   bool streamed = false;  // its header and arguments went out as ToolCallSplitter::Part::pieces already
 };
 
-enum class ToolStyle { Hermes, QwenXml, Llama3, Mistral };
+enum class ToolStyle { Hermes, QwenXml, Llama3, Mistral, MistralArgs };
 ToolStyle tool_style(tokenizer::ChatFormat format);
 
 enum class ToolChoice { None, Auto, Required, Named };
@@ -90,6 +94,11 @@ std::string tool_call_id(ToolStyle style);
 
 // JSON as Jinja's tojson writes it (Python's json.dumps: ", " and ": " separators).
 std::string python_json(const nlohmann::json& value);
+std::string python_json(const nlohmann::ordered_json& value);
+
+// A tool as llama.cpp hands it to a template: {"type": "function", "function": {"name",
+// "description" ("" when none), "parameters" ({} when none)}}, in that order.
+nlohmann::ordered_json tool_definition(const ToolFunction& tool);
 
 // The start rule of tool_call_grammar's text.
 inline constexpr std::string_view kToolCallsRule = "pico-tool-calls";
@@ -97,9 +106,14 @@ inline constexpr std::string_view kToolCallsRule = "pico-tool-calls";
 // GBNF whose start rule is kToolCallsRule: a reply of calls only, one (several, separated by a
 // newline, when parallel) of the allowed tools (every tool, or the named one), with
 // arguments that validate against the tool's parameters (Hermes, Llama 3; Qwen3.5's XML:
-// the parameters the schema requires, each once, in its order). Throws SchemaError
+// the parameters the schema requires, each once, in its order; MistralArgs: one
+// [TOOL_CALLS] per call, several with no separator). Throws SchemaError
 // (json_schema_grammar.hpp) when a tool's parameters cannot be expressed.
 std::string tool_call_grammar(const ToolCalling& calling);
+
+// The tags of a style's call syntax (<tool_call>, [TOOL_CALLS], [ARGS], ...): where a
+// vocabulary has them as control tokens, the reply must show their text to be parsed.
+std::vector<std::string> tool_syntax_tags(ToolStyle style);
 
 // The texts that open a call (tool_choice auto: the grammar of calls holds from one of
 // them on, a lazy grammar, so that a call the model starts is well-formed).
@@ -110,7 +124,7 @@ std::vector<std::string> tool_call_triggers(ToolStyle style);
 // valid (a known tool, arguments a JSON object); a block that does not parse stays
 // content. Without parallel calls, what follows the first call is content.
 // A JSON call ({"name": N, "arguments": {...}}: Hermes; Llama 3's first call, with
-// "parameters"; a Mistral list's first call) of an allowed tool also streams while it
+// "parameters"; a Mistral list's first call; every [TOOL_CALLS]f[ARGS]{...} call) of an allowed tool also streams while it
 // comes, as OpenAI streams calls: its header (index, id, name) once the name is known,
 // then its arguments' text piece by piece (whitespace outside strings dropped), which
 // is then the whole call's `arguments` (marked `streamed`). A streamed call that then

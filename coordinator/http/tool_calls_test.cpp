@@ -24,10 +24,8 @@ ToolCalling weather_tools(ToolStyle style = ToolStyle::Hermes) {
   calling.style = style;
   const json parameters = json::parse(R"({"type": "object", "properties": {"city": {"type": "string"},
       "days": {"type": "integer"}}, "required": ["city"]})");
-  calling.tools.push_back({"get_weather", "Weather of a city", parameters,
-                           {{"type", "function"},
-                            {"function", {{"name", "get_weather"}, {"description", "Weather of a city"}, {"parameters", parameters}}}}});
-  calling.tools.push_back({"get_time", "", json::object(), {{"type", "function"}, {"function", {{"name", "get_time"}}}}});
+  calling.tools.push_back({"get_weather", "Weather of a city", parameters});
+  calling.tools.push_back({"get_time", "", json::object()});
   return calling;
 }
 
@@ -47,11 +45,10 @@ std::vector<RequestMessage> tool_loop() {
 const std::string kHermesTools =
     "# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with function "
     "signatures within <tools></tools> XML tags:\n<tools>\n"
-    R"({"function": {"description": "Weather of a city", "name": "get_weather", "parameters": {"properties": )"
-    R"({"city": {"type": "string"}, "days": {"type": "integer"}}, "required": ["city"], "type": "object"}}, )"
-    R"("type": "function"})"
+    R"({"type": "function", "function": {"name": "get_weather", "description": "Weather of a city", "parameters": )"
+    R"({"properties": {"city": {"type": "string"}, "days": {"type": "integer"}}, "required": ["city"], "type": "object"}}})"
     "\n"
-    R"({"function": {"name": "get_time"}, "type": "function"})"
+    R"({"type": "function", "function": {"name": "get_time", "description": "", "parameters": {}}})"
     "\n</tools>\n\nFor each function call, return a json object with function name and arguments within "
     "<tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": "
     "<args-json-object>}\n</tool_call>";
@@ -120,8 +117,15 @@ TEST(ToolCalls, Llama3PutsTheToolsInTheFirstUserMessage) {
       "Today Date: 26 Jul 2024\n\nBe brief.<|eot_id|>"
       "<|start_header_id|>user<|end_header_id|>\n\nGiven the following functions, please respond with a JSON for a "
       "function call with its proper arguments that best answers the given prompt.\n\nRespond in the format "
-      "{\"name\": function name, \"parameters\": dictionary of argument name and its value}.Do not use variables.\n\n" +
-      weather_tools().tools[0].definition.dump(4) + "\n\n" + weather_tools().tools[1].definition.dump(4) +
+      "{\"name\": function name, \"parameters\": dictionary of argument name and its value}.Do not use variables.\n\n"
+      "{\n    \"type\": \"function\",\n    \"function\": {\n        \"name\": \"get_weather\",\n"
+      "        \"description\": \"Weather of a city\",\n        \"parameters\": {\n            \"properties\": {\n"
+      "                \"city\": {\n                    \"type\": \"string\"\n                },\n"
+      "                \"days\": {\n                    \"type\": \"integer\"\n                }\n            },\n"
+      "            \"required\": [\n                \"city\"\n            ],\n            \"type\": \"object\"\n"
+      "        }\n    }\n}\n\n"
+      "{\n    \"type\": \"function\",\n    \"function\": {\n        \"name\": \"get_time\",\n"
+      "        \"description\": \"\",\n        \"parameters\": {}\n    }\n}"
       "\n\nWeather in Paris?<|eot_id|>"
       "<|start_header_id|>assistant<|end_header_id|>\n\n"
       R"({"name": "get_weather", "parameters": {"city": "Paris", "days": 2}})"
@@ -132,9 +136,9 @@ TEST(ToolCalls, Llama3PutsTheToolsInTheFirstUserMessage) {
 
 TEST(ToolCalls, MistralWritesToolsBeforeTheLastUserTurn) {
   const std::string tools =
-      R"([{"type": "function", "function": {"description": "Weather of a city", "name": "get_weather", "parameters": )"
+      R"([{"type": "function", "function": {"name": "get_weather", "description": "Weather of a city", "parameters": )"
       R"({"properties": {"city": {"type": "string"}, "days": {"type": "integer"}}, "required": ["city"], )"
-      R"("type": "object"}}}, {"type": "function", "function": {"name": "get_time"}}])";
+      R"("type": "object"}}}, {"type": "function", "function": {"name": "get_time", "description": "", "parameters": {}}}])";
   const auto v3 = render_tool_prompt(ChatFormat::MistralV3, weather_tools(ToolStyle::Mistral), tool_loop());
   ASSERT_TRUE(v3);
   EXPECT_EQ(*v3, "[INST] Weather in Paris?[/INST]"
@@ -162,6 +166,45 @@ TEST(ToolCalls, MistralWritesToolsBeforeTheLastUserTurn) {
   EXPECT_EQ(id.size(), 9u);
   EXPECT_TRUE(std::all_of(id.begin(), id.end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)) != 0; }));
   EXPECT_TRUE(tool_call_id(ToolStyle::Hermes).starts_with("call_"));
+}
+
+// A loop in the shape the Ministral 3 and Mistral Small 3.2 templates accept (user and
+// assistant turns alternate, calls and results aside).
+std::vector<RequestMessage> alternating_tool_loop() {
+  std::vector<RequestMessage> m = tool_loop();
+  m[2].tool_calls[0].id = "a1b2c3d4e";
+  m[3].tool_call_id = "a1b2c3d4e";
+  RequestMessage answer;
+  answer.message = {"assistant", "Sunny.", std::string("It said sunny.")};
+  m.insert(m.begin() + 4, answer);
+  return m;
+}
+
+// What the templates (llama.cpp's models/templates: Mistral-Small-3.2-24B-Instruct-2506,
+// mistralai-Ministral-3-14B-Reasoning-2512) write for it, rendered by their Jinja
+// (tests/conformance's chat_template_conformance_test checks these renderers against it).
+TEST(ToolCalls, MistralArgsTemplatesWriteTheirCallsAndResults) {
+  const std::string tools =
+      R"([{"type": "function", "function": {"name": "get_weather", "description": "Weather of a city", "parameters": )"
+      R"({"properties": {"city": {"type": "string"}, "days": {"type": "integer"}}, "required": ["city"], )"
+      R"("type": "object"}}}, {"type": "function", "function": {"name": "get_time", "description": "", "parameters": {}}}])";
+  const auto small = render_tool_prompt(ChatFormat::MistralSmall32, weather_tools(ToolStyle::MistralArgs),
+                                        alternating_tool_loop());
+  ASSERT_TRUE(small);
+  EXPECT_EQ(*small, "[SYSTEM_PROMPT]Be brief.[/SYSTEM_PROMPT][INST]Weather in Paris?[/INST]"
+                    R"([TOOL_CALLS]get_weather[CALL_ID]a1b2c3d4e[ARGS]{"city": "Paris", "days": 2}</s>)"
+                    "[TOOL_RESULTS]a1b2c3d4e[TOOL_CONTENT]sunny[/TOOL_RESULTS]Sunny.</s>"
+                    "[AVAILABLE_TOOLS]" + tools + "[/AVAILABLE_TOOLS][INST]Thanks[/INST]");
+  const auto ministral = render_tool_prompt(ChatFormat::Ministral3, weather_tools(ToolStyle::MistralArgs),
+                                            alternating_tool_loop());
+  ASSERT_TRUE(ministral);
+  EXPECT_EQ(*ministral, "[SYSTEM_PROMPT]Be brief.[/SYSTEM_PROMPT][AVAILABLE_TOOLS]" + tools +
+                            "[/AVAILABLE_TOOLS][INST]Weather in Paris?[/INST]"
+                            R"([TOOL_CALLS]get_weather[ARGS]{"city":"Paris","days":2}</s>)"
+                            "[TOOL_RESULTS]sunny[/TOOL_RESULTS][THINK]It said sunny.[/THINK]Sunny.</s>[INST]Thanks[/INST]");
+  EXPECT_EQ(tool_call_id(ToolStyle::MistralArgs).size(), 9u);
+  EXPECT_EQ(tool_style(ChatFormat::MistralSmall32), ToolStyle::MistralArgs);
+  EXPECT_EQ(tool_style(ChatFormat::Ministral3), ToolStyle::MistralArgs);
 }
 
 TEST(ToolCalls, WithoutActiveToolsOnlyTheHistoryIsRendered) {
@@ -359,6 +402,35 @@ TEST(ToolCalls, MistralRepliesOpenWithToolCalls) {
   EXPECT_EQ(split_all_ways(calling, "No [TOOL_CALL here").content, "No [TOOL_CALL here");
 }
 
+TEST(ToolCalls, MistralArgsCallsNameTheFunctionBeforeTheirArguments) {
+  ToolCalling calling = weather_tools(ToolStyle::MistralArgs);
+  calling.parallel = true;
+  // Mistral Small 3.2's (a call id) and Ministral 3's (none) in one reply; the
+  // arguments may hold the tags' text.
+  auto r = split_all_ways(calling, "Let me see. [TOOL_CALLS]get_weather[CALL_ID]a1b2c3d4e[ARGS]{\"city\": \"[ARGS]}\"}"
+                                   "[TOOL_CALLS]get_time[ARGS]{} ");
+  EXPECT_EQ(r.content, "Let me see.");
+  ASSERT_EQ(r.calls.size(), 2u);
+  EXPECT_EQ(r.calls[0].name, "get_weather");
+  EXPECT_EQ(r.calls[0].arguments, R"({"city":"[ARGS]}"})");
+  EXPECT_TRUE(r.calls[0].streamed);  // every such call streams as it comes
+  EXPECT_EQ(r.calls[1].name, "get_time");
+  EXPECT_EQ(r.calls[1].arguments, "{}");
+  EXPECT_TRUE(r.calls[1].streamed);
+  // Without parallel calls, what follows the first is content.
+  calling.parallel = false;
+  r = split_all_ways(calling, "[TOOL_CALLS]get_time[ARGS]{}[TOOL_CALLS]get_time[ARGS]{}");
+  ASSERT_EQ(r.calls.size(), 1u);
+  EXPECT_EQ(r.content, "[TOOL_CALLS]get_time[ARGS]{}");
+  // Not calls: an unknown tool, arguments that are not an object, a reply cut inside one.
+  for (const std::string text : {"[TOOL_CALLS]nope[ARGS]{}", "[TOOL_CALLS]get_time[ARGS][1]",
+                                 "[TOOL_CALLS]get_weather[ARGS]{\"city\": \"Os", "[TOOL_CALLS]get_time"}) {
+    r = split_all_ways(calling, text);
+    EXPECT_TRUE(r.calls.empty()) << text;
+    EXPECT_EQ(r.content, text);
+  }
+}
+
 TEST(ToolCalls, Llama3RepliesThatAreJsonAreCalls) {
   const ToolCalling calling = weather_tools(ToolStyle::Llama3);
   auto r = split_all_ways(calling, " {\"name\": \"get_weather\", \"parameters\": {\"city\": \"Lima\"}}");
@@ -403,7 +475,8 @@ std::string random_walk(const std::string& grammar, std::mt19937& rng) {
 }
 
 TEST(ToolCalls, ForcedGrammarsAcceptCallsAndOnlyCalls) {
-  for (const ToolStyle style : {ToolStyle::Hermes, ToolStyle::Llama3, ToolStyle::QwenXml, ToolStyle::Mistral}) {
+  for (const ToolStyle style :
+       {ToolStyle::Hermes, ToolStyle::Llama3, ToolStyle::QwenXml, ToolStyle::Mistral, ToolStyle::MistralArgs}) {
     ToolCalling calling = weather_tools(style);
     calling.choice = ToolChoice::Required;
     const std::string grammar = tool_call_grammar(calling);
@@ -411,12 +484,18 @@ TEST(ToolCalls, ForcedGrammarsAcceptCallsAndOnlyCalls) {
         style == ToolStyle::Hermes    ? "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>"
         : style == ToolStyle::Llama3  ? "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Oslo\"}}"
         : style == ToolStyle::Mistral ? "[TOOL_CALLS] [{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}]"
+        : style == ToolStyle::MistralArgs ? "[TOOL_CALLS]get_weather[CALL_ID]a1B2c3D4e[ARGS]{\"city\": \"Oslo\"}"
                                       : "<tool_call>\n<function=get_weather>\n<parameter=city>\nOslo\n</parameter>\n</function>\n</tool_call>";
     EXPECT_TRUE(accepts(grammar, call)) << grammar;
     EXPECT_FALSE(accepts(grammar, "Hello")) << grammar;
     const std::string two = style == ToolStyle::Mistral
                                 ? "[TOOL_CALLS] [{\"name\": \"get_time\", \"arguments\": {}}, {\"name\": \"get_time\", \"arguments\": {}}]"
-                                : call + "\n" + call;
+                            : style == ToolStyle::MistralArgs ? call + "[TOOL_CALLS]get_time[ARGS]{}"
+                                                              : call + "\n" + call;
+    if (style == ToolStyle::MistralArgs) {
+      EXPECT_TRUE(accepts(grammar, "[TOOL_CALLS]get_time[ARGS]{}")) << "without a call id";
+      EXPECT_FALSE(accepts(grammar, "[TOOL_CALLS]get_time[CALL_ID]short[ARGS]{}")) << "ids are 9 letters and digits";
+    }
     EXPECT_FALSE(accepts(grammar, two)) << "one call without parallel_tool_calls";
     calling.choice = ToolChoice::Named;
     calling.named = "get_time";
@@ -426,6 +505,7 @@ TEST(ToolCalls, ForcedGrammarsAcceptCallsAndOnlyCalls) {
       EXPECT_FALSE(accepts(tool_call_grammar(calling),
                            style == ToolStyle::Hermes   ? "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {}}\n</tool_call>"
                            : style == ToolStyle::Llama3 ? "{\"name\": \"get_weather\", \"parameters\": {}}"
+                           : style == ToolStyle::MistralArgs ? "[TOOL_CALLS]get_weather[ARGS]{}"
                                                         : "[TOOL_CALLS] [{\"name\": \"get_weather\", \"arguments\": {}}]"))
           << "city is required";
     }
@@ -441,7 +521,8 @@ TEST(ToolCalls, ForcedGrammarsAcceptCallsAndOnlyCalls) {
 // arguments hold what the schema requires.
 TEST(ToolCalls, EveryTextAForcedGrammarAllowsParsesIntoCalls) {
   std::mt19937 rng(7);
-  for (const ToolStyle style : {ToolStyle::Hermes, ToolStyle::Llama3, ToolStyle::QwenXml, ToolStyle::Mistral}) {
+  for (const ToolStyle style :
+       {ToolStyle::Hermes, ToolStyle::Llama3, ToolStyle::QwenXml, ToolStyle::Mistral, ToolStyle::MistralArgs}) {
     for (const bool parallel : {false, true}) {
       ToolCalling calling = weather_tools(style);
       calling.choice = ToolChoice::Required;
