@@ -314,6 +314,88 @@ TEST(EngineSteps, SubmitsTheNextStepBeforeATokensText) {
   EXPECT_EQ(text, "aaa");
 }
 
+// The heatmap's traces: steps are traced only while someone watches, and each stage's
+// trace of a step reaches the watchers merged per token, one value per layer of the model.
+TEST(LayerTrace, OnlyWhileWatchedAndMergedAcrossStages) {
+  auto f = fake_pipeline(0, 0);
+  const auto tok = tiny_tokenizer();
+  std::mutex mutex;
+  std::vector<bool> traced_steps;  // per submitted step: were its tokens traced
+  f.first->on_submit = [&](uint64_t step, std::span<const model::BatchToken> batch) {
+    const bool traced = std::all_of(batch.begin(), batch.end(), [](const model::BatchToken& t) { return t.trace; });
+    EXPECT_TRUE(traced || std::none_of(batch.begin(), batch.end(), [](const model::BatchToken& t) { return t.trace; }));
+    {
+      std::lock_guard lock(mutex);
+      traced_steps.push_back(traced);
+    }
+    std::vector<int32_t> seqs, positions;
+    for (const auto& t : batch) {
+      if (!t.logits) continue;
+      seqs.push_back(t.seq_id);
+      positions.push_back(t.pos);
+    }
+    StepOutput o;
+    o.step = step;
+    o.seq_ids = seqs;
+    o.positions = positions;
+    o.n_vocab = 4;
+    o.logits = std::vector<float>{0.0f, 0.0f, 0.0f, 5.0f};
+    if (traced) {  // each stage's own layers: 0-1 on the first, 2-3 on the last
+      for (int32_t first : {0, 2}) {
+        StageTrace t{first, 2, {}, {}, {}};
+        for (const auto& b : batch) {
+          t.seq_ids.push_back(b.seq_id);
+          t.positions.push_back(b.pos);
+          t.rms.push_back(static_cast<float>(100 * b.pos + first));
+          t.rms.push_back(static_cast<float>(100 * b.pos + first + 1));
+        }
+        o.traces.push_back(std::move(t));
+      }
+    }
+    auto answer = std::make_shared<StepOutput>(std::move(o));
+    f.last->answers.push_back([answer] { return std::move(*answer); });
+  };
+  Engine engine(*f.pipeline, *tok, SchedulerOptions{});
+  auto run = [&](int max_tokens) {
+    std::promise<void> finished;
+    OnlineRequest r;
+    r.prompt = {1, 3};
+    r.max_tokens = max_tokens;
+    r.sampling.temperature = 0.0f;
+    Callbacks cb;
+    cb.on_done = [&](const std::string&, const Usage&) { finished.set_value(); };
+    cb.on_error = [&](const std::string&) { finished.set_value(); };
+    engine.submit(std::move(r), std::move(cb));
+    ASSERT_EQ(finished.get_future().wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  };
+  run(2);
+  {
+    std::lock_guard lock(mutex);
+    EXPECT_TRUE(std::none_of(traced_steps.begin(), traced_steps.end(), [](bool b) { return b; })) << "nobody watches";
+    traced_steps.clear();
+  }
+  auto watcher = engine.layer_trace().watch();
+  EXPECT_TRUE(engine.layer_trace().watched());
+  run(3);
+  {
+    std::lock_guard lock(mutex);
+    EXPECT_TRUE(!traced_steps.empty() && std::all_of(traced_steps.begin(), traced_steps.end(), [](bool b) { return b; }));
+    traced_steps.clear();
+  }
+  const std::vector<TracedToken> tokens = watcher->take();
+  ASSERT_EQ(tokens.size(), 4u);  // the prompt's two tokens, then two generated ones
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    EXPECT_EQ(tokens[i].pos, static_cast<int32_t>(i));
+    const float p = static_cast<float>(100 * tokens[i].pos);
+    EXPECT_EQ(tokens[i].rms, (std::vector<float>{p, p + 1, p + 2, p + 3}));
+  }
+  watcher.reset();
+  EXPECT_FALSE(engine.layer_trace().watched());
+  run(2);
+  std::lock_guard lock(mutex);
+  EXPECT_TRUE(std::none_of(traced_steps.begin(), traced_steps.end(), [](bool b) { return b; })) << "no one watches again";
+}
+
 // SamplingParams::argmax_suffices says yes only where the sampler's pick is the arg max of the raw
 // logits (the first of equal maxima): checked against the sampler on rows with ties.
 TEST(ArgmaxOutput, SufficesExactlyWhereTheSamplerPicksTheArgmax) {

@@ -514,6 +514,10 @@ void Engine::loop() {
       rr = (rr + 1) % active_.size();
       if (batch.empty()) break;
       const ChainGrant chain = inflight.empty() && prefill == 0 ? chain_grant(seqs) : ChainGrant{};
+      // While the web UI's heatmap is open, every stage reports the tokens' per-layer RMS.
+      if (layer_trace_.watched()) {
+        for (model::BatchToken& t : batch) t.trace = true;
+      }
       uint64_t step_id = 0;
       try {
         step_id = pipeline_.submit(batch,
@@ -600,6 +604,7 @@ void Engine::loop() {
       continue;
     }
     const auto now = Clock::now();
+    if (!out.traces.empty()) layer_trace_.publish(out, static_cast<int32_t>(pipeline_.stage(0).info().identity.n_layer));
     const Inflight step = std::move(inflight.front());
     inflight.pop_front();
     for (Seq* sp : step.seqs) --sp->steps_inflight;

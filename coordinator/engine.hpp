@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "scheduler.hpp"
+#include "layer_trace.hpp"
 
 namespace pico::coordinator {
 
@@ -209,6 +210,8 @@ class Engine {
   EngineMetrics metrics() const;
   const SchedulerOptions& options() const { return options_; }
   const tokenizer::Tokenizer& tokenizer() const { return tok_; }
+  // The per-layer activations of the tokens computed while someone watches (the web UI).
+  LayerTraceHub& layer_trace() { return layer_trace_; }
 
  private:
   struct Seq;
@@ -255,6 +258,7 @@ class Engine {
   void update_slots();
 
   Pipeline& pipeline_;
+  LayerTraceHub layer_trace_;
   const tokenizer::Tokenizer& tok_;
   SchedulerOptions options_;
   size_t max_queued_ = 0;

@@ -144,6 +144,8 @@ int main(int argc, char** argv) {
   size_t max_queue = 256;
   app.add_option("--api-key-file", api_key_file, "HTTP API: read the API key from this file (its first line)");
   app.add_option("--cors", http.cors_origin, "HTTP API: allow browser requests from ORIGIN (\"*\": any); default: none");
+  bool no_webui = false;
+  app.add_flag("--no-webui", no_webui, "do not serve the web UI (chat and cluster pages) at /");
   app.add_option("--max-connections", http.max_connections, "HTTP API: open connections; one more gets 503")
       ->check(CLI::PositiveNumber);
   app.add_option("--max-queue", max_queue, "HTTP API: requests waiting for a place in the batch; more get 503 (0: no limit)");
@@ -167,6 +169,7 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   const bool serving = port_opt->count() > 0;
   http.reasoning_format = *http_api::reasoning_format_from_name(reasoning_format);
+  http.webui = !no_webui;
   // The API key, kept off the command line: --api-key-file, else PICO_API_KEY.
   if (!api_key_file.empty()) {
     if (!http.api_key.empty()) {

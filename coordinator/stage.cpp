@@ -63,18 +63,18 @@ void LocalStage::submit(uint64_t step, std::span<const model::BatchToken> batch,
   if (outputs.size() == rows.size()) {
     for (size_t i = 0; i < rows.size(); ++i) worker::set_output(rows[i], outputs[i]);
   }
-  run(step, rows, nullptr, {});
+  run(step, rows, nullptr, {}, {});
 }
 
 void LocalStage::run(uint64_t step, std::span<const model::BatchToken> batch, const float* hidden,
-                     std::vector<StageStamp> stamps) {
+                     std::vector<StageStamp> stamps, std::vector<StageTrace> traces) {
   StageStamp stamp;
   stamp.stage = static_cast<uint32_t>(index_);
   stamp.received = stamp.idle_since = stamp.compute_start = protocol::steady_nanos();
   std::vector<float> out;
   model::ReducedRows argmax;
   try {
-    out = engine_.forward(batch, hidden, next_ ? nullptr : &argmax);
+    out = engine_.forward(batch, hidden, &argmax);
   } catch (const std::exception& e) {
     throw StageError("local stage (layers " + std::to_string(info_.layers.first) + "-" +
                          std::to_string(info_.layers.last - 1) + "): " + e.what(),
@@ -82,13 +82,22 @@ void LocalStage::run(uint64_t step, std::span<const model::BatchToken> batch, co
   }
   stamp.compute_end = stamp.sent = protocol::steady_nanos();
   stamps.push_back(stamp);
+  if (!argmax.trace_rows.empty()) {
+    StageTrace trace{info_.layers.first, info_.layers.last - info_.layers.first, {}, {}, std::move(argmax.trace)};
+    for (const int32_t row : argmax.trace_rows) {
+      trace.seq_ids.push_back(batch[static_cast<size_t>(row)].seq_id);
+      trace.positions.push_back(batch[static_cast<size_t>(row)].pos);
+    }
+    traces.push_back(std::move(trace));
+  }
   if (next_) {
-    next_->run(step, batch, out.data(), std::move(stamps));
+    next_->run(step, batch, out.data(), std::move(stamps), std::move(traces));
     return;
   }
   StepOutput o;
   o.step = step;
   o.stamps = std::move(stamps);
+  o.traces = std::move(traces);
   o.n_vocab = engine_.n_vocab();
   for (const auto& t : batch) {
     if (!t.logits || t.hidden_state) continue;
@@ -537,12 +546,15 @@ void RemoteStage::submit(uint64_t step, std::span<const model::BatchToken> batch
   const bool checkpoints =
       std::any_of(batch.begin(), batch.end(), [](const model::BatchToken& t) { return t.checkpoint_keep > 0; });
   auto keep = f.initCheckpointKeep(checkpoints ? n : 0);
+  const bool traced = std::any_of(batch.begin(), batch.end(), [](const model::BatchToken& t) { return t.trace; });
+  auto trace = f.initTrace(traced ? n : 0);
   for (unsigned i = 0; i < n; ++i) {
     seqs.set(i, batch[i].seq_id);
     pos.set(i, batch[i].pos);
     tokens.set(i, batch[i].token);
     want.set(i, batch[i].logits);
     if (checkpoints) keep.set(i, batch[i].checkpoint_keep);
+    if (traced) trace.set(i, batch[i].trace);
   }
   f.setRows(n);
   f.setWidth(0);
@@ -616,6 +628,18 @@ std::optional<StepOutput> RemoteStage::poll(int timeout_ms) {
   }
   o.hidden.reserve(l.getHidden().size());
   for (const float v : l.getHidden()) o.hidden.push_back(v);
+  for (const auto t : l.getLayerTraces()) {
+    StageTrace trace{static_cast<int32_t>(t.getFirstLayer()), static_cast<int32_t>(t.getLayers()), {}, {}, {}};
+    const size_t rows = t.getSeqIds().size();
+    if (t.getPositions().size() != rows || t.getRms().size() != rows * t.getLayers() ||
+        t.getFirstLayer() + t.getLayers() > static_cast<uint64_t>(info_.identity.n_layer)) {
+      fail("a layer trace whose rows or layers do not match", o.step);
+    }
+    for (const auto s : t.getSeqIds()) trace.seq_ids.push_back(s);
+    for (const auto p : t.getPositions()) trace.positions.push_back(p);
+    for (const float v : t.getRms()) trace.rms.push_back(v);
+    o.traces.push_back(std::move(trace));
+  }
   const auto ids = l.getArgmaxIds();
   const auto values = l.getArgmaxLogits();
   size_t full_rows = l.getRows();

@@ -75,6 +75,14 @@ struct StageStamp {
   uint64_t received = 0, idle_since = 0, compute_start = 0, compute_end = 0, sent = 0;
 };
 
+// One stage's trace of a step's traced rows (model::BatchToken::trace, protocol
+// LayerTrace): the RMS of each row's residual stream after each of its layers.
+struct StageTrace {
+  int32_t first_layer = 0, layers = 0;
+  std::vector<int32_t> seq_ids, positions;
+  std::vector<float> rms;  // rows x layers, row by row
+};
+
 // The logits of one finished step: one row per token that asked for them. A row asked
 // as arg max only (LogitsOutput::ARGMAX) may come back as just that (argmax[row] >= 0)
 // or in full; full rows are n_vocab values each, in row order, in `logits`.
@@ -104,6 +112,7 @@ struct StepOutput {
   // and each stage's stamps, in pipeline order.
   uint64_t sent_nanos = 0, received_nanos = 0;
   std::vector<StageStamp> stamps;
+  std::vector<StageTrace> traces;  // each stage's, in pipeline order, when rows were traced
 };
 
 struct StageStats {
@@ -197,7 +206,7 @@ class LocalStage final : public Stage {
 
  private:
   void run(uint64_t step, std::span<const model::BatchToken> batch, const float* hidden,
-           std::vector<StageStamp> stamps);
+           std::vector<StageStamp> stamps, std::vector<StageTrace> traces);
 
   worker::StageEngine engine_;
   StageInfo info_;

@@ -21,7 +21,9 @@ $Cxx.namespace("pico::protocol::schema");
 # 8: batches of several sizes in the profile (Profile.batches), hidden-state rows
 #    (LogitsOutput.hidden, Logits.hidden...: embeddings), slots on disk (slotSave /
 #    slotRestore / slotDone).
-const protocolVersion :UInt32 = 8;
+# 9: per-layer traces of rows (Forward.trace, Forward.layerTraces, Logits.layerTraces:
+#    the web UI's activation heatmap).
+const protocolVersion :UInt32 = 9;
 
 enum DType {
   f32 @0;
@@ -145,6 +147,16 @@ struct StageTiming {
   sentNanos @5 :UInt64;      # output handed to the socket
 }
 
+# One stage's trace of the rows asked as traced: the RMS of each row's residual stream
+# after each of the stage's layers.
+struct LayerTrace {
+  firstLayer @0 :UInt32;
+  layers @1 :UInt32;
+  seqIds @2 :List(Int32);    # the traced rows', in batch order
+  positions @3 :List(Int32);
+  rms @4 :List(Float32);     # rows x layers, row by row
+}
+
 # A batch of tokens for one stage. The payload frame holds tokens x width values
 # (hidden states); the stage holding layer 0 gets no payload (width 0) and embeds
 # `tokens`.
@@ -175,6 +187,11 @@ struct Forward {
   # layers checkpoint the row's sequence after it, keeping at most that many checkpoints
   # of it. Passed on by each stage; chained steps carry none.
   checkpointKeep @15 :List(UInt8);
+  # One per row, or empty (none traced): each stage appends to layerTraces the RMS of the
+  # traced rows' residual after each of its layers. Both passed on by each stage (the
+  # last one's answer carries every stage's), chained steps keep the rows traced.
+  trace @16 :List(Bool);
+  layerTraces @17 :List(LayerTrace);
 }
 
 # The last stage's answer: one row per token whose wantLogits was set, in batch order,
@@ -202,6 +219,7 @@ struct Logits {
   hiddenPositions @12 :List(Int32);
   nEmbd @13 :UInt32;
   hidden @14 :List(Float32);
+  layerTraces @15 :List(LayerTrace);  # every stage's, in pipeline order (Forward.trace)
 }
 
 # The state of one sequence on one stage (the KV rows of each of its layers, as

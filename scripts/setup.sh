@@ -24,6 +24,8 @@ debian_packages=(
   # test drivers and plots of the cluster benchmarks; namespaces and link shaping of
   # scripts/emulated-cluster (ip, tc), taskset
   python3 gnuplot-nox curl iproute2 util-linux
+  # the web UI's browser test (headless, driven by playwright-core from npm)
+  chromium
 )
 # Node.js 20+ and npm run the llama.cpp reference harness. The machine image may
 # bring its own Node.js (whose npm conflicts with Debian's npm package): install

@@ -422,9 +422,10 @@ void Server::handle_forward(const std::string& peer, Envelope::Reader env, net::
   const auto want = f.getWantLogits();
   const auto outputs = f.getLogitsOutput();
   const auto checkpoints = f.getCheckpointKeep();
+  const auto traced = f.getTrace();
   if (rows == 0 || seqs.size() != rows || pos.size() != rows || want.size() != rows ||
       (engine_.is_first() && tokens.size() != rows) || (outputs.size() != 0 && outputs.size() != rows) ||
-      (checkpoints.size() != 0 && checkpoints.size() != rows)) {
+      (checkpoints.size() != 0 && checkpoints.size() != rows) || (traced.size() != 0 && traced.size() != rows)) {
     report(peer, ErrorCode::BAD_REQUEST, "forward: list lengths do not match rows", step);
     return;
   }
@@ -434,6 +435,7 @@ void Server::handle_forward(const std::string& peer, Envelope::Reader env, net::
                 tokens.size() == rows ? tokens[static_cast<unsigned>(i)] : 0, want[static_cast<unsigned>(i)],
                 checkpoints.size() == rows ? checkpoints[static_cast<unsigned>(i)] : uint8_t{0}};
     if (outputs.size() == rows) set_output(batch[i], outputs[static_cast<unsigned>(i)]);
+    batch[i].trace = traced.size() == rows && traced[static_cast<unsigned>(i)];
   }
   std::vector<float> scratch;
   const float* hidden = nullptr;
@@ -452,7 +454,7 @@ void Server::handle_forward(const std::string& peer, Envelope::Reader env, net::
   std::vector<float> out;
   model::ReducedRows argmax;  // the last stage: rows asked as arg max only, reduced by the backend
   try {
-    out = engine_.forward(batch, hidden, engine_.is_last() ? &argmax : nullptr);
+    out = engine_.forward(batch, hidden, &argmax);
   } catch (const LimitError& e) {
     report(peer, ErrorCode::LIMIT,
            "layers " + std::to_string(engine_.layers().first) + "-" + std::to_string(engine_.layers().last - 1) +
@@ -479,11 +481,29 @@ void Server::handle_forward(const std::string& peer, Envelope::Reader env, net::
     t.setComputeEndNanos(compute_end);
     return t;
   };
+  // The earlier stages' layer traces, then this one's (traced rows only).
+  const auto earlier_traces = f.getLayerTraces();
+  auto add_traces = [&](auto list) {
+    for (unsigned i = 0; i < earlier_traces.size(); ++i) list.setWithCaveats(i, earlier_traces[i]);
+    if (argmax.trace_rows.empty()) return;
+    auto t = list[earlier_traces.size()];
+    t.setFirstLayer(static_cast<uint32_t>(engine_.layers().first));
+    t.setLayers(static_cast<uint32_t>(engine_.layers().last - engine_.layers().first));
+    auto trace_seqs = t.initSeqIds(static_cast<unsigned>(argmax.trace_rows.size()));
+    auto trace_positions = t.initPositions(static_cast<unsigned>(argmax.trace_rows.size()));
+    for (unsigned i = 0; i < argmax.trace_rows.size(); ++i) {
+      trace_seqs.set(i, batch[static_cast<size_t>(argmax.trace_rows[i])].seq_id);
+      trace_positions.set(i, batch[static_cast<size_t>(argmax.trace_rows[i])].pos);
+    }
+    t.setRms(kj::arrayPtr(argmax.trace.data(), argmax.trace.size()));
+  };
+  const unsigned n_traces = earlier_traces.size() + (argmax.trace_rows.empty() ? 0u : 1u);
   protocol::Builder b;
   b.envelope().setSession(message_session_);  // everything sent for a step carries its session
   std::vector<zmq::message_t> payload;
   if (engine_.is_last()) {
     auto l = b.envelope().getBody().initLogits();
+    if (n_traces > 0) add_traces(l.initLayerTraces(n_traces));
     l.setStepId(step);
     l.setSentNanos(f.getSentNanos());
     size_t n = 0;
@@ -561,6 +581,8 @@ void Server::handle_forward(const std::string& peer, Envelope::Reader env, net::
   fw.setChainSteps(f.getChainSteps());
   fw.setStopTokens(f.getStopTokens());
   fw.setChained(f.getChained());
+  fw.setTrace(traced);
+  if (n_traces > 0) add_traces(fw.initLayerTraces(n_traces));
   auto timing = stamp(fw.initTimings(earlier.size() + 1));
   if (f.getOutputDtype() == DType::F32) {
     payload.push_back(net::owned_frame(std::move(out)));  // zero-copy
@@ -622,6 +644,7 @@ bool Server::start_chained_step(protocol::schema::Forward::Reader f, std::span<c
   fw.setChainSteps(f.getChainSteps() - 1);
   fw.setStopTokens(stop);
   fw.setChained(true);
+  fw.setTrace(f.getTrace());  // a traced stream stays traced along its chain
   fw.setSentNanos(protocol::steady_nanos());
   if (!net::send(*chain_to_, nullptr, b.encode())) {
     spdlog::warn("could not start chained step {}", f.getStepId() + 1);

@@ -67,6 +67,7 @@ class Session {
   const HttpRequest& request;
   bool keep_alive = true;
   std::vector<std::pair<http::field, std::string>> extra_headers;  // on the next reply (e.g. Retry-After)
+  std::vector<std::pair<std::string, std::string>> named_headers;  // the same, for fields Beast has no enum for
 
   awaitable<void> reply(int status, const json& body);
   awaitable<void> reply_text(int status, const std::string& content_type, std::string body);
@@ -74,9 +75,12 @@ class Session {
   awaitable<bool> stream_begin();
   // Writes "data: DATA\n\n", after "event: EVENT\n" when one is named (Anthropic's stream).
   awaitable<bool> stream_data(const std::string& data, std::string_view event = {});
+  // Writes an SSE comment (": \n\n"): keeps a quiet stream checked for a client gone.
+  awaitable<bool> stream_comment();
   awaitable<void> stream_end();
 
  private:
+  awaitable<bool> stream_write(std::string event);  // one chunk of the stream
   bool streaming_ = false;
   bool broken_ = false;
 };
@@ -184,5 +188,11 @@ awaitable<void> anthropic_count_tokens(Session& s);  // /v1/messages/count_token
 awaitable<void> cluster(Session& s);
 awaitable<void> cluster_join(Session& s);
 awaitable<void> cluster_replan(Session& s);
+awaitable<void> webui_page(Session& s);  // GET /: the web UI
+awaitable<void> webui_file(Session& s);  // GET /ui/NAME: its files
+// GET /layer-trace: server-sent events {"tokens": [{"seq", "pos", "rms": [per layer]}]}
+// of the tokens computed while the stream is open (the heatmap).
+awaitable<void> layer_trace(Session& s);
+bool is_webui_path(std::string_view path);  // /, /ui/...: served without the API key
 
 }  // namespace pico::coordinator::http_api

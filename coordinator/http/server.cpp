@@ -81,6 +81,7 @@ awaitable<void> Session::reply_text(int status, const std::string& content_type,
   common_headers(state.options, res);
   if (!content_type.empty()) res.set(http::field::content_type, content_type);
   for (const auto& [name, value] : extra_headers) res.set(name, value);
+  for (const auto& [name, value] : named_headers) res.set(name, value);
   res.keep_alive(keep_alive);
   res.body() = std::move(body);
   res.prepare_payload();
@@ -111,10 +112,16 @@ awaitable<bool> Session::stream_begin() {
 }
 
 awaitable<bool> Session::stream_data(const std::string& data, std::string_view event_name) {
-  if (broken_) co_return false;
   std::string event;
   if (!event_name.empty()) event.append("event: ").append(event_name).append("\n");
   event.append("data: ").append(data).append("\n\n");
+  co_return co_await stream_write(std::move(event));
+}
+
+awaitable<bool> Session::stream_comment() { co_return co_await stream_write(": \n\n"); }
+
+awaitable<bool> Session::stream_write(std::string event) {
+  if (broken_) co_return false;
   beast::error_code ec;
   {
     WriteDeadline deadline(co_await asio::this_coro::executor, socket, state.options.write_timeout_s);
@@ -311,6 +318,9 @@ const Route kRoutes[] = {
     {"/cluster", http::verb::get, cluster},
     {"/cluster/workers", http::verb::post, cluster_join},
     {"/cluster/replan", http::verb::post, cluster_replan},
+    {"/", http::verb::get, webui_page},
+    {"/ui/*", http::verb::get, webui_file},
+    {"/layer-trace", http::verb::get, layer_trace},
 };
 
 
@@ -334,6 +344,7 @@ bool authorized(const ServerState& state, const HttpRequest& request) {
   const auto& key = state.options.api_key;
   const std::string path = path_of(request.target());
   if (key.empty() || path == "/health" || path == "/v1/health") return true;
+  if (state.options.webui && request.method() == http::verb::get && is_webui_path(path)) return true;
   if (request.method() == http::verb::options && !state.options.cors_origin.empty()) return true;  // preflight
   // OpenAI's clients send "Authorization: Bearer KEY", Anthropic's "x-api-key: KEY".
   return same_secret(view(request[http::field::authorization]), "Bearer " + key) ||

@@ -36,6 +36,7 @@ struct ServerOptions {
   // model's metadata; none: per token, which /v1/embeddings refuses, as llama-server).
   Pooling pooling = Pooling::none;
   int64_t n_embd = 0;  // the model's width (the embeddings' size)
+  bool webui = true;   // the web UI at / (--no-webui: off)
 };
 
 // Serves until SIGINT or SIGTERM. Throws when the address cannot be bound.

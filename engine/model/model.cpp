@@ -361,6 +361,8 @@ std::vector<float> Model::forward(backend::Backend& be, std::span<const BatchTok
       argmax->logits.insert(argmax->logits.end(), part_argmax.logits.begin(), part_argmax.logits.end());
       for (const int32_t row : part_argmax.hidden_rows) argmax->hidden_rows.push_back(row + static_cast<int32_t>(begin));
       argmax->hidden.insert(argmax->hidden.end(), part_argmax.hidden.begin(), part_argmax.hidden.end());
+      for (const int32_t row : part_argmax.trace_rows) argmax->trace_rows.push_back(row + static_cast<int32_t>(begin));
+      argmax->trace.insert(argmax->trace.end(), part_argmax.trace.begin(), part_argmax.trace.end());
     }
     // The sequences' recurrent states now hold their tokens.
     for (const BatchToken& t : part) cache.recurrent(t.seq_id).set_n_pos(t.pos + 1);
@@ -393,9 +395,32 @@ std::vector<float> Model::forward_part(backend::Backend& be, std::span<const Bat
     if (!hidden) throw std::invalid_argument("forward: a stage after layer 0 needs hidden states");
     be.upload(hidden, n * e, x);
   }
+  // Traced rows: their residual's RMS after each layer, computed on the host in double
+  // from a copy of those rows (nothing is done for a batch without them).
+  std::vector<int32_t> traced;
+  for (int64_t t = 0; t < n; ++t) {
+    if (batch[static_cast<size_t>(t)].trace) traced.push_back(static_cast<int32_t>(t));
+  }
+  if (!traced.empty() && !argmax) throw std::invalid_argument("forward: a traced row needs ReducedRows to return its trace in");
+  const auto n_traced = static_cast<int64_t>(traced.size());
+  const int32_t n_here = range.last - range.first;
+  std::vector<float> trace(static_cast<size_t>(n_traced * n_here)), rows_copy(static_cast<size_t>(n_traced * e));
   for (int32_t il = range.first; il < range.last; ++il) {
     const backend::ActivationScope layer_buffers(be);
     layer(ctx, il, x);
+    if (n_traced == 0) continue;
+    float* gathered = ctx.floats(n_traced * e);
+    be.gather_rows(x, e, traced.data(), n_traced, gathered);
+    be.download(gathered, n_traced * e, rows_copy.data());
+    for (int64_t r = 0; r < n_traced; ++r) {
+      double sum = 0;
+      for (int64_t i = 0; i < e; ++i) sum += static_cast<double>(rows_copy[static_cast<size_t>(r * e + i)]) * rows_copy[static_cast<size_t>(r * e + i)];
+      trace[static_cast<size_t>(r * n_here + (il - range.first))] = static_cast<float>(std::sqrt(sum / static_cast<double>(e)));
+    }
+  }
+  if (n_traced > 0) {
+    argmax->trace_rows = std::move(traced);
+    argmax->trace = std::move(trace);
   }
   if (range.last < hp_.n_layer) {
     std::vector<float> out(static_cast<size_t>(n * e));

@@ -89,6 +89,9 @@ struct BatchToken {
   // hidden state to its sequence's running sum there and returns nothing; 2 adds it and
   // returns the mean of the sequence's rows so far instead.
   uint8_t pool = 0;
+  // Each stage records the RMS of this token's residual stream after each of its
+  // layers (ReducedRows::trace): the web UI's activation heatmap.
+  bool trace = false;
 };
 
 // What the last stage returns besides whole logits rows. Per token with `logits` and
@@ -102,6 +105,11 @@ struct ReducedRows {
   std::vector<float> logits;
   std::vector<int32_t> hidden_rows;
   std::vector<float> hidden;
+  // Per `trace` token, in batch order, on every stage: its index in the batch, and the
+  // RMS of its residual stream after each layer of the range (range.last - range.first
+  // values per token, in `trace`).
+  std::vector<int32_t> trace_rows;
+  std::vector<float> trace;
 };
 
 struct LayerRange {

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -334,6 +335,68 @@ TEST_P(ModelTest, ArgmaxOnlyRowsComeBackAsTheirArgMax) {
   EXPECT_EQ(argmax.logits, want_logits);
   state::KvCache again = m.cache(m.model->all_layers());
   EXPECT_EQ(m.model->forward(*m.be, batch, nullptr, m.model->all_layers(), again), every_row);
+}
+
+// A traced row's trace is the RMS of its residual stream after each layer of the range:
+// that of the hidden state a range ending at that layer returns; tracing changes no
+// result, and a later range reports its own layers only.
+TEST_P(ModelTest, TracedRowsReportTheResidualRmsAfterEachLayer) {
+  LOAD_OR_SKIP(m);
+  const auto ids = prompt(7, 11);
+  const std::vector<int32_t> traced = {1, 4, 6};
+  auto batch_of = [&](bool trace) {
+    std::vector<BatchToken> batch;
+    for (size_t i = 0; i < ids.size(); ++i) {
+      BatchToken t{0, static_cast<int32_t>(i), ids[i], true};
+      t.trace = trace && std::find(traced.begin(), traced.end(), static_cast<int32_t>(i)) != traced.end();
+      batch.push_back(t);
+    }
+    return batch;
+  };
+  // want[r][l]: the RMS of row traced[r]'s hidden state after layer l.
+  std::vector<std::vector<double>> want(traced.size());
+  for (int32_t k = 1; k <= kLayers; ++k) {
+    if (k == kLayers) break;  // the last layer's state: from the whole model's trace below, checked by splits
+    state::KvCache cache = m.cache({0, k});
+    const auto hidden = m.model->forward(*m.be, batch_of(false), nullptr, {0, k}, cache);
+    for (size_t r = 0; r < traced.size(); ++r) {
+      double sum = 0;
+      for (int64_t i = 0; i < kEmbd; ++i) {
+        const double v = hidden[static_cast<size_t>(traced[r] * kEmbd + i)];
+        sum += v * v;
+      }
+      want[r].push_back(std::sqrt(sum / kEmbd));
+    }
+  }
+  state::KvCache plain = m.cache(m.model->all_layers()), with_trace = m.cache(m.model->all_layers());
+  ReducedRows none, rows;
+  const auto logits = m.model->forward(*m.be, batch_of(false), nullptr, m.model->all_layers(), plain, &none);
+  EXPECT_TRUE(none.trace_rows.empty() && none.trace.empty());
+  EXPECT_EQ(m.model->forward(*m.be, batch_of(true), nullptr, m.model->all_layers(), with_trace, &rows), logits);
+  ASSERT_EQ(rows.trace_rows, traced);
+  ASSERT_EQ(rows.trace.size(), traced.size() * kLayers);
+  for (size_t r = 0; r < traced.size(); ++r) {
+    for (size_t l = 0; l < want[r].size(); ++l) {
+      EXPECT_NEAR(rows.trace[r * kLayers + l], want[r][l], 1e-5 * want[r][l]) << "row " << traced[r] << " layer " << l;
+    }
+    EXPECT_GT(rows.trace[r * kLayers + kLayers - 1], 0.0f);
+  }
+  // A stage of the later layers: its own layers' values, the same as the whole model's.
+  state::KvCache head = m.cache({0, 1}), tail = m.cache({1, static_cast<int32_t>(kLayers)});
+  const auto hidden = m.model->forward(*m.be, batch_of(false), nullptr, {0, 1}, head);
+  ReducedRows later;
+  m.model->forward(*m.be, batch_of(true), hidden.data(), {1, static_cast<int32_t>(kLayers)}, tail, &later);
+  ASSERT_EQ(later.trace_rows, traced);
+  ASSERT_EQ(later.trace.size(), traced.size() * (kLayers - 1));
+  for (size_t r = 0; r < traced.size(); ++r) {
+    for (int64_t l = 1; l < kLayers; ++l) {
+      EXPECT_NEAR(later.trace[r * (kLayers - 1) + static_cast<size_t>(l - 1)], rows.trace[r * kLayers + static_cast<size_t>(l)],
+                  1e-5 * rows.trace[r * kLayers + static_cast<size_t>(l)]);
+    }
+  }
+  // A traced row needs somewhere to put its trace.
+  state::KvCache bare = m.cache(m.model->all_layers());
+  EXPECT_THROW(m.model->forward(*m.be, batch_of(true), nullptr, m.model->all_layers(), bare), std::invalid_argument);
 }
 
 TEST_P(ModelTest, LayerSplitEqualsWholeModel) {

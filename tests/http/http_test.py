@@ -2,6 +2,10 @@
 """HTTP API tests of pico-coord (python3 stdlib only).
 
     http_test.py BUILD_DIR MODE      MODE: local | cluster | auth | openai | prefill | limits | reasoning | hybrid
+                                           | webui
+
+webui: the web UI's files, then its pages in headless Chromium (webui_browser_test.mjs,
+playwright-core) against 2 pico-workers; screenshots in BUILD_DIR/Testing/webui.
 
 openai: the official npm client (tests/conformance/node_modules/openai) via
 openai_client_test.mjs, against 2 pico-workers (chat, streaming, structured output, tool
@@ -40,6 +44,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 if MODE == "openai" and (shutil.which("node") is None or not os.path.exists(
         os.path.join(HERE, "../conformance/node_modules/openai/package.json"))):
     print("FAIL: node or tests/conformance/node_modules/openai is missing (run scripts/setup.sh)")
+    sys.exit(1)
+if MODE == "webui" and (shutil.which("node") is None or not os.path.exists(
+        os.path.join(HERE, "../conformance/node_modules/playwright-core/package.json")) or
+        not os.path.exists(os.environ.get("PICO_CHROMIUM", "/usr/bin/chromium"))):
+    print("FAIL: node, tests/conformance/node_modules/playwright-core or chromium is missing (run scripts/setup.sh)")
     sys.exit(1)
 PICO = os.path.join(BUILD, "tools/pico/pico")
 COORD = os.path.join(BUILD, "coordinator/pico-coord")
@@ -457,7 +466,7 @@ def main():
     slot_dirs = [os.path.join(tmp, "slots-%d" % k) for k in range(2)]
     for d in slot_dirs:
         os.makedirs(d)
-    if MODE in ("cluster", "openai"):  # the openai client against a 2-worker cluster
+    if MODE in ("cluster", "openai", "webui"):  # the openai client and the browser against a 2-worker cluster
         for k, layers in enumerate(["0-0", "1-1"]):
             addr = "tcp://127.0.0.1:%d" % free_port()
             args = [WORKER, "-m", model, "--layers", layers, "--listen", addr, "-t", "1",
@@ -482,6 +491,10 @@ def main():
             f.write(ref[:-1] if ref.endswith("\n") else ref)
         r = subprocess.run(["node", os.path.join(HERE, "openai_client_test.mjs"), str(port), os.path.join(tmp, "ref.txt")])
         check(r.returncode == 0, "the openai client test")
+        return
+
+    if MODE == "webui":
+        webui_tests(port)
         return
 
     if MODE == "auth":
@@ -735,6 +748,21 @@ def restarted_worker_tests(api, worker):
     check(s == 200 and later["timings"]["cache_n"] > 0 and later["content"] == first["content"],
           "then reused again")
     check(stages_hold_only_kept(api), "every stage holds only the kept sequences after the restart")
+
+
+def webui_tests(port):
+    """The web UI's files as served, and the pages in headless Chromium (webui_browser_test.mjs)."""
+    api = Client(port)
+    s, page = api.request("GET", "/")
+    check(s == 200 and "<title>pico</title>" in page, "/ serves the page")
+    for name in ("app.js", "markdown.js", "style.css"):
+        s, body = api.request("GET", "/ui/" + name)
+        check(s == 200 and len(body) > 100, "/ui/%s is served" % name)
+    s, _ = api.request("GET", "/ui/nope.js")
+    check(s == 404, "an unknown file: 404")
+    out_dir = os.path.join(BUILD, "Testing", "webui")
+    r = subprocess.run(["node", os.path.join(HERE, "webui_browser_test.mjs"), str(port), out_dir])
+    check(r.returncode == 0, "the browser test (screenshots in %s)" % out_dir)
 
 
 def tokens_of(api, text):

@@ -1,6 +1,8 @@
 // A real pico-worker refuses malformed, truncated and wrong-version messages with an
 // error reply, and keeps serving.
 #include <gtest/gtest.h>
+
+#include <cmath>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
@@ -666,6 +668,49 @@ TEST_F(WorkerProtocol, LogitsCarryTheStagesTimings) {
   protocol::Builder close;
   close.envelope().getBody().initClose().setSeqId(31);
   EXPECT_TRUE(net::send(socket_, nullptr, close.encode()));
+}
+
+// Traced rows come back with the RMS of their residual after each of the stage's layers
+// (the heatmap); a trace list that does not match the rows is refused.
+TEST_F(WorkerProtocol, LogitsCarryTheTracedRowsPerLayerRms) {
+  auto traced_forward = [](unsigned trace_count) {
+    protocol::Builder b;
+    auto f = b.envelope().getBody().initForward();
+    f.setStepId(77);
+    f.setRows(3);
+    auto s = f.initSeqIds(3);
+    auto p = f.initPositions(3);
+    auto t = f.initTokens(3);
+    auto w = f.initWantLogits(3);
+    auto trace = f.initTrace(trace_count);
+    for (unsigned i = 0; i < 3; ++i) {
+      s.set(i, 41);
+      p.set(i, static_cast<int32_t>(i));
+      t.set(i, static_cast<int32_t>(10 + i));
+      w.set(i, i == 2);
+      if (i < trace_count) trace.set(i, i != 1);
+    }
+    return b.encode();
+  };
+  EXPECT_EQ(refused_with(traced_forward(2)), ErrorCode::BAD_REQUEST);
+  auto r = ask(traced_forward(3));
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->which(), Envelope::Body::LOGITS);
+  const auto traces = r->envelope().getBody().getLogits().getLayerTraces();
+  ASSERT_EQ(traces.size(), 1u);
+  const auto trace = traces[0];
+  EXPECT_EQ(trace.getFirstLayer(), 0u);
+  const unsigned layers = trace.getLayers();
+  EXPECT_GT(layers, 0u);
+  ASSERT_EQ(trace.getSeqIds().size(), 2u);  // rows 0 and 2
+  EXPECT_EQ(trace.getPositions()[0], 0);
+  EXPECT_EQ(trace.getPositions()[1], 2);
+  ASSERT_EQ(trace.getRms().size(), 2u * layers);
+  for (const float v : trace.getRms()) EXPECT_TRUE(std::isfinite(v) && v > 0.0f) << v;
+  protocol::Builder close;
+  close.envelope().getBody().initClose().setSeqId(41);
+  EXPECT_TRUE(net::send(socket_, nullptr, close.encode()));
+  expect_still_serving();
 }
 
 // Snapshot a sequence, close it, restore it: decoding goes on with logits bit-identical
