@@ -330,6 +330,7 @@ void Engine::admit() {
       metrics_.prompt_tokens_cached += static_cast<uint64_t>(s->n_cached);
     }
     s->t_start = Clock::now();
+    report_progress(*s, s->n_cached);
   }
   for (auto& s : dropped) {
     {
@@ -393,6 +394,9 @@ void Engine::loop() {
     int prefill = 0, decode = 0;
     std::vector<Seq*> seqs;   // with tokens in this step
     std::vector<Seq*> wants;  // with a logits row in this step (to sample from)
+    // Sequences that asked for prompt progress, with how much of their prompt is
+    // evaluated once this step is.
+    std::vector<std::pair<Seq*, int>> progress = {};
   };
   std::deque<Inflight> inflight;
   // A sequence leaves active_ once done and no step in flight holds its tokens (steps
@@ -451,6 +455,7 @@ void Engine::loop() {
         }
       };
       std::vector<Seq*> seqs, wants;
+      std::vector<std::pair<Seq*, int>> progress;
       int budget = options_.max_batch_tokens, prefill = 0, decode = 0;
       const int decode_room = decode_steps() < groups ? decode_group : 0;
       for (size_t k = 0; k < active_.size() && budget > 0; ++k) {
@@ -492,6 +497,7 @@ void Engine::loop() {
             output(s, wanted, last);
           }
           seqs.push_back(&s);
+          if (s.request.return_progress) progress.emplace_back(&s, static_cast<int>(s.prefill_sent));
           budget -= static_cast<int>(n);
           prefill += static_cast<int>(n);
           if (s.prefill_sent == prompt.size()) {
@@ -533,7 +539,7 @@ void Engine::loop() {
         return false;
       }
       for (Seq* sp : seqs) ++sp->steps_inflight;
-      inflight.push_back({step_id, Clock::now(), prefill, decode, std::move(seqs), std::move(wants)});
+      inflight.push_back({step_id, Clock::now(), prefill, decode, std::move(seqs), std::move(wants), std::move(progress)});
     }
     return true;
   };
@@ -625,6 +631,9 @@ void Engine::loop() {
     }
     last_done = now;
     stats_stale = options_.stage_stats;
+    for (const auto& [sp, processed] : step.progress) {
+      if (!sp->done && !sp->cancelled) report_progress(*sp, processed);
+    }
 
     for (Seq* sp : step.seqs) {
       if (sp->cancelled && !sp->done && sp->steps_inflight == 0) finish(*sp, "cancelled");

@@ -90,9 +90,19 @@ struct OnlineRequest {
   // sampling and the stop strings do not apply) and no kept prefix is reused (every
   // position's state is wanted).
   std::optional<Pooling> embedding;
+  // Report the prompt's evaluation as it goes (Callbacks::on_prompt_progress; llama-
+  // server's return_progress).
+  bool return_progress = false;
   // Control tokens whose text the reply shows (a chat format's tool-call and thinking
   // tags, which the reply's parsers read: llama-server's preserved tokens).
   std::vector<int32_t> shown_tokens;
+};
+
+// How far a request's prompt is evaluated (llama-server's prompt_progress): processed
+// counts the prompt's tokens in the sequence so far, the reused ones (cache) included.
+struct PromptProgress {
+  int total = 0, cache = 0, processed = 0;
+  int64_t time_ms = 0;  // since the request started
 };
 
 struct Callbacks {
@@ -106,6 +116,9 @@ struct Callbacks {
   // An embedding request's result, before on_done: one pooled row of n_embd values (one
   // per prompt token with Pooling::none), not normalised.
   std::function<void(std::vector<std::vector<float>> rows)> on_embedding;
+  // With OnlineRequest::return_progress: once when it starts (the reused prefix counted),
+  // then after each step that evaluated some of its prompt.
+  std::function<void(const PromptProgress&)> on_prompt_progress;
 };
 
 // A sequence holding KV on the stages: an active request's, or a kept one (idle).
@@ -223,6 +236,8 @@ class Engine {
   };
   // Marks `row` for a checkpoint when the policy wants one after it, and records it.
   void mark_checkpoint(Seq& s, model::BatchToken& row, bool prompt_end);
+  // on_prompt_progress with `processed` of its prompt's tokens evaluated (return_progress only).
+  void report_progress(Seq& s, int processed);
   void loop();
   void admit();
   void reuse_prefix(Seq& s);

@@ -159,6 +159,16 @@ void Engine::reuse_prefix(Seq& s) {
   s.kv_tokens.assign(prompt.begin(), prompt.begin() + static_cast<std::ptrdiff_t>(best_len));
 }
 
+void Engine::report_progress(Seq& s, int processed) {
+  if (!s.request.return_progress || !s.callbacks.on_prompt_progress) return;
+  PromptProgress p;
+  p.total = static_cast<int>(s.request.prompt.size());
+  p.cache = s.n_cached;
+  p.processed = processed;
+  p.time_ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - s.t_start).count();
+  s.callbacks.on_prompt_progress(p);
+}
+
 void Engine::mark_checkpoint(Seq& s, model::BatchToken& row, bool prompt_end) {
   if (!options_.recurrent || options_.checkpoint_max <= 0) return;
   const int64_t after = row.pos + 1;  // positions held after the row

@@ -43,6 +43,8 @@ json error_body(int status, const std::string& message, const std::string& type,
                const std::string& param = {});
 // llama-server's "timings" of one request (prompt and predicted: n, ms, per token, per second).
 json timings_json(const Usage& u);
+// llama-server's "prompt_progress" (total, cache, processed, time_ms).
+json progress_json(const PromptProgress& p);
 // What build answered (OpenAI's system_fingerprint).
 inline const char* system_fingerprint() { return "pico-" PICO_VERSION; }
 
@@ -92,12 +94,13 @@ class Session {
 class Generation {
  public:
   struct Event {
-    enum Kind { Token, Done, Error, Embedding } kind = Token;
+    enum Kind { Token, Done, Error, Embedding, Progress } kind = Token;
     size_t choice = 0;
     TokenEvent token;
     std::string reason;  // Done: finish reason; Error: message
     Usage usage;
     std::vector<std::vector<float>> embedding;  // Embedding: Callbacks::on_embedding's rows (before Done)
+    PromptProgress progress = {};               // Progress (OnlineRequest::return_progress)
   };
   // Throws ApiError when the engine refuses the request (400; 503 when its queue is
   // full). executor: the connection's strand.

@@ -106,6 +106,10 @@ json token_probs(const tokenizer::Tokenizer& tok, const TokenEvent& ev) {
 
 }  // namespace
 
+json progress_json(const PromptProgress& p) {
+  return {{"total", p.total}, {"cache", p.cache}, {"processed", p.processed}, {"time_ms", p.time_ms}};
+}
+
 json timings_json(const Usage& u) {
   auto per_token = [](double ms, int n) { return n > 0 ? ms / n : 0.0; };
   auto per_second = [](double ms, int n) { return ms > 0 ? 1e3 * n / ms : 0.0; };
@@ -173,6 +177,18 @@ awaitable<void> serve_llama_completion(Session& s, const json& body) {
         co_await s.stream_end();
       }
       co_return;
+    }
+    if (ev.kind == Generation::Event::Progress) {  // return_progress: a partial answer without text
+      if (!stream) continue;
+      json c = {{"content", ""}, {"tokens", json::array()}, {"stop", false}, {"id_slot", 0}};
+      c["prompt_progress"] = progress_json(ev.progress);
+      const std::string text_c = c.dump();
+      if (!co_await s.stream_data(text_c)) {
+        gen.cancel();
+        s.keep_alive = false;
+        co_return;
+      }
+      continue;
     }
     text += ev.token.text;
     if (ev.token.id >= 0) tokens.push_back(ev.token.id);

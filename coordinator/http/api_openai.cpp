@@ -191,6 +191,21 @@ awaitable<void> generate(Session& s, ParsedGeneration parsed, bool chat) {
       co_return;
     }
     Choice& c = choices[ev.choice];
+    if (ev.kind == Generation::Event::Progress) {  // return_progress: llama-server's chunk without text
+      if (!stream) continue;
+      json piece = chat ? chunk({{"delta", {{"role", "assistant"}, {"content", nullptr}}}, {"logprobs", nullptr},
+                                 {"finish_reason", nullptr}},
+                                ev.choice)
+                        : chunk({{"text", ""}, {"logprobs", nullptr}, {"finish_reason", nullptr}}, ev.choice);
+      piece["prompt_progress"] = progress_json(ev.progress);
+      const std::string piece_text = piece.dump();
+      if (!co_await s.stream_data(piece_text)) {
+        gen.cancel();
+        s.keep_alive = false;
+        co_return;
+      }
+      continue;
+    }
     if (ev.kind == Generation::Event::Error) {
       gen.cancel();
       if (!stream) throw ApiError(500, ev.reason, "server_error", "generation_failed");

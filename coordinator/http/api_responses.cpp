@@ -191,6 +191,7 @@ awaitable<void> responses(Session& s) {
       s.keep_alive = false;
       co_return;
     }
+    if (ev.kind == Generation::Event::Progress) continue;  // not part of this API's stream
     if (ev.kind == Generation::Event::Error) {
       gen.cancel();
       if (!stream) throw ApiError(500, ev.reason, "server_error", "generation_failed");

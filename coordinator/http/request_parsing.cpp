@@ -485,7 +485,7 @@ const Field kGenerationFields[] = {
     {"t_max_predict_ms", kAll, [](Parse&, const std::string& n, const json& v) { neutral_only(n, v, non_positive); }},
     {"t_max_prompt_ms", kAll, [](Parse&, const std::string& n, const json& v) { neutral_only(n, v, non_positive); }},
     {"timings_per_token", kAll, [](Parse&, const std::string& n, const json& v) { neutral_only(n, v, is_false); }},
-    {"return_progress", kAll, [](Parse&, const std::string& n, const json& v) { neutral_only(n, v, is_false); }},
+    {"return_progress", kAll, [](Parse& p, const std::string& n, const json& v) { p.req.return_progress = boolean(n, v); }},
     {"response_fields", kAll, [](Parse&, const std::string& n, const json& v) { neutral_only(n, v, is_empty_list); }},
     {"return_tokens", kLlama, [](Parse&, const std::string& n, const json& v) { boolean(n, v); }},  // tokens come always
     {"verbose", kAll, [](Parse&, const std::string& n, const json& v) { neutral_only(n, v, is_false); }},

@@ -169,6 +169,7 @@ Generation::Generation(Engine& engine, const asio::any_io_executor& executor, tc
     cb.on_embedding = [push](std::vector<std::vector<float>> rows) {
       push({Event::Embedding, 0, {}, {}, {}, std::move(rows)});
     };
+    cb.on_prompt_progress = [push](const PromptProgress& p) { push({Event::Progress, 0, {}, {}, {}, {}, p}); };
     try {
       handles_.push_back(engine.submit(std::move(choices[i]), std::move(cb)));
       finished_.push_back(false);
@@ -231,7 +232,7 @@ awaitable<Generation::Event> Generation::next() {
       if (!channel_->events.empty()) {
         Event ev = std::move(channel_->events.front());
         channel_->events.pop_front();
-        if (ev.kind != Event::Token) finished_[ev.choice] = true;
+        if (ev.kind != Event::Token && ev.kind != Event::Progress) finished_[ev.choice] = true;
         co_return ev;
       }
     }

@@ -658,6 +658,7 @@ def main():
         check(name in m, "/metrics has " + name)
 
     prefix_reuse_tests(api)
+    progress_tests(api)
     n_choices_tests(api, ref, greedy)
     sampler_tests(api, ref, greedy)
     grammar_tests(api)
@@ -763,6 +764,44 @@ def webui_tests(port):
     out_dir = os.path.join(BUILD, "Testing", "webui")
     r = subprocess.run(["node", os.path.join(HERE, "webui_browser_test.mjs"), str(port), out_dir])
     check(r.returncode == 0, "the browser test (screenshots in %s)" % out_dir)
+
+
+def progress_tests(api):
+    """return_progress (llama-server's): while a long prompt is evaluated, streamed answers
+    without text carry prompt_progress {total, cache, processed, time_ms}: first at the
+    start, then after each step of the prompt, processed growing to the total."""
+    prompt = " ".join("p%d" % i for i in range(250))  # more than one step of prompt tokens
+    n_prompt = len(tokens_of(api, prompt))
+    for path, body in (("/completion", {"prompt": prompt, "n_predict": 2, "cache_prompt": False}),
+                       ("/v1/chat/completions", {"messages": [{"role": "user", "content": prompt}], "max_tokens": 2}),
+                       ("/v1/completions", {"prompt": prompt, "max_tokens": 2, "cache_prompt": False})):
+        body = dict(body, stream=True, return_progress=True, temperature=0)
+        s, ev = api.stream(path, body)
+        events = [json.loads(e) for e in ev if e != "[DONE]"]
+        progress = [e["prompt_progress"] for e in events if "prompt_progress" in e]
+        first_text = next((i for i, e in enumerate(events) if
+                           e.get("content") or (e.get("choices") and (e["choices"][0].get("text") or
+                                                                      e["choices"][0].get("delta", {}).get("content")))),
+                          len(events))
+        total = progress[-1]["total"] if progress else -1
+        check(s == 200 and len(progress) >= 3 and all(p["total"] == total for p in progress) and
+              total >= n_prompt - 1 and progress[0]["processed"] == progress[0]["cache"] and
+              progress[-1]["processed"] == total and
+              all(a["processed"] < b["processed"] and a["time_ms"] <= b["time_ms"] for a, b in zip(progress, progress[1:])) and
+              all("prompt_progress" not in e for e in events[first_text:]),
+              "%s return_progress: %s" % (path, [(p["processed"], p["total"]) for p in progress]))
+        if path == "/v1/chat/completions" and progress:
+            chunk = next(e for e in events if "prompt_progress" in e)
+            check(chunk["object"] == "chat.completion.chunk" and chunk["choices"][0]["delta"]["role"] == "assistant",
+                  "a chat progress chunk is a chunk with the assistant's role")
+    s, ev = api.stream("/completion", {"prompt": prompt, "n_predict": 2, "stream": True})
+    check(s == 200 and not any("prompt_progress" in e for e in ev), "no prompt_progress unless asked")
+    # A prompt whose prefix is reused: the first report counts it as processed already.
+    s, ev = api.stream("/completion", {"prompt": prompt, "n_predict": 2, "stream": True, "return_progress": True})
+    progress = [json.loads(e)["prompt_progress"] for e in ev if "prompt_progress" in e]
+    check(s == 200 and progress and progress[0]["cache"] > 0 and progress[0]["processed"] == progress[0]["cache"] and
+          progress[-1]["processed"] == progress[-1]["total"], "return_progress after a reused prefix: %s" %
+          [(p["cache"], p["processed"], p["total"]) for p in progress])
 
 
 def tokens_of(api, text):
