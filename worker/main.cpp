@@ -16,6 +16,7 @@
 #include "cpu/thread_pool.hpp"
 #include "profile.hpp"
 #include "server.hpp"
+#include "load_progress.hpp"
 #include "stage_engine.hpp"
 
 namespace {
@@ -110,6 +111,13 @@ int main(int argc, char** argv) {
   app.add_option("--kv-memory", kv_memory,
                  "KV bytes over all sequences, e.g. 512M, 4G (default: available memory less the stage's weights, "
                  "less a tenth)");
+  std::string mem;
+  bool prefault = false;
+  app.add_option("--mem", mem,
+                 "lock up to BYTES of the stage's weights in memory, the most valuable first (output head and norms, "
+                 "attention, router, FFN, experts, embeddings), and stream the rest from the file layer by layer "
+                 "(e.g. 300M, 2G; the cpu backend)");
+  app.add_flag("--prefault", prefault, "read every weight of the stage at load (a fast first reply), showing progress");
   std::string slot_dir;
   app.add_option("--slot-save-path", slot_dir,
                  "slots on disk: the directory this worker writes its layers' state of a saved slot to and restores "
@@ -148,7 +156,12 @@ int main(int argc, char** argv) {
     }
     if (!kv_memory.empty()) limits.kv_memory = pico::worker::parse_byte_size(kv_memory);
     if (!device_memory.empty()) backend.memory = pico::worker::parse_byte_size(device_memory);
-    pico::worker::StageEngine engine(model_path, range, threads, limits, backend);
+    pico::model::ResidencyOptions residency;
+    if (!mem.empty()) residency.lock_bytes = pico::worker::parse_byte_size(mem);
+    residency.prefault = prefault;
+    pico::worker::StageEngine engine(model_path, range, threads, limits, backend, residency,
+                                     pico::worker::load_progress("prefault"));
+    if (const auto* r = engine.residency()) pico::worker::log_residency(r->report());
     const pico::worker::WorkerProfile profile =
         worker_profile(engine.file(), engine.model(), backend, engine.threads(), engine.device(),
                        engine.device_memory_bytes(), profile_only);

@@ -114,7 +114,9 @@ model::LayerRange parse_layers(const std::string& text) {
 }
 
 StageEngine::StageEngine(const std::string& model_path, std::optional<model::LayerRange> range, int threads,
-                         const StageLimitOptions& limits, const StageBackendOptions& backend) {
+                         const StageLimitOptions& limits, const StageBackendOptions& backend,
+                         const model::ResidencyOptions& residency,
+                         const std::function<void(uint64_t, uint64_t)>& progress) {
   file_ = gguf::Model::open(model_path);
   model_ = model::Model::load(*file_);
   range_ = range.value_or(model_->all_layers());
@@ -136,6 +138,14 @@ StageEngine::StageEngine(const std::string& model_path, std::optional<model::Lay
   }
   const state::KvConfig kv = model_->kv_config(range_);
   model_->load_weights(*be_, range_);
+  if (residency.lock_bytes > 0 || residency.prefault) {
+    if (backend.name != "cpu") {
+      throw std::invalid_argument("--mem and --prefault keep the mapped weights in memory: the cpu backend's (a device "
+                                  "backend copies them to the device at load)");
+    }
+    residency_ = std::make_unique<model::WeightResidency>(*file_, range_, n_layer(), residency, progress);
+    model_->set_layer_observer(residency_.get());
+  }
   cache_ = model_->make_cache(range_, GgmlType::F16, GgmlType::F16, backend::state_stores_of(*be_));
   identity_ = protocol::model_identity(*file_);
 

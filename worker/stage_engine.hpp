@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -15,6 +16,7 @@
 #include "backend/backend.hpp"
 #include "gguf/reader.hpp"
 #include "model/model.hpp"
+#include "model/residency.hpp"
 #include "protocol.hpp"
 #include "state/kv_cache.hpp"
 
@@ -89,8 +91,14 @@ model::LayerRange parse_layers(const std::string& text);
 class StageEngine {
  public:
   // range nullopt: every layer. threads <= 0: the default count.
+  // residency: --mem / --prefault (the cpu backend only: a device's weights are copied
+  // to it at load); progress(done, total) while prefaulting.
   StageEngine(const std::string& model_path, std::optional<model::LayerRange> range, int threads,
-              const StageLimitOptions& limits = {}, const StageBackendOptions& backend = {});
+              const StageLimitOptions& limits = {}, const StageBackendOptions& backend = {},
+              const model::ResidencyOptions& residency = {},
+              const std::function<void(uint64_t, uint64_t)>& progress = {});
+  // What was locked and whether the range streams (null without --mem or --prefault).
+  const model::WeightResidency* residency() const { return residency_.get(); }
 
   model::LayerRange layers() const { return range_; }
   bool is_first() const { return range_.first == 0; }
@@ -161,6 +169,7 @@ class StageEngine {
 
   std::unique_ptr<gguf::Model> file_;
   std::unique_ptr<model::Model> model_;
+  std::unique_ptr<model::WeightResidency> residency_;  // after model_: it is the model's observer
   std::unique_ptr<backend::Backend> be_;
   std::string device_;
   uint64_t device_memory_bytes_ = 0;

@@ -407,7 +407,9 @@ std::vector<float> Model::forward_part(backend::Backend& be, std::span<const Bat
   std::vector<float> trace(static_cast<size_t>(n_traced * n_here)), rows_copy(static_cast<size_t>(n_traced * e));
   for (int32_t il = range.first; il < range.last; ++il) {
     const backend::ActivationScope layer_buffers(be);
+    if (observer_) observer_->before_layer(il);
     layer(ctx, il, x);
+    if (observer_) observer_->after_layer(il);
     if (n_traced == 0) continue;
     float* gathered = ctx.floats(n_traced * e);
     be.gather_rows(x, e, traced.data(), n_traced, gathered);

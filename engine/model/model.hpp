@@ -117,6 +117,15 @@ struct LayerRange {
   int32_t last = 0;  // exclusive
 };
 
+// Told around each layer a forward pass computes (WeightResidency streams the weights
+// of a range larger than its memory budget by it).
+class LayerObserver {
+ public:
+  virtual ~LayerObserver() = default;
+  virtual void before_layer(int32_t il) = 0;
+  virtual void after_layer(int32_t il) = 0;
+};
+
 // What a layer function works with during one forward call.
 struct ForwardContext {
   backend::Backend& be;
@@ -136,6 +145,8 @@ class Model {
   virtual ~Model() = default;
 
   const Hparams& hparams() const { return hp_; }
+  // Told around each layer of every forward pass (null: nobody); not owned.
+  void set_layer_observer(LayerObserver* observer) { observer_ = observer; }
   const Weights& weights() const { return w_; }
   LayerRange all_layers() const { return {0, static_cast<int32_t>(hp_.n_layer)}; }
 
@@ -271,6 +282,7 @@ class Model {
   void pre_norm_layer(ForwardContext& ctx, int32_t il, float* x, const AttentionSpec& spec) const;
 
   const gguf::Model& file_;
+  LayerObserver* observer_ = nullptr;
   Hparams hp_;
   Weights w_;
 

@@ -2,6 +2,7 @@
 // micro-batches, token by token, two sequences mixed in one batch all give
 // bit-identical logits), layer-range split equal to the whole model, KV truncation.
 #include "model/model.hpp"
+#include "model/residency.hpp"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -502,6 +503,67 @@ TEST(DeviceStep, WeightsGoToTheDeviceAtLoadNotInAStep) {
     run(m, prompt(6, 3), 6);
     EXPECT_EQ(m.be->weight_bytes(), loaded) << arch;
   }
+}
+
+TEST(WeightResidency, ClassesOrderTheWeightsByWhatTheyAreWorth) {
+  EXPECT_EQ(weight_class("output.weight"), WeightClass::Head);
+  EXPECT_EQ(weight_class("output_norm.weight"), WeightClass::Head);
+  EXPECT_EQ(weight_class("blk.0.attn_norm.weight"), WeightClass::Norm);
+  EXPECT_EQ(weight_class("blk.3.attn_q.weight"), WeightClass::Attention);
+  EXPECT_EQ(weight_class("blk.3.ssm_a"), WeightClass::Attention);
+  EXPECT_EQ(weight_class("blk.1.ffn_gate_inp.weight"), WeightClass::Router);
+  EXPECT_EQ(weight_class("blk.1.ffn_up_shexp.weight"), WeightClass::Router);
+  EXPECT_EQ(weight_class("blk.2.ffn_down.weight"), WeightClass::Ffn);
+  EXPECT_EQ(weight_class("blk.2.ffn_gate_exps.weight"), WeightClass::RoutedExperts);
+  EXPECT_EQ(weight_class("token_embd.weight"), WeightClass::Embedding);
+  EXPECT_LT(WeightClass::Head, WeightClass::Norm);
+  EXPECT_LT(WeightClass::Router, WeightClass::RoutedExperts);
+  EXPECT_EQ(weight_layer("blk.12.attn_q.weight"), 12);
+  EXPECT_EQ(weight_layer("output.weight"), -1);
+  EXPECT_EQ(weight_layer("blk.x"), -1);
+}
+
+// --mem locks within its budget, most valuable first; a range beyond it streams, which
+// changes no result; --prefault reports its progress up to the whole.
+TEST(WeightResidency, LocksWithinTheBudgetAndStreamsTheRest) {
+  Loaded m("qwen3moe", GgmlType::F32);
+  ASSERT_TRUE(m.be) << m.no_backend;
+  m.model->load_weights(*m.be, m.model->all_layers());
+  const auto ids = prompt(6, 2);
+  std::vector<BatchToken> batch;
+  for (size_t i = 0; i < ids.size(); ++i) batch.push_back({0, static_cast<int32_t>(i), ids[i], true});
+  state::KvCache plain = m.cache(m.model->all_layers());
+  const auto want = m.model->forward(*m.be, batch, nullptr, m.model->all_layers(), plain);
+
+  const gguf::TensorInfo* head = m.file->find_tensor("output.weight");
+  ASSERT_NE(head, nullptr);
+  // Room for the head and a little more: the head (the most valuable) is locked first.
+  const uint64_t budget = head->bytes + 64 * 1024;
+  std::vector<std::pair<uint64_t, uint64_t>> progress;
+  {
+    WeightResidency residency(*m.file, m.model->all_layers(), kLayers, {budget, true},
+                              [&](uint64_t done, uint64_t total) { progress.emplace_back(done, total); });
+    const ResidencyReport& r = residency.report();
+    EXPECT_GT(r.range_bytes, budget);
+    EXPECT_TRUE(r.streaming);
+    EXPECT_LE(r.locked_bytes, budget);
+    if (r.lock_failed_bytes == 0) {
+      EXPECT_GE(r.locked_bytes, head->bytes);  // the head, page-rounded
+    } else {
+      EXPECT_FALSE(r.lock_error.empty());  // refused (no CAP_IPC_LOCK, a low ulimit -l): said so
+    }
+    ASSERT_FALSE(progress.empty());
+    for (size_t i = 1; i < progress.size(); ++i) EXPECT_GE(progress[i].first, progress[i - 1].first);
+    EXPECT_EQ(progress.back().first, progress.back().second);
+    m.model->set_layer_observer(&residency);
+    state::KvCache streamed = m.cache(m.model->all_layers());
+    EXPECT_EQ(m.model->forward(*m.be, batch, nullptr, m.model->all_layers(), streamed), want);
+    m.model->set_layer_observer(nullptr);
+  }
+  // A budget beyond the range: everything locked that can be, nothing streamed.
+  WeightResidency all(*m.file, m.model->all_layers(), kLayers, {uint64_t{1} << 40, false});
+  EXPECT_FALSE(all.report().streaming);
+  EXPECT_GT(anonymous_resident_bytes(), 0u);
 }
 
 TEST(Hparams, ReadsMetadata) {

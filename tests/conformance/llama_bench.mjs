@@ -4,7 +4,7 @@
 // generate N tokens one by one greedily (decode). Prints one JSON line:
 //   {"prefill_tps": ..., "decode_tps": ..., "prompt": P, "generated": N, "threads": T}
 //
-//   node llama_bench.mjs MODEL [-p 256] [-n 64] [-t 2] [--repeat 2] [--vulkan]
+//   node llama_bench.mjs MODEL [-p 256] [-n 64] [-t 2] [--repeat 2] [--vulkan] [--mlock]
 // The best of --repeat runs is reported (the machines are noisy). Prompt tokens are
 // a fixed pseudo-random sequence of ordinary tokens (no BOS), the same pico bench uses.
 // --vulkan: llama.cpp's Vulkan build (@node-llama-cpp/linux-x64-vulkan, which
@@ -28,6 +28,7 @@ const generate = option("-n", 64);
 const threads = option("-t", 2);
 const repeat = option("--repeat", 2);
 const vulkan = args.includes("--vulkan");
+const mlock = args.includes("--mlock");  // lock the model's memory (llama.cpp's --mlock)
 
 // The prompt: token i = 1000 + (i * 7919) mod (n_vocab - 2000), as pico bench makes it.
 function benchPrompt(nVocab, n) {
@@ -38,7 +39,7 @@ function benchPrompt(nVocab, n) {
 
 const llama = await getLlama({ gpu: vulkan ? "vulkan" : false, build: "never", logLevel: LlamaLogLevel.error, progressLogs: false, maxThreads: threads });
 if (vulkan && llama.gpu !== "vulkan") throw new Error("llama.cpp's Vulkan build did not load (got " + llama.gpu + ")");
-const model = await llama.loadModel({ modelPath: path.resolve(modelPath), gpuLayers: vulkan ? "max" : 0, useMmap: true });
+const model = await llama.loadModel({ modelPath: path.resolve(modelPath), gpuLayers: vulkan ? "max" : 0, useMmap: true, useMlock: mlock });
 const nVocab = model.fileInfo.metadata?.tokenizer?.ggml?.tokens?.length ?? 32000;
 const prompt = benchPrompt(nVocab, promptLength);
 

@@ -15,8 +15,11 @@
 #include "backend/devices.hpp"
 #include "cpu/thread_pool.hpp"
 #include "gguf/reader.hpp"
+#include "load_progress.hpp"
 #include "model/model.hpp"
+#include "model/residency.hpp"
 #include "sample/sampler.hpp"
+#include "stage_engine.hpp"
 #include "state/kv_cache.hpp"
 #include "tokenizer/tokenizer.hpp"
 
@@ -31,6 +34,8 @@ struct EngineOptions {
   bool llama_numerics = false;  // backend::BatchNumerics::as_llama_cpp
   std::string backend = "cpu";
   int device = 0;
+  std::string mem;        // --mem: bytes of weights to lock, the rest streamed
+  bool prefault = false;  // --prefault
 };
 
 inline void add_engine_options(CLI::App* cmd, EngineOptions& o) {
@@ -47,6 +52,11 @@ inline void add_engine_options(CLI::App* cmd, EngineOptions& o) {
                   "(attention and the recurrent layers stay on the CPU; `pico inspect --devices` lists devices)")
       ->check(CLI::IsMember({"cpu", "vulkan"}));
   cmd->add_option("--device", o.device, "device index of --backend (default 0)")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--mem", o.mem,
+                  "lock up to BYTES of the weights in memory, the most valuable first (output head and norms, "
+                  "attention, router, FFN, experts, embeddings), and stream the rest from the file layer by layer "
+                  "(e.g. 300M, 2G; the cpu backend)");
+  cmd->add_flag("--prefault", o.prefault, "read every weight at load (a fast first reply), showing progress");
 }
 
 inline GgmlType kv_type(const std::string& name) {
@@ -61,6 +71,7 @@ struct Session {
   std::unique_ptr<model::Model> model;
   std::unique_ptr<backend::Backend> be;
   std::unique_ptr<state::KvCache> cache;
+  std::unique_ptr<model::WeightResidency> residency;  // --mem, --prefault
   int batch = 64;
   int32_t n_past = 0;
   static constexpr uint8_t kCheckpoints = 3;
@@ -77,6 +88,17 @@ struct Session {
       be = backend::open_backend(o.backend, o.device, threads);
     }
     model->load_weights(*be, model->all_layers());
+    if (!o.mem.empty() || o.prefault) {
+      if (o.backend != "cpu") throw std::invalid_argument("--mem and --prefault are the cpu backend's");
+      model::ResidencyOptions r;
+      if (!o.mem.empty()) r.lock_bytes = worker::parse_byte_size(o.mem);
+      r.prefault = o.prefault;
+      residency = std::make_unique<model::WeightResidency>(*file, model->all_layers(),
+                                                          static_cast<int32_t>(model->hparams().n_layer), r,
+                                                          worker::load_progress("prefault"));
+      model->set_layer_observer(residency.get());
+      worker::log_residency(residency->report());
+    }
     cache = model->make_cache(model->all_layers(), kv_type(o.ctk), kv_type(o.ctv), backend::state_stores_of(*be));
     batch = o.batch;
   }

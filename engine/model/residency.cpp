@@ -1,0 +1,169 @@
+#include "model/residency.hpp"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <string>
+
+namespace pico::model {
+
+namespace {
+
+bool contains(std::string_view s, std::string_view part) { return s.find(part) != std::string_view::npos; }
+
+size_t page_size() {
+  const long page = ::sysconf(_SC_PAGESIZE);
+  return page > 0 ? static_cast<size_t>(page) : 4096;
+}
+
+}  // namespace
+
+int32_t weight_layer(std::string_view name) {
+  if (!name.starts_with("blk.")) return -1;
+  int32_t layer = 0;
+  size_t i = 4;
+  if (i >= name.size() || name[i] < '0' || name[i] > '9') return -1;
+  for (; i < name.size() && name[i] >= '0' && name[i] <= '9'; ++i) layer = layer * 10 + (name[i] - '0');
+  return layer;
+}
+
+WeightClass weight_class(std::string_view name) {
+  if (name.starts_with("output")) return WeightClass::Head;  // output.weight, output_norm
+  if (name.starts_with("token_embd") || name.starts_with("position_embd")) return WeightClass::Embedding;
+  if (contains(name, "norm")) return WeightClass::Norm;
+  if (contains(name, "_exps")) return WeightClass::RoutedExperts;
+  if (contains(name, "ffn_gate_inp") || contains(name, "_shexp")) return WeightClass::Router;
+  if (contains(name, ".ffn_")) return WeightClass::Ffn;
+  return WeightClass::Attention;  // attn_*, ssm_* (a hybrid's mixer), and the rest of a layer
+}
+
+WeightResidency::WeightResidency(const gguf::Model& file, LayerRange range, int32_t n_layer,
+                                 const ResidencyOptions& options,
+                                 const std::function<void(uint64_t, uint64_t)>& progress)
+    : range_(range) {
+  const size_t page = page_size();
+  const bool tied = file.find_tensor("output.weight") == nullptr;
+  for (const gguf::TensorInfo& t : file.tensors()) {
+    const int32_t layer = weight_layer(t.name);
+    const WeightClass kind = weight_class(t.name);
+    bool mine = layer >= range.first && layer < range.last;
+    if (layer < 0) {
+      // Embeddings on the first stage (and the last, when the head is tied to them),
+      // the head and output norm on the last.
+      mine = kind == WeightClass::Embedding ? range.first == 0 || (tied && range.last == n_layer)
+                                            : range.last == n_layer;
+    }
+    if (!mine || t.bytes == 0) continue;
+    const auto bytes = file.file(t.file_index).bytes();
+    if (t.file_offset + t.bytes > bytes.size()) continue;
+    const auto start = reinterpret_cast<uintptr_t>(bytes.data() + t.file_offset);
+    const uintptr_t aligned = start / page * page;
+    Piece p;
+    p.data = reinterpret_cast<const uint8_t*>(aligned);
+    p.bytes = (start + t.bytes - aligned + page - 1) / page * page;
+    p.layer = layer;
+    // A tied head is read whole for every token: it is worth what the head is.
+    p.kind = kind == WeightClass::Embedding && tied && range.last == n_layer ? WeightClass::Head : kind;
+    pieces_.push_back(p);
+    report_.range_bytes += t.bytes;
+  }
+  // Most valuable first; within a class, in layer order.
+  std::stable_sort(pieces_.begin(), pieces_.end(), [](const Piece& a, const Piece& b) {
+    return a.kind != b.kind ? a.kind < b.kind : a.layer < b.layer;
+  });
+  if (options.prefault) {
+    uint64_t done = 0, total = 0;
+    for (const Piece& p : pieces_) total += p.bytes;
+    volatile uint8_t sink = 0;
+    for (const Piece& p : pieces_) {
+      ::madvise(const_cast<uint8_t*>(p.data), p.bytes, MADV_WILLNEED);
+      for (size_t off = 0; off < p.bytes; off += page) sink = sink + p.data[off];
+      done += p.bytes;
+      if (progress) progress(done, total);
+    }
+  }
+  if (options.lock_bytes > 0) {
+    uint64_t budget = options.lock_bytes;
+    for (Piece& p : pieces_) {
+      if (p.bytes > budget) continue;  // a smaller, less valuable one may still fit
+      if (::mlock(p.data, p.bytes) == 0) {
+        p.locked = true;
+        budget -= p.bytes;
+        report_.locked_bytes += p.bytes;
+      } else {
+        report_.lock_failed_bytes += p.bytes;
+        if (report_.lock_error.empty()) report_.lock_error = std::strerror(errno);
+      }
+    }
+    report_.streaming = report_.range_bytes > options.lock_bytes;
+  }
+  if (report_.streaming) prefetcher_ = std::thread([this] { prefetch_loop(); });
+}
+
+WeightResidency::~WeightResidency() {
+  if (prefetcher_.joinable()) {
+    {
+      std::lock_guard lock(mutex_);
+      stop_ = true;
+    }
+    wake_.notify_one();
+    prefetcher_.join();
+  }
+  for (const Piece& p : pieces_) {
+    if (p.locked) ::munlock(p.data, p.bytes);
+  }
+}
+
+void WeightResidency::advise(int32_t layer, int advice) {
+  for (const Piece& p : pieces_) {
+    if (p.layer == layer && !p.locked) ::madvise(const_cast<uint8_t*>(p.data), p.bytes, advice);
+  }
+}
+
+void WeightResidency::prefetch_loop() {
+  std::unique_lock lock(mutex_);
+  while (true) {
+    wake_.wait(lock, [&] { return stop_ || wanted_ >= 0; });
+    if (stop_) return;
+    const int32_t layer = wanted_;
+    wanted_ = -1;
+    lock.unlock();
+    advise(layer, MADV_WILLNEED);
+    lock.lock();
+  }
+}
+
+void WeightResidency::before_layer(int32_t il) {
+  if (!report_.streaming) return;
+  // The next layer's weights are read ahead while this one computes; after the last
+  // layer, the first (the next token's).
+  {
+    std::lock_guard lock(mutex_);
+    wanted_ = il + 1 < range_.last ? il + 1 : range_.first;
+  }
+  wake_.notify_one();
+}
+
+void WeightResidency::after_layer(int32_t il) {
+  if (!report_.streaming) return;
+#ifdef MADV_PAGEOUT
+  advise(il, MADV_PAGEOUT);  // reclaimed now rather than pushing out what comes next
+#else
+  advise(il, MADV_DONTNEED);
+#endif
+}
+
+uint64_t anonymous_resident_bytes() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.starts_with("RssAnon:")) return std::stoull(line.substr(8)) * 1024;  // "RssAnon:  1234 kB"
+  }
+  return 0;
+}
+
+}  // namespace pico::model
