@@ -19,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include "gguf/value.hpp"
+#include "fake_stage_test.hpp"  // tiny_tokenizer: the parser needs one; the prompt text is compared
 #include "http/request_parsing.hpp"
 #include "tokenizer/chat_template.hpp"
 #include "tokenizer/tokenizer.hpp"
@@ -57,19 +57,6 @@ std::string llama_cpp_template(const std::string& name) {
     return dir;
   }();
   return run("git -C '" + clone.string() + "' show HEAD:models/templates/" + name + ".jinja");
-}
-
-// A tokenizer for the parser's context (the prompt text is compared, not its tokens).
-std::unique_ptr<tokenizer::Tokenizer> tiny_tokenizer() {
-  gguf::Metadata m;
-  m.set("tokenizer.ggml.model", std::string("llama"));
-  m.set("tokenizer.ggml.tokens", gguf::string_array({"<unk>", "<s>", "</s>", "\xE2\x96\x81" "a"}));
-  std::vector<gguf::Value> scores(4, gguf::Value(0.0f));
-  std::vector<gguf::Value> types{gguf::Value(int32_t{2}), gguf::Value(int32_t{3}), gguf::Value(int32_t{3}),
-                                 gguf::Value(int32_t{1})};
-  m.set("tokenizer.ggml.scores", gguf::make_array(gguf::ValueType::Float32, scores));
-  m.set("tokenizer.ggml.token_type", gguf::make_array(gguf::ValueType::Int32, types));
-  return std::make_unique<tokenizer::Tokenizer>(tokenizer::Vocabulary::from_metadata(m));
 }
 
 // The parameters' keys in sorted order: pico reads requests into sorted JSON objects
@@ -164,7 +151,7 @@ std::vector<Case> cases() {
 }
 
 TEST(ChatTemplateConformance, PromptsEqualTheTemplatesOwn) {
-  const auto tok = tiny_tokenizer();
+  const auto tok = coordinator::testing::tiny_tokenizer();
   json requests = json::array();
   const std::vector<Case> all = cases();
   for (const Case& c : all) {
