@@ -213,9 +213,6 @@ bool Engine::recover(const std::string& what) {
     spdlog::error("failover: {}", e.what());
   }
   if (!replaced) {
-    // /health says which stage is lost before the requests hear of it: a client that
-    // asks right after its request failed sees why.
-    check_stages(false);
     fail_all(what);
     return false;
   }

@@ -259,7 +259,14 @@ try:
                 fail("request %d: the error does not name the worker: %s" % (i, s.error))
         print("no replica: 8 requests failed within %.0f ms of the kill: %s" %
               (max(s.error_time for s in streams) * 1e3 - killed_at[0] * 1e3, streams[0].error))
-        status, text = request(port, "GET", "/health")
+        # The engine publishes the lost stage right after it fails the requests: a client
+        # asking at once may be a moment early (ASan's timing), so within 2 s.
+        deadline = time.time() + 2.0
+        while True:
+            status, text = request(port, "GET", "/health")
+            if (status == 503 and addresses[1] in text) or time.time() > deadline:
+                break
+            time.sleep(0.05)
         if status != 503 or addresses[1] not in text:
             fail("/health after the kill: %d %s" % (status, text))
         if coord.poll() is not None:
