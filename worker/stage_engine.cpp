@@ -26,17 +26,6 @@ uint64_t available_memory_bytes() {
   return 0;
 }
 
-bool stage_reads(const gguf::Model& file, const std::string& name, model::LayerRange range, int32_t n_layer) {
-  if (name.rfind("blk.", 0) == 0) {
-    const int layer = std::atoi(name.c_str() + 4);
-    return layer >= range.first && layer < range.last;
-  }
-  const bool first = range.first == 0, last = range.last == n_layer;
-  if (name.rfind("token_embd.", 0) == 0) return first || (last && !file.find_tensor("output.weight"));
-  if (name.rfind("output", 0) == 0) return last;
-  return true;  // rope factors and the like: small, and any stage may read them
-}
-
 namespace {
 
 std::string mib(uint64_t bytes) { return std::to_string(bytes >> 20) + " MiB"; }

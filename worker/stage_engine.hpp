@@ -15,6 +15,7 @@
 
 #include "backend/backend.hpp"
 #include "gguf/reader.hpp"
+#include "model/layer_split.hpp"
 #include "model/model.hpp"
 #include "model/residency.hpp"
 #include "protocol.hpp"
@@ -74,10 +75,7 @@ struct MemoryBudget {
   uint64_t available = 0, weights = 0, margin = 0, budget = 0;
 };
 MemoryBudget default_state_budget(const gguf::Model& file, model::LayerRange range, int32_t n_layer);
-// Whether the stage of `range` (of n_layer layers) reads the tensor `name`: a layer's
-// by its stage, the embeddings by the first (and the last when the head is tied to
-// them), the output norm and head by the last, anything else by every stage.
-bool stage_reads(const gguf::Model& file, const std::string& name, model::LayerRange range, int32_t n_layer);
+using model::stage_reads;  // which tensors a stage reads (model/layer_split.hpp)
 // MemAvailable from /proc/meminfo in bytes (0 when unknown).
 uint64_t available_memory_bytes();
 

@@ -28,4 +28,9 @@ std::vector<LayerRange> balanced_layer_split(const gguf::Model& file, int stages
 // "0-6,7-11": inclusive ranges as pico-worker --layers and scripts/local-cluster take them.
 std::string format_layer_ranges(const std::vector<LayerRange>& ranges);
 
+// Whether the stage of `range` (of n_layer layers) reads the tensor `name`: a layer's
+// by its stage, the embeddings by the first (and the last when the head is tied to
+// them), the output norm and head by the last, anything else by every stage.
+bool stage_reads(const gguf::Model& file, const std::string& name, LayerRange range, int32_t n_layer);
+
 }  // namespace pico::model

@@ -1,4 +1,5 @@
 #include "model/residency.hpp"
+#include "model/layer_split.hpp"
 
 #include <sys/mman.h>
 #include <unistd.h>
@@ -48,16 +49,9 @@ WeightResidency::WeightResidency(const gguf::Model& file, LayerRange range, int3
   const size_t page = page_size();
   const bool tied = file.find_tensor("output.weight") == nullptr;
   for (const gguf::TensorInfo& t : file.tensors()) {
+    if (t.bytes == 0 || !stage_reads(file, t.name, range, n_layer)) continue;
     const int32_t layer = weight_layer(t.name);
     const WeightClass kind = weight_class(t.name);
-    bool mine = layer >= range.first && layer < range.last;
-    if (layer < 0) {
-      // Embeddings on the first stage (and the last, when the head is tied to them),
-      // the head and output norm on the last.
-      mine = kind == WeightClass::Embedding ? range.first == 0 || (tied && range.last == n_layer)
-                                            : range.last == n_layer;
-    }
-    if (!mine || t.bytes == 0) continue;
     const auto bytes = file.file(t.file_index).bytes();
     if (t.file_offset + t.bytes > bytes.size()) continue;
     const auto start = reinterpret_cast<uintptr_t>(bytes.data() + t.file_offset);

@@ -359,8 +359,7 @@ TEST_P(VulkanModel, MatchesLlamaCpp) {
   // sanitized) or a machine without a driver has none, and the test says which. A
   // device that is there and does not open fails the test (open_backend throws).
   if (const std::string missing = backend::missing_device("vulkan", 0); !missing.empty()) {
-    // reason: the cross and sanitized builds have no Vulkan backend; a machine may have no driver
-    GTEST_SKIP() << "needs a Vulkan device: " << missing;
+    GTEST_SKIP() << "needs a Vulkan device: " << missing;  // reason: the cross and sanitized builds have no Vulkan backend; a machine may have no driver
   }
   const LlamaLibrary& llama = LlamaLibrary::get();
   ASSERT_TRUE(llama.loaded()) << llama.error();
