@@ -1287,6 +1287,8 @@ def slot_file_tests(api, slot_dirs):
     prompt = "Slots on disk keep a conversation for later: zebra quartz"
     body = {"prompt": prompt, "n_predict": 8, "temperature": 0}
     _, first = api.json("POST", "/completion", body)
+    # A reply goes out before the step that finished it updates /slots (ASan widens it).
+    check(wait_until(lambda: processing(api) == [], 10), "the request's slot is idle after its reply")
     _, slots = api.json("GET", "/slots")
     idle = [x for x in slots if x["state"] == "idle"]
     mine = max(idle, key=lambda x: x["id"])
@@ -1306,6 +1308,7 @@ def slot_file_tests(api, slot_dirs):
     check([(x["id"], x["n_past"]) for x in slots if x["state"] == "idle"] == [(restored["id_slot"], saved["n_saved"])],
           "the restored slot is idle with its positions")
     _, again = api.json("POST", "/completion", body)
+    check(wait_until(lambda: processing(api) == [], 10), "the continued slot is idle after its reply")
     check(again["tokens_cached"] > 0 and again["content"] == first["content"],
           "a request continues the restored slot, with the same reply (%d cached)" % again["tokens_cached"])
     with open(os.path.join(slot_dirs[0], "junk.bin"), "wb") as f:
