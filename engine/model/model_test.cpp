@@ -541,7 +541,7 @@ TEST(WeightResidency, LocksWithinTheBudgetAndStreamsTheRest) {
   const uint64_t budget = head->bytes + 64 * 1024;
   std::vector<std::pair<uint64_t, uint64_t>> progress;
   {
-    WeightResidency residency(*m.file, m.model->all_layers(), kLayers, {budget, true},
+    WeightResidency residency(*m.file, m.model->all_layers(), kLayers, {budget, true, {}},
                               [&](uint64_t done, uint64_t total) { progress.emplace_back(done, total); });
     const ResidencyReport& r = residency.report();
     EXPECT_GT(r.range_bytes, budget);
@@ -560,8 +560,18 @@ TEST(WeightResidency, LocksWithinTheBudgetAndStreamsTheRest) {
     EXPECT_EQ(m.model->forward(*m.be, batch, nullptr, m.model->all_layers(), streamed), want);
     m.model->set_layer_observer(nullptr);
   }
+  {
+    // No memory left at all: every read-ahead gives back what it lacks first; the
+    // results are the same.
+    ResidencyOptions none{budget, false, [] { return uint64_t{0}; }};
+    WeightResidency residency(*m.file, m.model->all_layers(), kLayers, none);
+    m.model->set_layer_observer(&residency);
+    state::KvCache streamed = m.cache(m.model->all_layers());
+    EXPECT_EQ(m.model->forward(*m.be, batch, nullptr, m.model->all_layers(), streamed), want);
+    m.model->set_layer_observer(nullptr);
+  }
   // A budget beyond the range: everything locked that can be, nothing streamed.
-  WeightResidency all(*m.file, m.model->all_layers(), kLayers, {uint64_t{1} << 40, false});
+  WeightResidency all(*m.file, m.model->all_layers(), kLayers, {uint64_t{1} << 40, false, {}});
   EXPECT_FALSE(all.report().streaming);
   EXPECT_GT(anonymous_resident_bytes(), 0u);
 }

@@ -7,20 +7,26 @@
 //     lookup reads a few rows of them);
 //   - prefault: read every weight of the range once at load (a fast first reply);
 //   - stream the rest: while a layer computes, a thread of its own asks for the next
-//     one's unlocked weights (madvise WILLNEED), and the finished layer's are given back
-//     (MADV_PAGEOUT), so that the range cycles through the memory left instead of
-//     thrashing it.
+//     one's unlocked weights (madvise WILLNEED). When what it lacks of them does not fit
+//     in the memory left (MemoryRoom: the cgroup's room, MemAvailable), it first gives
+//     back (MADV_PAGEOUT) as much of the layers computed last as must go: those are
+//     needed again only after every other layer, so the range cycles through the memory
+//     there is, re-reading per token only what does not fit, instead of thrashing it.
+//     When the streamed weights mostly cannot stay, each layer is given back as it ends.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "gguf/reader.hpp"
+#include "model/memory_room.hpp"
 #include "model/model.hpp"
 
 namespace pico::model {
@@ -34,13 +40,23 @@ int32_t weight_layer(std::string_view tensor_name);
 struct ResidencyOptions {
   uint64_t lock_bytes = 0;  // --mem: bytes to lock (0: none locked, nothing streamed)
   bool prefault = false;    // --prefault: read everything at load
+  // The memory left to fill (empty: MemoryRoom's, this process's cgroup and MemAvailable).
+  std::function<uint64_t()> room;
 };
+
+// Bytes to give back before reading `missing` bytes with `room` left, keeping `margin`
+// free for everything else: 0 when it fits.
+uint64_t bytes_to_release(uint64_t missing, uint64_t room, uint64_t margin);
+// The layers whose weights may be given back while `computing` runs, in the order in
+// which they are needed again last first: the ones computed before it, backwards around
+// the range, never the one computing nor the next.
+std::vector<int32_t> release_order(LayerRange range, int32_t computing);
 
 struct ResidencyReport {
   uint64_t range_bytes = 0;   // the stage's weights in the file
   uint64_t locked_bytes = 0;  // locked (mlock succeeded)
   uint64_t lock_failed_bytes = 0;  // asked but refused (RLIMIT_MEMLOCK without CAP_IPC_LOCK)
-  bool streaming = false;     // the range exceeds the budget: prefetch and release per layer
+  bool streaming = false;     // the range exceeds the budget: read ahead per layer, release as needed
   std::string lock_error;     // the first mlock error
 };
 
@@ -55,6 +71,8 @@ class WeightResidency final : public LayerObserver {
   WeightResidency& operator=(const WeightResidency&) = delete;
 
   const ResidencyReport& report() const { return report_; }
+  // Bytes of weights given back so far to make room for the read-ahead.
+  uint64_t released_bytes() const { return released_.load(std::memory_order_relaxed); }
   void before_layer(int32_t il) override;
   void after_layer(int32_t il) override;
 
@@ -68,6 +86,9 @@ class WeightResidency final : public LayerObserver {
   };
   void advise(int32_t layer, int advice);
   void prefetch_loop();
+  void read_ahead(int32_t layer, int32_t computing);
+  std::pair<uint64_t, uint64_t> residency(int32_t layer) const;
+  uint64_t page_out(int32_t layer, uint64_t most);
   std::vector<Piece> pieces_;
   LayerRange range_;
   ResidencyReport report_;
@@ -76,6 +97,12 @@ class WeightResidency final : public LayerObserver {
   std::mutex mutex_;
   std::condition_variable wake_;
   int32_t wanted_ = -1;  // the layer to read ahead next (-1: none)
+  int32_t computing_ = -1;
+  std::function<uint64_t()> room_;
+  MemoryRoom memory_;
+  std::atomic<uint64_t> released_{0};
+  uint64_t streamed_bytes_ = 0;     // the unlocked weights of the layers
+  std::atomic<bool> tight_{false};  // they mostly cannot stay: give each layer back as it ends
   bool stop_ = false;
   std::thread prefetcher_;
 };

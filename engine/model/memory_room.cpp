@@ -1,0 +1,86 @@
+#include "model/memory_room.hpp"
+
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <fstream>
+
+namespace pico::model {
+
+namespace {
+
+bool exists(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0;
+}
+
+// The number a file starts with; false for "max", a missing file or anything else.
+bool read_number(const std::string& path, uint64_t& value) {
+  std::ifstream in(path);
+  std::string word;
+  if (!(in >> word) || word.empty() || word[0] < '0' || word[0] > '9') return false;
+  try {
+    value = std::stoull(word);
+  } catch (const std::exception&) {
+    return false;
+  }
+  return true;
+}
+
+uint64_t mem_available(const std::string& root) {
+  std::ifstream in(root + "/proc/meminfo");
+  std::string key, rest;
+  uint64_t value = 0;
+  while (in >> key >> value) {
+    std::getline(in, rest);
+    if (key == "MemAvailable:") return value * 1024;
+  }
+  return 0;
+}
+
+}  // namespace
+
+MemoryRoom::MemoryRoom(std::string root) : root_(std::move(root)) {
+  // /proc/self/cgroup: "0::/path" (v2) or "N:memory:/path" / "N:cpu,memory:/path" (v1).
+  std::ifstream in(root_ + "/proc/self/cgroup");
+  std::string line;
+  while (std::getline(in, line)) {
+    const size_t a = line.find(':'), b = a == std::string::npos ? a : line.find(':', a + 1);
+    if (b == std::string::npos) continue;
+    const std::string controllers = line.substr(a + 1, b - a - 1), path = line.substr(b + 1);
+    std::string dir, limit, usage;
+    if (controllers.empty()) {
+      dir = root_ + "/sys/fs/cgroup";
+      limit = "memory.max", usage = "memory.current";
+    } else if (("," + controllers + ",").find(",memory,") != std::string::npos) {
+      dir = root_ + "/sys/fs/cgroup/memory";
+      limit = "memory.limit_in_bytes", usage = "memory.usage_in_bytes";
+    } else {
+      continue;
+    }
+    // Inside a container the cgroup's own directory is the mount's root.
+    const std::string own = dir + (path == "/" ? "" : path);
+    const std::string chosen = exists(own + "/" + limit) ? own : dir;
+    if (!exists(chosen + "/" + limit)) continue;
+    limit_file_ = chosen + "/" + limit;
+    usage_file_ = chosen + "/" + usage;
+    if (!controllers.empty()) break;  // v1's memory controller wins over a v2 line beside it
+  }
+}
+
+MemoryUse MemoryRoom::now() const {
+  MemoryUse use;
+  use.available = mem_available(root_);
+  uint64_t limit = 0, used = 0;
+  // v1 writes "no limit" as a huge number (a page-rounded INT64_MAX).
+  if (!limit_file_.empty() && read_number(limit_file_, limit) && limit < (uint64_t{1} << 60) &&
+      read_number(usage_file_, used)) {
+    use.limit = limit;
+    use.used = used;
+    const uint64_t room = used < limit ? limit - used : 0;
+    use.available = use.available == 0 ? room : std::min(use.available, room);
+  }
+  return use;
+}
+
+}  // namespace pico::model
