@@ -160,7 +160,7 @@ int main(int argc, char** argv) {
     if (!mem.empty()) residency.lock_bytes = pico::worker::parse_byte_size(mem);
     residency.prefault = prefault;
     pico::worker::StageEngine engine(model_path, range, threads, limits, backend, residency,
-                                     pico::worker::load_progress("prefault"));
+                                     pico::worker::progress_bar("prefault"));
     if (const auto* r = engine.residency()) pico::worker::log_residency(r->report());
     const pico::worker::WorkerProfile profile =
         worker_profile(engine.file(), engine.model(), backend, engine.threads(), engine.device(),

@@ -20,6 +20,21 @@ second="$("$pico" run -m "$tmp/m.gguf" -p "The weather today" -n 16 --temp 0 -t 
 [[ "$first" == "$second" ]] || fail "greedy runs differ"
 grep -q "generated" "$tmp/log" || fail "pico run printed no timings on stderr"
 [[ "$first" != *"generated"* ]] || fail "timings leaked into stdout"
+# A prompt longer than a batch shows its progress (log lines off a terminal), and the
+# batch size changes no token.
+long="$(printf 'word%d ' $(seq 1 60))"
+plain="$("$pico" run -m "$tmp/m.gguf" -p "$long" -n 8 --temp 0 -t 1 2>/dev/null)"
+batched="$("$pico" run -m "$tmp/m.gguf" -p "$long" -n 8 --temp 0 -t 1 -b 16 2>"$tmp/progress.log")"
+[[ "$plain" == "$batched" ]] || fail "-b 16 changed the reply"
+grep -Eq "prompt: 0% \(0 of [0-9]+ tokens\)" "$tmp/progress.log" &&
+  grep -Eq "prompt: 100% \(([0-9]+) of \1 tokens\)" "$tmp/progress.log" || fail "no prompt progress: $(cat "$tmp/progress.log")"
+[[ "$batched" != *"prompt: "* ]] || fail "progress leaked into stdout"
+# Low memory: --prefault reads the weights with its progress, --mem locks within a budget
+# and streams the rest; neither changes a token.
+low="$("$pico" run -m "$tmp/m.gguf" -p "The weather today" -n 16 --temp 0 -t 1 --prefault --mem 1M 2>"$tmp/low.log")"
+[[ "$low" == "$first" ]] || fail "--prefault --mem changed the reply"
+grep -q "prefault: 100%" "$tmp/low.log" && grep -q "the rest streamed layer by layer" "$tmp/low.log" ||
+  fail "no prefault progress or streaming: $(cat "$tmp/low.log")"
 a="$("$pico" run -m "$tmp/m.gguf" -p "Hi" -n 16 --temp 0.9 --seed 42 -t 1 2>/dev/null)"
 b="$("$pico" run -m "$tmp/m.gguf" -p "Hi" -n 16 --temp 0.9 --seed 42 -t 1 2>/dev/null)"
 [[ "$a" == "$b" ]] || fail "seeded runs differ"

@@ -27,6 +27,7 @@ struct ChatOptions {
 
 void run_chat(const ChatOptions& o) {
   Session s(o.engine);
+  s.progress = worker::progress_bar("prompt", worker::ProgressUnit::Tokens);
   const auto tok = tokenizer::Tokenizer::from_metadata(s.file->metadata());
   const auto chat = tokenizer::ChatTemplate::from_metadata(s.file->metadata(), nullptr, o.chat_template);
   const int64_t ctx = context_length(s, o.ctx);

@@ -100,6 +100,7 @@ struct RunOptions {
 
 void run_generate(const RunOptions& o) {
   Session s(o.engine);
+  s.progress = worker::progress_bar("prompt", worker::ProgressUnit::Tokens);
   const auto tok = tokenizer::Tokenizer::from_metadata(s.file->metadata());
   std::vector<int32_t> ids = tok->encode(o.prompt, true, true);
   if (ids.empty()) throw std::invalid_argument("the prompt tokenizes to nothing");

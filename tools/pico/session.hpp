@@ -73,6 +73,8 @@ struct Session {
   std::unique_ptr<state::KvCache> cache;
   std::unique_ptr<model::WeightResidency> residency;  // --mem, --prefault
   int batch = 64;
+  // Told after each batch of an evaluation longer than one batch (a long prompt).
+  std::function<void(uint64_t done, uint64_t total)> progress;
   int32_t n_past = 0;
   static constexpr uint8_t kCheckpoints = 3;
 
@@ -95,7 +97,7 @@ struct Session {
       r.prefault = o.prefault;
       residency = std::make_unique<model::WeightResidency>(*file, model->all_layers(),
                                                           static_cast<int32_t>(model->hparams().n_layer), r,
-                                                          worker::load_progress("prefault"));
+                                                          worker::progress_bar("prefault"));
       model->set_layer_observer(residency.get());
       worker::log_residency(residency->report());
     }
@@ -111,6 +113,7 @@ struct Session {
   void eval(const std::vector<int32_t>& ids, bool all_rows, Fn&& row) {
     for (size_t start = 0; start < ids.size(); start += static_cast<size_t>(batch)) {
       const size_t end = std::min(ids.size(), start + static_cast<size_t>(batch));
+      if (progress && ids.size() > static_cast<size_t>(batch)) progress(start, ids.size());
       std::vector<model::BatchToken> tokens;
       for (size_t i = start; i < end; ++i) tokens.push_back({0, n_past++, ids[i], all_rows || i + 1 == ids.size()});
       // A hybrid model's recurrent state cannot be cut back: keep a checkpoint after the
@@ -123,6 +126,7 @@ struct Session {
         row(ids.size() - 1, logits.data());
       }
     }
+    if (progress && ids.size() > static_cast<size_t>(batch)) progress(ids.size(), ids.size());
   }
 };
 
