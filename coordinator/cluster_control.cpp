@@ -193,6 +193,11 @@ ClusterView ClusterControl::view() {
            return false;
          })
       .get();
+  const EngineMetrics m = engine_.metrics();
+  for (size_t i = 0; i < out.stages.size(); ++i) {
+    if (i < m.timings.stages.size()) out.stages[i].timings = m.timings.stages[i];
+    if (i < m.stages.size()) out.stages[i].stats = m.stages[i];
+  }
   return out;
 }
 

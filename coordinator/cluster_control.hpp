@@ -38,6 +38,10 @@ struct WorkerView {
 struct StageView {
   model::LayerRange layers;
   std::vector<WorkerView> workers;
+  // Its compute / queue / transfer totals (Pipeline::timings), and its active worker's
+  // memory as of the engine's last idle moment (nullopt before one).
+  StageTimingTotals timings;
+  std::optional<StageStats> stats;
 };
 struct ClusterView {
   std::vector<StageView> stages;

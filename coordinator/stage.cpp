@@ -15,6 +15,7 @@
 #include <random>
 #include <utility>
 
+#include "model/memory_room.hpp"
 #include "server.hpp"
 
 namespace pico::coordinator {
@@ -176,6 +177,7 @@ StageStats LocalStage::stats() {
   s.sequences = static_cast<uint32_t>(engine_.sequences());
   s.batches = engine_.batches();
   s.tokens = engine_.tokens();
+  s.free_bytes = model::MemoryRoom().available();
   return s;
 }
 
@@ -677,7 +679,8 @@ StageStats RemoteStage::stats() {
   protocol::Decoded d(msg.header_bytes());
   const auto s = d.envelope().getBody().getStats();
   return {s.getMemoryBytes(), s.getKvBytes(),          s.getBatches(),        s.getTokens(),
-          s.getSequences(),   s.getChainedSteps(), s.getRecurrentBytes(), s.getCheckpointBytes()};
+          s.getSequences(),   s.getChainedSteps(), s.getRecurrentBytes(), s.getCheckpointBytes(),
+          s.getFreeBytes()};
 }
 
 std::optional<std::vector<uint8_t>> RemoteStage::snapshot(int32_t seq_id) {

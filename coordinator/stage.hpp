@@ -122,6 +122,7 @@ struct StageStats {
   // Of kv_bytes (all sequence state): a hybrid's recurrent states with their
   // checkpoints, and of those the checkpoints.
   uint64_t recurrent_bytes = 0, checkpoint_bytes = 0;
+  uint64_t free_bytes = 0;  // memory the stage's process may still fill (model::MemoryRoom)
 };
 
 // A grant to the last stage to start up to `steps` further steps itself (protocol

@@ -23,7 +23,8 @@ $Cxx.namespace("pico::protocol::schema");
 #    slotRestore / slotDone).
 # 9: per-layer traces of rows (Forward.trace, Forward.layerTraces, Logits.layerTraces:
 #    the web UI's activation heatmap).
-const protocolVersion :UInt32 = 9;
+# 10: the memory a worker has left (Stats.freeBytes: the web UI's cluster page).
+const protocolVersion :UInt32 = 10;
 
 enum DType {
   f32 @0;
@@ -278,6 +279,7 @@ struct Stats {
   chainedSteps @5 :UInt64;   # steps this (last) stage started itself (Forward.chainSteps)
   recurrentBytes @6 :UInt64; # of kvBytes: the recurrent states of a hybrid's linear layers, checkpoints included
   checkpointBytes @7 :UInt64; # of recurrentBytes: the checkpoints
+  freeBytes @8 :UInt64;      # memory the process may still fill: its cgroup's room or MemAvailable, the less
 }
 
 struct Error {

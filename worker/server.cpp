@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "link_probe.hpp"
+#include "model/memory_room.hpp"
 #include "sample/argmax.hpp"
 #include "slot_file.hpp"
 #include "cpu/cpu_features.hpp"
@@ -222,6 +223,7 @@ void Server::handle(net::Received& msg) {
         s.setBatches(engine_.batches());
         s.setTokens(engine_.tokens());
         s.setChainedSteps(chained_steps_);
+        s.setFreeBytes(model::MemoryRoom().available());
         reply(msg.peer, b.encode());
         break;
       }

@@ -31,11 +31,25 @@ json to_json(const ClusterView& view) {
       j["batch_ms_per_token"] = w.batch_seconds_per_token ? json(*w.batch_seconds_per_token * 1e3) : json(nullptr);
       workers.push_back(std::move(j));
     }
-    stages.push_back({{"stage", i},
-                      {"layers", std::to_string(st.layers.first) + "-" + std::to_string(st.layers.last - 1)},
-                      {"active", active},
-                      {"replicas", st.workers.size() - 1},
-                      {"workers", std::move(workers)}});
+    json stage = {{"stage", i},
+                  {"layers", std::to_string(st.layers.first) + "-" + std::to_string(st.layers.last - 1)},
+                  {"active", active},
+                  {"replicas", st.workers.size() - 1},
+                  {"workers", std::move(workers)}};
+    // Totals since start: a client takes differences between two reads for rates.
+    stage["compute_seconds"] = st.timings.compute_seconds;
+    stage["queue_seconds"] = st.timings.queue_seconds;
+    stage["transfer_seconds"] = st.timings.transfer_seconds;
+    stage["batches"] = st.timings.batches;
+    stage["tokens"] = st.timings.tokens;
+    if (st.stats) {
+      stage["memory"] = {{"used_bytes", st.stats->memory_bytes},
+                         {"free_bytes", st.stats->free_bytes},
+                         {"kv_bytes", st.stats->kv_bytes}};
+    } else {
+      stage["memory"] = nullptr;
+    }
+    stages.push_back(std::move(stage));
   }
   return {{"stages", std::move(stages)}, {"failovers", view.failovers}, {"slow_moves", view.slow_moves}};
 }

@@ -420,6 +420,9 @@ awaitable<void> metrics(Session& s) {
     }
   };
   stage_metric("pico:stage_memory_bytes", "Resident bytes of the stage.", [](const StageStats& x) { return x.memory_bytes; });
+  stage_metric("pico:stage_free_memory_bytes",
+               "Memory the stage's process may still fill: its cgroup's room or MemAvailable, the less.",
+               [](const StageStats& x) { return x.free_bytes; });
   stage_metric("pico:stage_kv_bytes", "Bytes of the sequence state on the stage: KV cache, recurrent state, checkpoints.",
                [](const StageStats& x) { return x.kv_bytes; });
   stage_metric("pico:stage_recurrent_bytes", "Of those, the recurrent states of a hybrid's linear layers and their checkpoints.",

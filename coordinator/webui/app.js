@@ -299,6 +299,7 @@ function regenerate() {
 
 let clusterTimer = null;
 let lastTokens = null;
+let lastStages = new Map();  // stage -> its totals at the last read, for per-second figures
 
 function cell(text) {
   const td = document.createElement("td");
@@ -307,11 +308,28 @@ function cell(text) {
 }
 
 const ms = (v) => (v === null || v === undefined ? "–" : v.toFixed(2) + " ms");
-const bytes = (v) => (v ? (v / (1 << 20)).toFixed(1) + " MiB" : "–");
+const bytes = (v) => (!v ? "–" : v >= 2 ** 33 ? (v / 2 ** 30).toFixed(1) + " GiB" : (v / (1 << 20)).toFixed(1) + " MiB");
 
 function metricValue(text, name) {
   const m = text.match(new RegExp("^" + name.replace(/[:]/g, "\\$&") + " ([0-9.eE+-]+)$", "m"));
   return m ? Number(m[1]) : null;
+}
+
+// A stage's compute / queue / transfer ms per batch and tokens per second since the last
+// read (its totals' differences); null until two reads saw batches.
+function stageRates(st, at) {
+  const before = lastStages.get(st.stage);
+  const now = { at, compute: st.compute_seconds, queue: st.queue_seconds, transfer: st.transfer_seconds,
+                batches: st.batches, tokens: st.tokens };
+  lastStages.set(st.stage, now);
+  const out = { compute: null, queue: null, transfer: null, rate: "–" };
+  if (!before || now.batches < before.batches) return out;
+  const batches = now.batches - before.batches;
+  out.rate = ((now.tokens - before.tokens) / Math.max((at - before.at) / 1000, 1e-3)).toFixed(1);
+  if (batches > 0) {
+    for (const k of ["compute", "queue", "transfer"]) out[k] = ((now[k] - before[k]) / batches) * 1000;
+  }
+  return out;
 }
 
 async function refreshCluster() {
@@ -323,19 +341,26 @@ async function refreshCluster() {
       const tr = document.createElement("tr");
       tr.dataset.stage = "0";
       tr.append(cell("0"), cell("all"), cell("in-process"), cell("up"), cell("this process"), cell(""), cell(""),
-                cell(""), cell(""), cell(""), cell(""));
+                ...Array.from({ length: 10 }, () => cell("")));
       rows.push(tr);
     } else {
       const view = await cluster.json();
+      const at = performance.now();
       for (const st of view.stages) {
+        const live = stageRates(st, at);
         for (const w of st.workers) {
           const tr = document.createElement("tr");
           tr.dataset.stage = String(st.stage);
           tr.className = (w.up ? "up" : "down") + (w.active ? " active" : " replica");
+          const mine = (text) => cell(w.active ? text : "");
+          const memory = st.memory
+            ? `${bytes(st.memory.used_bytes)} (KV ${bytes(st.memory.kv_bytes)}) / ${bytes(st.memory.free_bytes)}`
+            : "–";
           tr.append(cell(String(st.stage)), cell(st.layers), cell(w.address + (w.active ? "" : " (replica)")),
                     cell(w.up ? "up" : "down"), cell([w.backend, w.isa].filter(Boolean).join(" / ")), cell(w.device || ""),
-                    cell(String(w.threads)), cell(bytes(w.memory_bytes)), cell(ms(w.round_trip_ms)), cell(ms(w.decode_ms)),
-                    cell(ms(w.batch_ms_per_token)));
+                    cell(String(w.threads)), cell(bytes(w.memory_bytes)), mine(memory), mine(ms(live.compute)),
+                    mine(ms(live.queue)), mine(ms(live.transfer)), mine(live.rate), cell(ms(w.round_trip_ms)),
+                    cell(ms(w.decode_ms)), cell(ms(w.batch_ms_per_token)));
           rows.push(tr);
         }
       }

@@ -764,6 +764,18 @@ def webui_tests(port):
     out_dir = os.path.join(BUILD, "Testing", "webui")
     r = subprocess.run(["node", os.path.join(HERE, "webui_browser_test.mjs"), str(port), out_dir])
     check(r.returncode == 0, "the browser test (screenshots in %s)" % out_dir)
+    # What the cluster page reads: per stage its compute / queue / transfer totals and its
+    # worker's memory (asked when the engine is next idle, so a moment after the requests).
+    def measured():
+        s, c = api.json("GET", "/cluster")
+        return s == 200 and all(st["batches"] > 0 and st["tokens"] >= st["batches"] and st["compute_seconds"] > 0 and
+                                st["queue_seconds"] + st["transfer_seconds"] > 0 and st["memory"] and
+                                st["memory"]["used_bytes"] > 0 and st["memory"]["free_bytes"] > 0 and
+                                st["memory"]["kv_bytes"] >= 0 for st in c["stages"]) and c
+    check(wait_until(lambda: bool(measured()), 10), "/cluster: each stage's timings and memory")
+    view = measured()
+    free = [metric(api, 'pico:stage_free_memory_bytes{stage="%d"}' % i) for i in range(len(view["stages"]) if view else 0)]
+    check(view and len(free) == 2 and all(f > 0 for f in free), "/metrics: each stage's free memory %s" % free)
 
 
 def progress_tests(api):

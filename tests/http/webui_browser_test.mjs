@@ -121,6 +121,22 @@ try {
     return colors.size;
   });
   check(painted >= 2, `its newest column is painted (${painted} colors)`);
+  // Live per-stage figures while a long generation runs: compute, queue and transfer per
+  // batch and tokens per second on each stage's row, and its worker's memory used / free
+  // (as of the engine's last idle moment: after the generations above).
+  const long = fetch(base + '/v1/completions', {
+    method: 'POST', headers: { 'Content-Type': 'application/json' },
+    body: JSON.stringify({ prompt: 'The fox', max_tokens: 600, temperature: 0, ignore_eos: true }),
+  });
+  const live = await page.waitForFunction(() => {
+    const rows = [...document.querySelectorAll('#stages tbody tr')].map((r) => [...r.cells].map((c) => c.textContent));
+    return rows.length === 2 && rows.every((r) => / [MG]iB \(KV .* [MG]iB\) \/ .* [MG]iB$/.test(r[8]) && / ms$/.test(r[9]) &&
+                                                  / ms$/.test(r[10]) && / ms$/.test(r[11]) && Number(r[12]) > 0) && rows;
+  }, null, { timeout: 30000, polling: 200 }).then((h) => h.jsonValue()).catch(() => null);
+  check(live !== null, 'each stage shows its memory used / free, compute / queue / transfer per batch and tok/s: ' +
+        JSON.stringify(await page.$$eval('#stages tbody tr', (rows) => rows.map((r) => [...r.cells].map((c) => c.textContent)))));
+  await page.screenshot({ path: join(outDir, 'cluster-live.png') });
+  await long;
   const summary = await page.textContent('#cluster-summary');
   check(/2 worker\(s\) in 2 stage\(s\)/.test(summary) && /tokens generated/.test(summary), 'summary: ' + summary);
   await page.screenshot({ path: join(outDir, 'cluster.png') });
