@@ -57,7 +57,9 @@ class FakeStage final : public Stage {
   bool up() override { return is_up; }
   void rejoin() override {
     ++rejoins;
-    if (!comes_back) throw StageError("fake: not back");
+    // As RemoteStage::rejoin's errors, naming the worker: a request admitted after the
+    // loss fails with this rather than with the step's error.
+    if (!comes_back) throw StageError("worker " + info().name + ": not back yet");
     is_up = true;
   }
 
