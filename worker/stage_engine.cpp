@@ -5,26 +5,17 @@
 
 #include <cctype>
 #include <cmath>
-#include <fstream>
 #include <map>
 #include <set>
 #include <stdexcept>
 
 #include "backend/devices.hpp"
 #include "cpu/thread_pool.hpp"
+#include "model/memory_room.hpp"
 
 namespace pico::worker {
 
-uint64_t available_memory_bytes() {
-  std::ifstream in("/proc/meminfo");
-  std::string key, unit;
-  uint64_t value = 0;
-  while (in >> key >> value) {
-    std::getline(in, unit);
-    if (key == "MemAvailable:") return value * 1024;
-  }
-  return 0;
-}
+uint64_t available_memory_bytes() { return model::mem_available_bytes(); }
 
 namespace {
 

@@ -27,7 +27,9 @@ bool read_number(const std::string& path, uint64_t& value) {
   return true;
 }
 
-uint64_t mem_available(const std::string& root) {
+}  // namespace
+
+uint64_t mem_available_bytes(const std::string& root) {
   std::ifstream in(root + "/proc/meminfo");
   std::string key, rest;
   uint64_t value = 0;
@@ -37,8 +39,6 @@ uint64_t mem_available(const std::string& root) {
   }
   return 0;
 }
-
-}  // namespace
 
 MemoryRoom::MemoryRoom(std::string root) : root_(std::move(root)) {
   // /proc/self/cgroup: "0::/path" (v2) or "N:memory:/path" / "N:cpu,memory:/path" (v1).
@@ -70,7 +70,7 @@ MemoryRoom::MemoryRoom(std::string root) : root_(std::move(root)) {
 
 MemoryUse MemoryRoom::now() const {
   MemoryUse use;
-  use.available = mem_available(root_);
+  use.available = mem_available_bytes(root_);
   uint64_t limit = 0, used = 0;
   // v1 writes "no limit" as a huge number (a page-rounded INT64_MAX).
   if (!limit_file_.empty() && read_number(limit_file_, limit) && limit < (uint64_t{1} << 60) &&

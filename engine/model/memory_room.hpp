@@ -17,6 +17,9 @@ struct MemoryUse {
   uint64_t available = 0;  // room left: min(limit - used, MemAvailable); 0 when unknown
 };
 
+// MemAvailable of <root>/proc/meminfo in bytes, 0 when unknown.
+uint64_t mem_available_bytes(const std::string& root = "");
+
 class MemoryRoom {
  public:
   // `root` prefixes /proc and /sys (tests hand a directory of such files).
