@@ -23,7 +23,8 @@ $Cxx.namespace("pico::protocol::schema");
 #    slotRestore / slotDone).
 # 9: per-layer traces of rows (Forward.trace, Forward.layerTraces, Logits.layerTraces:
 #    the web UI's activation heatmap).
-# 10: the memory a worker has left (Stats.freeBytes: the web UI's cluster page).
+# 10: the memory a worker has left (Stats.freeBytes: the web UI's cluster page); moving
+#     a running `--layers auto` worker to another range (Capabilities.movable, Assign).
 const protocolVersion :UInt32 = 10;
 
 enum DType {
@@ -108,6 +109,9 @@ struct Capabilities {
   device @12 :Text;          # the backend's device, "name, driver" (empty on the CPU)
   deviceMemoryBytes @13 :UInt64;
   profile @14 :Profile;
+  # Started with --layers auto: while serving it takes another range (Assign from its
+  # owner's session), answers `assigned`, drops its sequences and loads that range.
+  movable @15 :Bool;
 }
 
 struct Plan {

@@ -9,6 +9,7 @@
 #include <csignal>
 #include <iostream>
 #include <optional>
+#include <tuple>
 
 #include "assignment.hpp"
 #include "link_probe.hpp"
@@ -159,40 +160,49 @@ int main(int argc, char** argv) {
     pico::model::ResidencyOptions residency;
     if (!mem.empty()) residency.lock_bytes = pico::worker::parse_byte_size(mem);
     residency.prefault = prefault;
-    pico::worker::StageEngine engine(model_path, range, threads, limits, backend, residency,
-                                     pico::worker::progress_bar("prefault"));
-    if (const auto* r = engine.residency()) pico::worker::log_residency(r->report());
-    const pico::worker::WorkerProfile profile =
-        worker_profile(engine.file(), engine.model(), backend, engine.threads(), engine.device(),
-                       engine.device_memory_bytes(), profile_only);
-    if (profile_only) {
-      std::cout << pico::worker::format_profile(profile);
-      return 0;
+    // A --layers auto worker may be moved to another range while it serves: its server
+    // returns, the range's engine goes (its sequences with it) and the new one loads,
+    // served on the same socket.
+    while (true) {
+      pico::worker::StageEngine engine(model_path, range, threads, limits, backend, residency,
+                                       pico::worker::progress_bar("prefault"));
+      if (const auto* r = engine.residency()) pico::worker::log_residency(r->report());
+      const pico::worker::WorkerProfile profile =
+          worker_profile(engine.file(), engine.model(), backend, engine.threads(), engine.device(),
+                         engine.device_memory_bytes(), profile_only);
+      if (profile_only) {
+        std::cout << pico::worker::format_profile(profile);
+        return 0;
+      }
+      // The largest legal frame (StageLimits::max_message_bytes), before the socket is made.
+      pico::net::set_max_message_bytes(static_cast<int64_t>(engine.limits().max_message_bytes));
+      std::optional<pico::worker::Server> server_storage;
+      if (assignment) {
+        // Connections made from now on (the coordinator's, the previous stage's) get the
+        // assigned range's largest message; those of the wait had the wait's.
+        assignment->router.set(zmq::sockopt::maxmsgsize, static_cast<int64_t>(engine.limits().max_message_bytes));
+        server_storage.emplace(engine, std::move(assignment->router), std::move(assignment->zap), listen,
+                               pico::net::Timing{}, security);
+      } else {
+        server_storage.emplace(engine, listen, pico::net::Timing{}, security);
+      }
+      pico::worker::Server& server = *server_storage;
+      server.set_profile(profile);
+      server.set_slot_dir(slot_dir);
+      server.set_movable(assignment.has_value());
+      spdlog::info("layers {}-{} of {} ({}), listening on {}", engine.layers().first, engine.layers().last - 1,
+                   engine.n_layer(), pico::protocol::to_string(engine.identity()), listen);
+      if (!engine.device().empty()) spdlog::info("backend {} on {}", engine.backend_name(), engine.device());
+      const auto& l = engine.limits();
+      spdlog::info("limits: {} rows per forward, {} positions per sequence, {} sequences, {} bytes of KV, "
+                   "messages up to {} bytes",
+                   l.max_rows, l.max_positions, l.max_sequences, l.state_budget_bytes, l.max_message_bytes);
+      server.run(g_stop);
+      if (!server.moved_to()) return 0;
+      range = *server.moved_to();
+      assignment->layers = *range;
+      std::tie(assignment->router, assignment->zap) = server.release_socket();
     }
-    // The largest legal frame (StageLimits::max_message_bytes), before the socket is made.
-    pico::net::set_max_message_bytes(static_cast<int64_t>(engine.limits().max_message_bytes));
-    std::optional<pico::worker::Server> server_storage;
-    if (assignment) {
-      // Connections made from now on (the coordinator's, the previous stage's) get the
-      // assigned range's largest message; those of the wait had the wait's.
-      assignment->router.set(zmq::sockopt::maxmsgsize, static_cast<int64_t>(engine.limits().max_message_bytes));
-      server_storage.emplace(engine, std::move(assignment->router), std::move(assignment->zap), listen,
-                             pico::net::Timing{}, security);
-    } else {
-      server_storage.emplace(engine, listen, pico::net::Timing{}, security);
-    }
-    pico::worker::Server& server = *server_storage;
-    server.set_profile(profile);
-    server.set_slot_dir(slot_dir);
-    spdlog::info("layers {}-{} of {} ({}), listening on {}", engine.layers().first, engine.layers().last - 1,
-                 engine.n_layer(), pico::protocol::to_string(engine.identity()), listen);
-    if (!engine.device().empty()) spdlog::info("backend {} on {}", engine.backend_name(), engine.device());
-    const auto& l = engine.limits();
-    spdlog::info("limits: {} rows per forward, {} positions per sequence, {} sequences, {} bytes of KV, "
-                 "messages up to {} bytes",
-                 l.max_rows, l.max_positions, l.max_sequences, l.state_budget_bytes, l.max_message_bytes);
-    server.run(g_stop);
-    return 0;
   } catch (const std::exception& e) {
     spdlog::error("{}", e.what());
     return 1;

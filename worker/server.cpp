@@ -104,7 +104,15 @@ void Server::log_security(const std::string& listen_address, const Security& sec
 
 void Server::run(const std::atomic<bool>& stop) {
   idle_since_nanos_ = protocol::steady_nanos();
-  while (!stop.load()) serve_one(100);
+  while (!stop.load() && !moved_to_) serve_one(100);
+}
+
+std::pair<zmq::socket_t, std::unique_ptr<net::ZapAuthenticator>> Server::release_socket() {
+  next_monitor_.reset();  // before the sockets they watch
+  chain_monitor_.reset();
+  next_.reset();
+  chain_to_.reset();
+  return {std::move(router_), std::move(zap_)};
 }
 
 bool Server::serve_one(int timeout_ms) {
@@ -118,6 +126,43 @@ bool Server::serve_one(int timeout_ms) {
   // after that is not this stage's work), or from now after any other message.
   idle_since_nanos_ = finished_nanos_ ? finished_nanos_ : protocol::steady_nanos();
   return true;
+}
+
+void Server::handle_assign(const std::string& peer, protocol::schema::Assign::Reader a) {
+  // The range served is assigned already; another one only to a --layers auto worker,
+  // by its owner (or anyone while it has none): it answers, then run() returns and the
+  // worker loads that range on the same socket.
+  const model::LayerRange r = engine_.layers();
+  const model::LayerRange wanted{static_cast<int32_t>(std::min<uint32_t>(a.getFirstLayer(), INT32_MAX)),
+                                 static_cast<int32_t>(std::min<uint32_t>(a.getLastLayer(), INT32_MAX))};
+  auto assigned = [&] {
+    protocol::Builder b;
+    auto done = b.envelope().getBody().initAssigned();
+    done.setFirstLayer(a.getFirstLayer());
+    done.setLastLayer(a.getLastLayer());
+    reply(peer, b.encode());
+  };
+  const std::string served = std::to_string(r.first) + "-" + std::to_string(r.last - 1);
+  if (wanted.first == r.first && wanted.last == r.last) {
+    assigned();
+  } else if (!movable_) {
+    reply(peer, protocol::make_error(ErrorCode::BAD_REQUEST, "this worker serves layers " + served +
+                                                                 "; one started with fixed --layers takes no other range "
+                                                                 "(start it with --layers auto)"));
+  } else if (session_ != 0 && message_session_ != session_) {
+    reply(peer, protocol::make_error(ErrorCode::BUSY, "another coordinator's session owns this worker", 0,
+                                     message_session_));
+  } else if (wanted.first < 0 || wanted.first >= wanted.last || wanted.last > engine_.n_layer()) {
+    reply(peer, protocol::make_error(ErrorCode::BAD_REQUEST,
+                                     "layers [" + std::to_string(a.getFirstLayer()) + ", " +
+                                         std::to_string(a.getLastLayer()) + ") are not a range of this model's " +
+                                         std::to_string(engine_.n_layer()) + " layers"));
+  } else {
+    spdlog::info("moving from layers {} to layers {}-{}: its sequences are dropped", served, wanted.first,
+                 wanted.last - 1);
+    assigned();
+    moved_to_ = wanted;
+  }
 }
 
 void Server::reply(const std::string& peer, const std::vector<uint8_t>& header) {
@@ -183,6 +228,7 @@ void Server::handle(net::Received& msg) {
         caps.setSession(session_);
         caps.setOwnerConnected(owner_connected());
         caps.setCurve(keys_.has_value());
+        caps.setMovable(movable_);
         if (profile_) write_profile(*profile_, caps.initProfile());
         reply(msg.peer, b.encode());
         break;
@@ -233,24 +279,9 @@ void Server::handle(net::Received& msg) {
       case Envelope::Body::LINK_PROBE:
         reply(msg.peer, answer_link_probe(body.getLinkProbe(), keys_));
         break;
-      case Envelope::Body::ASSIGN: {
-        // Placement assigns a range once (--layers auto); the range served is assigned.
-        const auto a = body.getAssign();
-        const model::LayerRange r = engine_.layers();
-        if (a.getFirstLayer() == static_cast<uint32_t>(r.first) && a.getLastLayer() == static_cast<uint32_t>(r.last)) {
-          protocol::Builder b;
-          auto done = b.envelope().getBody().initAssigned();
-          done.setFirstLayer(a.getFirstLayer());
-          done.setLastLayer(a.getLastLayer());
-          reply(msg.peer, b.encode());
-        } else {
-          reply(msg.peer, protocol::make_error(ErrorCode::BAD_REQUEST,
-                                               "this worker serves layers " + std::to_string(r.first) + "-" +
-                                                   std::to_string(r.last - 1) +
-                                                   "; a running worker takes no other range (restart it)"));
-        }
+      case Envelope::Body::ASSIGN:
+        handle_assign(msg.peer, body.getAssign());
         break;
-      }
       case Envelope::Body::SNAPSHOT_REQUEST:
         answer_snapshot(msg.peer, body.getSnapshotRequest().getSeqId());
         break;

@@ -18,6 +18,7 @@
 #include <memory>
 #include <optional>
 #include <span>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -57,8 +58,15 @@ class Server {
   void set_profile(const WorkerProfile& profile) { profile_ = profile; }
   // Where slot files are written and read (--slot-save-path; empty: slots on disk off).
   void set_slot_dir(std::string dir) { slot_dir_ = std::move(dir); }
-  // Serves until `stop` is set (checked every 100 ms).
+  // A worker started with --layers auto takes another range while serving (protocol
+  // Assign): run() then returns, and moved_to() says which.
+  void set_movable(bool movable) { movable_ = movable; }
+  const std::optional<model::LayerRange>& moved_to() const { return moved_to_; }
+  // Serves until `stop` is set (checked every 100 ms) or the worker is given another range.
   void run(const std::atomic<bool>& stop);
+  // The bound ROUTER and its ZAP handler, for the server of the next range (the
+  // connections stay; what arrives meanwhile waits in the socket).
+  std::pair<zmq::socket_t, std::unique_ptr<net::ZapAuthenticator>> release_socket();
   // One turn of run(): waits up to timeout_ms for a message and handles it; false when
   // none came (tests and fuzzing drive the server this way, in their own thread).
   bool serve_one(int timeout_ms);
@@ -67,6 +75,7 @@ class Server {
   void log_security(const std::string& listen_address, const Security& security) const;
   void handle(net::Received& msg);
   void handle_plan(const std::string& peer, protocol::schema::Plan::Reader plan);
+  void handle_assign(const std::string& peer, protocol::schema::Assign::Reader assign);
   // Whether a sequence message of `message_session_` may be served; answers busy (or
   // drops a forward passed on by a worker) when not.
   bool admit(const std::string& peer, protocol::Envelope::Body::Which which, uint64_t step);
@@ -115,6 +124,8 @@ class Server {
   uint64_t finished_nanos_ = 0;  // a forward's output was handed to the socket
   std::optional<WorkerProfile> profile_;
   std::string slot_dir_;
+  bool movable_ = false;
+  std::optional<model::LayerRange> moved_to_;
 };
 
 // Resident memory of this process in bytes (/proc/self/statm), 0 when unknown.

@@ -36,8 +36,9 @@ class WorkerProtocol : public ::testing::Test {
   // beyond the envelope's traversal limit (8 MiB): an oversized envelope reaches the
   // decoder, which refuses it (WorkerLimits sees frames beyond ZeroMQ's limit dropped).
   static void SetUpTestSuite() { start_worker({"--max-rows", "65536"}); }
-  // Starts a worker of the model's two layers with these flags beside the usual ones.
-  static void start_worker(const std::vector<std::string>& flags) {
+  // Starts a worker of the model's two layers (or `layers`) with these flags beside the
+  // usual ones.
+  static void start_worker(const std::vector<std::string>& flags, const std::string& layers = "0-1") {
     const char* build = std::getenv("PICO_IT_BUILD");
     ASSERT_NE(build, nullptr) << "PICO_IT_BUILD is not set";
     dir_ = std::filesystem::temp_directory_path() / ("pico-worker-protocol-" + std::to_string(::getpid()));
@@ -48,7 +49,7 @@ class WorkerProtocol : public ::testing::Test {
     ASSERT_EQ(std::system(mk.c_str()), 0);
     address_ = "ipc://" + (dir_ / "worker.sock").string();
     const std::string worker = std::string(build) + "/worker/pico-worker";
-    std::vector<std::string> args{worker, "-m", model, "--layers", "0-1", "--listen", address_, "-t", "1"};
+    std::vector<std::string> args{worker, "-m", model, "--layers", layers, "--listen", address_, "-t", "1"};
     args.insert(args.end(), flags.begin(), flags.end());
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
@@ -583,8 +584,79 @@ TEST_F(WorkerProtocol, AnAssignOfItsOwnRangeIsAnsweredAndAnyOtherRefused) {
   ASSERT_TRUE(r);
   ASSERT_EQ(r->which(), Envelope::Body::ASSIGNED);
   EXPECT_EQ(r->envelope().getBody().getAssigned().getLastLayer(), 2u);
-  EXPECT_EQ(refused_with(assign(0, 1)), ErrorCode::BAD_REQUEST);
+  EXPECT_EQ(refused_with(assign(0, 1)), ErrorCode::BAD_REQUEST);  // started with fixed --layers
+  auto caps = ask(hello());
+  ASSERT_TRUE(caps);
+  EXPECT_FALSE(caps->envelope().getBody().getCapabilities().getMovable());
   expect_still_serving();
+}
+
+// A worker started with --layers auto takes its range, then others while it serves
+// (POST /cluster/replan {"layers"}): from its owner only, a range of the model only;
+// it drops its sequences and serves the new range on the same socket.
+class WorkerMoves : public WorkerProtocol {
+ protected:
+  static void SetUpTestSuite() { start_worker({}, "auto"); }
+  static std::vector<uint8_t> assign(uint32_t first, uint32_t last, uint64_t session = 0) {
+    protocol::Builder b;
+    b.envelope().setSession(session);
+    auto a = b.envelope().getBody().initAssign();
+    a.setFirstLayer(first);
+    a.setLastLayer(last);
+    return b.encode();
+  }
+  // Its capabilities once it serves again (a hello waits in the socket while it loads).
+  protocol::schema::Capabilities::Reader capabilities() {
+    caps_ = ask(hello(), 20000);
+    EXPECT_TRUE(caps_ && caps_->which() == Envelope::Body::CAPABILITIES);
+    return caps_->envelope().getBody().getCapabilities();
+  }
+  std::unique_ptr<protocol::Decoded> caps_;
+};
+
+TEST_F(WorkerMoves, AnAutoWorkerTakesAnotherRangeWhileServing) {
+  constexpr uint64_t kOwner = 0x0a0a0a0a, kOther = 0x0b0b0b0b;
+  auto r = ask(assign(0, 2));
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->which(), Envelope::Body::ASSIGNED);
+  auto caps = capabilities();
+  EXPECT_EQ(caps.getLastLayer(), 2u);
+  EXPECT_TRUE(caps.getMovable());
+  protocol::Builder plan;
+  plan.envelope().setSession(kOwner);
+  plan.envelope().getBody().initPlan().setStageCount(1);
+  r = ask(plan.encode());
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->which(), Envelope::Body::PLAN_ACK);
+  r = ask(forward_message(7, 0, {1, 450}, in_session(kOwner)));
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->which(), Envelope::Body::LOGITS);
+
+  EXPECT_EQ(refused_with(assign(0, 1, kOther)), ErrorCode::BUSY);  // not its owner
+  EXPECT_EQ(refused_with(assign(1, 3, kOwner)), ErrorCode::BAD_REQUEST);  // beyond the model's 2 layers
+  EXPECT_EQ(refused_with(assign(1, 1, kOwner)), ErrorCode::BAD_REQUEST);  // empty
+  r = ask(assign(0, 1, kOwner));
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->which(), Envelope::Body::ASSIGNED);
+  caps = capabilities();
+  EXPECT_EQ(caps.getFirstLayer(), 0u);
+  EXPECT_EQ(caps.getLastLayer(), 1u);
+  EXPECT_TRUE(caps.getMovable());
+  EXPECT_EQ(caps.getSession(), 0u);  // planned afresh by whoever moved it
+  protocol::Builder stats;
+  stats.envelope().getBody().setStatsRequest();
+  r = ask(stats.encode());
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->which(), Envelope::Body::STATS);
+  EXPECT_EQ(r->envelope().getBody().getStats().getSequences(), 0u);  // sequence 7 went with the range
+  // And back: the whole model again, served.
+  r = ask(assign(0, 2));
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->which(), Envelope::Body::ASSIGNED);
+  EXPECT_EQ(capabilities().getLastLayer(), 2u);
+  r = ask(forward_message(8, 0, {1, 450}));
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->which(), Envelope::Body::LOGITS);
 }
 
 TEST_F(WorkerProtocol, ALinkProbeMeasuresTheLinkToTheAddressItNames) {
