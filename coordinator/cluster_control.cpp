@@ -288,4 +288,110 @@ ClusterView ClusterControl::replan(const std::optional<std::string>& drain, bool
   return view();
 }
 
+namespace {
+
+std::string range_text(model::LayerRange r) { return std::to_string(r.first) + "-" + std::to_string(r.last - 1); }
+
+}  // namespace
+
+ClusterView ClusterControl::move_layers(const std::map<std::string, model::LayerRange>& ranges) {
+  std::optional<std::string> failed;  // a move that failed once workers had dropped their sequences
+  engine_.with_pipeline(
+             [&](Pipeline& p) {
+               // Checked first: a refusal moves nothing.
+               const std::vector<Stage*> all = p.all_stages();
+               std::vector<StageInfo> after;
+               std::vector<std::pair<RemoteStage*, model::LayerRange>> moves;
+               for (const auto& entry : ranges) {
+                 const std::string& address = entry.first;
+                 const model::LayerRange range = entry.second;
+                 auto it = std::find_if(all.begin(), all.end(), [&](Stage* s) { return s->info().name == address; });
+                 if (it == all.end()) throw StageError("no worker " + address + " in the pipeline");
+                 Stage& s = **it;
+                 if (range.first < 0 || range.first >= range.last ||
+                     range.last > static_cast<int32_t>(identity_.n_layer)) {
+                   throw StageError("layers " + range_text(range) + " for worker " + address + " are not a range of the model's " +
+                                    std::to_string(identity_.n_layer) + " layers");
+                 }
+                 if (s.info().layers.first == range.first && s.info().layers.last == range.last) continue;
+                 auto* remote = dynamic_cast<RemoteStage*>(&s);
+                 if (!remote || !s.info().movable) {
+                   throw StageError("worker " + address + " was not started with --layers auto: it keeps layers " +
+                                    range_text(s.info().layers));
+                 }
+                 if (!s.up()) throw StageError("worker " + address + " is not up");
+                 moves.emplace_back(remote, range);
+               }
+               for (Stage* s : all) {
+                 StageInfo info = s->info();
+                 if (auto r = ranges.find(info.name); r != ranges.end()) info.layers = r->second;
+                 after.push_back(info);
+               }
+               std::sort(after.begin(), after.end(), [](const StageInfo& a, const StageInfo& b) {
+                 return a.layers.first != b.layers.first ? a.layers.first < b.layers.first : a.layers.last < b.layers.last;
+               });
+               after.erase(std::unique(after.begin(), after.end(),
+                                       [](const StageInfo& a, const StageInfo& b) {
+                                         return a.layers.first == b.layers.first && a.layers.last == b.layers.last;
+                                       }),
+                           after.end());
+               check_coverage(after, static_cast<int32_t>(identity_.n_layer));
+               if (moves.empty()) return false;
+
+               // Each worker takes its range, then is connected afresh once it has loaded it.
+               RemoteOptions remote = options_.remote;
+               remote.connect_timeout_ms = std::max(remote.connect_timeout_ms, 120000);
+               auto reconnect = [&](const std::string& address, model::LayerRange range) {
+                 auto fresh = std::make_unique<RemoteStage>(address, remote);
+                 const auto& l = fresh->info().layers;
+                 if (l.first != range.first || l.last != range.last) {
+                   throw StageError("worker " + address + " serves layers " + range_text(l) + ", not " + range_text(range));
+                 }
+                 if (options_.limits_check) {
+                   if (const std::string short_of = options_.limits_check(fresh->info()); !short_of.empty()) {
+                     throw StageError("worker " + address + " with layers " + range_text(range) +
+                                      " holds less than the coordinator was sized for: " + short_of);
+                   }
+                   fresh->set_rejoin_check(options_.limits_check);
+                 }
+                 return fresh;
+               };
+               std::vector<std::unique_ptr<Stage>> fresh;
+               std::vector<std::pair<RemoteStage*, model::LayerRange>> done;  // with its range before
+               try {
+                 for (const auto& [stage, range] : moves) {
+                   const model::LayerRange before = stage->info().layers;
+                   spdlog::info("worker {}: moving from layers {} to {}", stage->info().name, range_text(before),
+                                range_text(range));
+                   stage->assign(range);
+                   done.emplace_back(stage, before);
+                   fresh.push_back(reconnect(stage->info().name, range));
+                 }
+               } catch (const StageError& e) {
+                 // Back to the ranges they had; the pipeline is planned again and its
+                 // sequences replayed all the same (those workers dropped theirs).
+                 spdlog::error("moving layers: {}; the workers moved already take their ranges back", e.what());
+                 if (done.empty()) throw;
+                 fresh.clear();
+                 std::vector<std::unique_ptr<Stage>> back;
+                 for (const auto& [stage, before] : done) {
+                   try {
+                     stage->assign(before);  // its connection outlives the move: the socket stays
+                     back.push_back(reconnect(stage->info().name, before));
+                   } catch (const StageError& undo) {
+                     spdlog::error("worker {}: {}", stage->info().name, undo.what());
+                   }
+                 }
+                 if (!back.empty()) p.regroup(std::move(back), identity_);
+                 failed = e.what();
+               }
+               if (!failed) p.regroup(std::move(fresh), identity_);
+               return true;  // the sequences are replayed: the moved workers dropped theirs
+             },
+             true)
+      .get();
+  if (failed) throw StageError(*failed);
+  return view();
+}
+
 }  // namespace pico::coordinator

@@ -99,6 +99,13 @@ class ClusterControl {
   // its live worker with the shortest profiled time when that is at least 10 % shorter
   // than the active one's. *moved says whether any stage moved.
   ClusterView replan(const std::optional<std::string>& drain, bool* moved = nullptr);
+  // Gives workers other layer ranges (address -> range): each named worker (started
+  // with --layers auto) loads its new range, the pipeline is regrouped by range and
+  // every sequence is replayed there, so no request fails. Checked before anything
+  // moves: every named worker is in the pipeline, remote, movable and up, and the
+  // ranges all workers then serve tile the model. Should a worker refuse or fail, the
+  // ones moved already are given their ranges back. Throws StageError.
+  ClusterView move_layers(const std::map<std::string, model::LayerRange>& ranges);
 
  private:
   ClusterView describe(Pipeline& pipeline);

@@ -86,6 +86,51 @@ TEST(Replicas, ALiveReplicaTakesTheLostWorkersPlace) {
   EXPECT_EQ(&r.pipeline->stage(1), r.a);
 }
 
+// Workers that took other ranges (POST /cluster/replan {"layers"}): their new
+// connections replace them, positions follow the ranges in layer order, a worker active
+// before stays active, every stage is planned again.
+TEST(Replicas, RegroupedByTheRangesTheWorkersTook) {
+  ReplicatedPipeline r;
+  auto moved = [](model::LayerRange layers, const char* name) {
+    return std::make_unique<FakeStage>(layers, fake_identity(), 0, name);
+  };
+  // Refused, changing nothing: a worker not in the pipeline; ranges that overlap.
+  {
+    std::vector<std::unique_ptr<Stage>> stranger;
+    stranger.push_back(moved({0, 2}, "nobody"));
+    EXPECT_THROW(r.pipeline->regroup(std::move(stranger), fake_identity()), StageError);
+    std::vector<std::unique_ptr<Stage>> overlap;
+    overlap.push_back(moved({0, 3}, "w0"));  // w1a and w1b still hold 2-4
+    EXPECT_THROW(r.pipeline->regroup(std::move(overlap), fake_identity()), StageError);
+    EXPECT_EQ(r.pipeline->size(), 2u);
+    EXPECT_EQ(&r.pipeline->stage(0), r.first);
+    EXPECT_EQ(&r.pipeline->stage(1), r.a);
+  }
+  // w0 takes layer 0 only, the standing-by w1b layers 1-3 and w1a too: w1a (active
+  // before) stays active, w1b stands by for it.
+  std::vector<std::unique_ptr<Stage>> fresh;
+  fresh.push_back(moved({1, 4}, "w1b"));
+  fresh.push_back(moved({0, 1}, "w0"));
+  fresh.push_back(moved({1, 4}, "w1a"));
+  std::vector<FakeStage*> now;
+  for (auto& f : fresh) now.push_back(static_cast<FakeStage*>(f.get()));
+  r.pipeline->regroup(std::move(fresh), fake_identity());
+  ASSERT_EQ(r.pipeline->size(), 2u);
+  EXPECT_EQ(&r.pipeline->stage(0), now[1]);
+  EXPECT_EQ(&r.pipeline->stage(1), now[2]);
+  EXPECT_EQ(r.pipeline->replicas(1), 1u);
+  EXPECT_EQ(r.pipeline->workers(1)[1], now[0]);
+  EXPECT_EQ(now[1]->plans, 1);
+  EXPECT_EQ(now[2]->plans, 1);
+  EXPECT_EQ(now[0]->plans, 0);  // standing by
+  EXPECT_EQ(now[2]->chain_to, now[1]);
+  const PipelineTimings t = r.pipeline->timings();
+  ASSERT_EQ(t.stages.size(), 2u);
+  EXPECT_EQ(t.stages[1].layers.first, 1);
+  r.pipeline->submit(kBatch);
+  EXPECT_EQ(now[1]->submitted.size(), 1u);
+}
+
 TEST(Replicas, NoLiveReplicaChangesNothing) {
   ReplicatedPipeline r;
   r.a->is_up = false;

@@ -50,6 +50,11 @@ void describe(StageTimingTotals& t, const StageInfo& info) {
 }  // namespace
 
 Pipeline::Pipeline(std::vector<std::unique_ptr<Stage>> stages, const protocol::ModelIdentity& expected) {
+  line_up(std::move(stages), expected);
+}
+
+void Pipeline::line_up(std::vector<std::unique_ptr<Stage>> stages, const protocol::ModelIdentity& expected) {
+  std::vector<Position> positions;
   std::vector<StageInfo> infos;
   for (auto& s : stages) {
     const StageInfo info = s->info();
@@ -57,19 +62,27 @@ Pipeline::Pipeline(std::vector<std::unique_ptr<Stage>> stages, const protocol::M
       throw StageError("worker " + info.name + " serves another model: " + protocol::to_string(info.identity) +
                        "; expected " + protocol::to_string(expected));
     }
-    auto same = std::find_if(positions_.begin(), positions_.end(), [&](const Position& p) {
+    auto same = std::find_if(positions.begin(), positions.end(), [&](const Position& p) {
       const auto& l = p.active().info().layers;
       return l.first == info.layers.first && l.last == info.layers.last;
     });
-    if (same != positions_.end()) {
+    if (same != positions.end()) {
       same->workers.push_back(std::move(s));
       continue;
     }
     infos.push_back(info);
-    positions_.emplace_back();
-    positions_.back().workers.push_back(std::move(s));
+    positions.emplace_back();
+    positions.back().workers.push_back(std::move(s));
   }
   check_coverage(infos, static_cast<int32_t>(expected.n_layer));
+  positions_ = std::move(positions);
+  inflight_.clear();
+  {
+    // The totals start again with the positions (each as many as there are positions).
+    std::lock_guard lock(timings_mutex_);
+    timings_.stages.assign(positions_.size(), {});
+    for (size_t i = 0; i < positions_.size(); ++i) describe(timings_.stages[i], positions_[i].active().info());
+  }
   plan_all();
   for (size_t i = 0; i < positions_.size(); ++i) {
     const StageInfo& info = positions_[i].active().info();
@@ -79,8 +92,6 @@ Pipeline::Pipeline(std::vector<std::unique_ptr<Stage>> stages, const protocol::M
     for (size_t k = 1; k < positions_[i].workers.size(); ++k) {
       spdlog::info("stage {}: {} stands by as a replica", i, positions_[i].workers[k]->info().name);
     }
-    timings_.stages.emplace_back();
-    describe(timings_.stages.back(), info);
   }
 }
 
@@ -139,6 +150,59 @@ std::vector<Stage*> Pipeline::workers(size_t i) {
   std::vector<Stage*> out;
   for (auto& w : positions_.at(i).workers) out.push_back(w.get());
   return out;
+}
+
+void Pipeline::regroup(std::vector<std::unique_ptr<Stage>> moved, const protocol::ModelIdentity& expected) {
+  // The new line-up is checked before anything changes: the ranges in layer order, a
+  // worker active before first within its range.
+  struct Entry {
+    Stage* stage;
+    size_t position, worker;
+    std::unique_ptr<Stage>* replacement;
+    bool was_active;
+  };
+  std::vector<Entry> entries;
+  std::vector<bool> used(moved.size(), false);
+  for (size_t i = 0; i < positions_.size(); ++i) {
+    for (size_t k = 0; k < positions_[i].workers.size(); ++k) {
+      Entry e{positions_[i].workers[k].get(), i, k, nullptr, k == positions_[i].current};
+      for (size_t m = 0; m < moved.size(); ++m) {
+        if (!used[m] && moved[m]->info().name == e.stage->info().name) {
+          e.replacement = &moved[m];
+          used[m] = true;
+          break;
+        }
+      }
+      entries.push_back(e);
+    }
+  }
+  for (size_t m = 0; m < moved.size(); ++m) {
+    if (!used[m]) throw StageError("worker " + moved[m]->info().name + " is not in the pipeline");
+    if (!(moved[m]->info().identity == expected)) {
+      throw StageError("worker " + moved[m]->info().name + " serves another model: " +
+                       protocol::to_string(moved[m]->info().identity));
+    }
+  }
+  auto layers_of = [](const Entry& e) { return (e.replacement ? **e.replacement : *e.stage).info().layers; };
+  std::stable_sort(entries.begin(), entries.end(), [&](const Entry& a, const Entry& b) {
+    const auto la = layers_of(a), lb = layers_of(b);
+    return la.first != lb.first ? la.first < lb.first : la.last != lb.last ? la.last < lb.last : a.was_active > b.was_active;
+  });
+  std::vector<StageInfo> ranges;
+  for (const Entry& e : entries) {
+    const StageInfo& info = (e.replacement ? **e.replacement : *e.stage).info();
+    if (ranges.empty() || ranges.back().layers.first != info.layers.first || ranges.back().layers.last != info.layers.last) {
+      ranges.push_back(info);
+    }
+  }
+  check_coverage(ranges, static_cast<int32_t>(expected.n_layer));
+  // Now the change: each worker (or its replacement) in the new order.
+  std::vector<std::unique_ptr<Stage>> ordered;
+  for (const Entry& e : entries) {
+    ordered.push_back(e.replacement ? std::move(*e.replacement) : std::move(positions_[e.position].workers[e.worker]));
+  }
+  positions_.clear();
+  line_up(std::move(ordered), expected);
 }
 
 size_t Pipeline::add_replica(std::unique_ptr<Stage> stage, const protocol::ModelIdentity& expected) {

@@ -93,6 +93,14 @@ class Pipeline {
   // again; the steps in flight are abandoned and the caller replays its sequences, as
   // after fail_over(). False when it was active already. Throws StageError otherwise.
   bool activate(size_t i, size_t k);
+  // After workers took other ranges (a --layers auto worker moved by Assign): `moved`
+  // holds their new connections, each replacing the worker of its name. The workers
+  // are grouped into positions by range in layer order, a worker active before staying
+  // active where it can; every stage is planned again, the steps in flight are
+  // abandoned and the caller replays its sequences. Throws StageError, changing
+  // nothing, when a moved worker is not in the pipeline or the ranges do not tile the
+  // model.
+  void regroup(std::vector<std::unique_ptr<Stage>> moved, const protocol::ModelIdentity& expected);
 
   // Starts a step; returns its id. outputs: per batch row, what the last stage returns
   // for it when it wants logits (empty: full rows; see Stage::submit). chain: the last
@@ -132,6 +140,9 @@ class Pipeline {
 
  private:
   void plan_all();
+  // Positions from workers in pipeline order (a worker with an earlier one's range is
+  // its replica), checked against the model; sets the timings' stages and logs them.
+  void line_up(std::vector<std::unique_ptr<Stage>> stages, const protocol::ModelIdentity& expected);
   // A live worker of position i other than the active one (the first such).
   std::optional<size_t> live_replica(size_t i);
   // Makes worker k of position i active; the one it replaces gets the replay's closes.

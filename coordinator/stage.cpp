@@ -249,6 +249,7 @@ void RemoteStage::hello(int timeout_ms) {
   info_.cores = caps.getCores();
   info_.threads = caps.getThreads();
   info_.memory_bytes = caps.getMemoryBytes();
+  info_.movable = caps.getMovable();
   const auto limits = caps.getLimits();
   info_.limits.max_rows = limits.getMaxRows();
   info_.limits.max_positions = limits.getMaxPositions();

@@ -45,6 +45,7 @@ struct StageInfo {
   worker::StageLimits limits;      // what the stage holds at most (protocol Limits)
   std::optional<worker::WorkerProfile> profile;  // a worker's measures (Capabilities.profile)
   double round_trip_seconds = 0;   // the fastest heartbeat round trip at connect (a remote stage)
+  bool movable = false;            // a --layers auto worker: takes another range while serving (Assign)
 };
 
 // Logits rows: a vector of the process's own, or a received frame read in place (no

@@ -5,10 +5,12 @@
 // while the connection's coroutine waits on a timer.
 #include <functional>
 #include <future>
+#include <map>
 #include <thread>
 
 #include "api.hpp"
 #include "cluster_control.hpp"
+#include "stage_engine.hpp"
 
 namespace pico::coordinator::http_api {
 
@@ -93,6 +95,33 @@ awaitable<void> cluster_join(Session& s) {
 awaitable<void> cluster_replan(Session& s) {
   ClusterControl& c = control(s);
   const json body = body_of(s);
+  if (body.contains("layers")) {
+    // {"layers": {"tcp://host:port": "A-B", ...}}: workers started with --layers auto
+    // take these ranges (inclusive, as --layers writes them).
+    const json& layers = body["layers"];
+    if (!layers.is_object() || layers.empty() || body.contains("drain")) {
+      throw ApiError(400, "'layers' must map worker addresses to ranges such as \"0-11\" (and comes without 'drain')",
+                     "invalid_request_error", {}, "layers");
+    }
+    std::map<std::string, model::LayerRange> ranges;
+    for (const auto& [address, range] : layers.items()) {
+      try {
+        if (!range.is_string()) throw std::invalid_argument("not a string");
+        ranges[address] = worker::parse_layers(range.get<std::string>());
+      } catch (const std::exception& e) {
+        throw ApiError(400, "'layers' of " + address + ": " + range.dump() + " is not a range A-B (" + e.what() + ")",
+                       "invalid_request_error", {}, "layers");
+      }
+    }
+    std::function<json()> work = [&c, ranges] {
+      json j = to_json(c.move_layers(ranges));
+      j["moved"] = true;
+      return j;
+    };
+    const json out = co_await off_thread(work, "cluster_refused");
+    co_await s.reply(200, out);
+    co_return;
+  }
   std::optional<std::string> drain;
   if (body.contains("drain")) {
     if (!body["drain"].is_string()) throw ApiError(400, "'drain' must be a worker's address", "invalid_request_error", {}, "drain");

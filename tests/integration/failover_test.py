@@ -23,6 +23,12 @@ CASE:
               the undisturbed run; the drained worker, then killed, costs nothing.
               Refused, naming why: draining a worker without a replica, an unknown one,
               a joining worker whose layers are no stage's.
+  move        two `--layers auto` workers (the one placement leaves out joins as a
+              replica): mid-generation POST /cluster/replan {"layers": {...}} gives
+              them other ranges; each loads its range, the pipeline is regrouped and
+              8 streams end with exactly the tokens of the undisturbed run; moved
+              again, a fresh run gives the same tokens. Refused, naming why, moving
+              nothing: a split with a gap, an unknown worker, a range that is no range.
   slow        pico-coord --replan-when-slow 2 --slow-seconds 1: the undisturbed run
               moves nothing; then stage 1's active worker is made slow mid-generation
               (stopped 95 ms of every 100 ms, too short to be lost): the watch moves
@@ -318,6 +324,61 @@ try:
         status, text = request(port, "GET", "/cluster")
         if status != 200 or json.loads(text)["stages"][1]["replicas"] != 0:
             fail("/cluster: %d %s" % (status, text))
+    elif case == "move":
+        addresses = ["tcp://127.0.0.1:%d" % free_port() for _ in range(2)]
+        workers = [start_auto_worker(a, "worker-%d.log" % i) for i, a in enumerate(addresses)]
+        coord, port = start_coord(addresses)
+
+        def split():
+            status, text = request(port, "GET", "/cluster")
+            if status != 200:
+                fail("/cluster: %d %s" % (status, text))
+            view = json.loads(text)
+            return {w["address"]: st["layers"] for st in view["stages"] for w in st["workers"]}, view
+
+        held, view = split()
+        for a in addresses:
+            if a not in held:  # left out by the placement: it replicates a stage
+                status, text = request(port, "POST", "/cluster/workers", {"address": a})
+                if status != 200:
+                    fail("join of %s: %d %s" % (a, status, text))
+        held, view = split()
+        print("placed: %s" % held)
+        expected = undisturbed(port, greedy_only=False)
+        first = {addresses[0]: "0-1", addresses[1]: "2-3"}
+        second = {addresses[0]: "0-0", addresses[1]: "1-3"}
+        if held == first:
+            first, second = second, first
+        moved = []
+        streams = run_streams(port, False, lambda: moved.append(request(port, "POST", "/cluster/replan", {"layers": first})))
+        status, text = moved[0]
+        if status != 200 or not json.loads(text)["moved"]:
+            fail("move: %d %s" % (status, text))
+        check_same(streams, expected, "the workers moved to %s mid-generation" % first)
+        if not any(running_after):
+            fail("the move returned only once every stream had ended: it did not move mid-generation")
+        held, view = split()
+        if held != first or len(view["stages"]) != 2:
+            fail("/cluster after the move: %s" % held)
+        for i, a in enumerate(addresses):
+            wait_log("worker-%d.log" % i, r"layers %s of 4" % first[a], workers[i], timeout=5)
+        status, text = request(port, "POST", "/cluster/replan", {"layers": second})
+        if status != 200 or split()[0] != second:
+            fail("second move: %d %s" % (status, text))
+        check_same(run_streams(port, False), expected, "after a second move to %s" % second)
+        for body, why in (({"layers": {addresses[0]: "0-0", addresses[1]: "2-3"}}, "no stage holds layers 1-1"),
+                          ({"layers": {"tcp://127.0.0.1:1": "0-3"}}, "no worker tcp://127.0.0.1:1"),
+                          ({"layers": {addresses[0]: "3-1"}}, "is not a range"),
+                          ({"layers": {addresses[0]: "0-9"}}, "not a range of the model"),
+                          ({"layers": []}, "'layers' must map")):
+            status, text = request(port, "POST", "/cluster/replan", body)
+            if status != 400 or why not in text:
+                fail("%s: %d %s" % (body, status, text))
+            print("refused: %s" % json.loads(text)["error"]["message"])
+        if split()[0] != second:
+            fail("a refused move changed the split: %s" % split()[0])
+        if metric(port, "pico:failovers_total") != 0:
+            fail("a move was counted as a failover")
     elif case == "slow":
         # The workers' profiles measured now, by these binaries: the rule compares
         # compute with them, and a shared cache may hold another build's (ASan's).
