@@ -199,7 +199,6 @@ uint64_t WeightResidency::page_out(int32_t layer, uint64_t most) {
     ::madvise(const_cast<uint8_t*>(p.data + first * page), (pages - first) * page, kGiveBack);
     freed += here;
   }
-  released_.fetch_add(freed, std::memory_order_relaxed);
   return freed;
 }
 
@@ -217,7 +216,6 @@ void WeightResidency::before_layer(int32_t il) {
 
 void WeightResidency::after_layer(int32_t il) {
   if (report_.streaming && tight_.load(std::memory_order_relaxed)) {
-    released_.fetch_add(residency(il).first, std::memory_order_relaxed);
     advise(il, kGiveBack);
   }
 }

@@ -71,8 +71,6 @@ class WeightResidency final : public LayerObserver {
   WeightResidency& operator=(const WeightResidency&) = delete;
 
   const ResidencyReport& report() const { return report_; }
-  // Bytes of weights given back so far to make room for the read-ahead.
-  uint64_t released_bytes() const { return released_.load(std::memory_order_relaxed); }
   void before_layer(int32_t il) override;
   void after_layer(int32_t il) override;
 
@@ -100,7 +98,6 @@ class WeightResidency final : public LayerObserver {
   int32_t computing_ = -1;
   std::function<uint64_t()> room_;
   MemoryRoom memory_;
-  std::atomic<uint64_t> released_{0};
   uint64_t streamed_bytes_ = 0;     // the unlocked weights of the layers
   std::atomic<bool> tight_{false};  // they mostly cannot stay: give each layer back as it ends
   bool stop_ = false;
