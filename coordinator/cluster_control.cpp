@@ -35,32 +35,42 @@ std::optional<double> predicted_step_seconds(const StageInfo& info, model::Layer
   });
 }
 
+namespace {
+double step_ratio(const StageWindow& w) { return w.measured / std::max(w.predicted, 1e-9); }
+// The median ratio of the judged positions other than i, at least 1 (1 when none).
+double others_ratio(std::span<const StageWindow> windows, size_t i) {
+  std::vector<double> others;
+  for (size_t j = 0; j < windows.size(); ++j) {
+    if (j != i && windows[j].judged) others.push_back(step_ratio(windows[j]));
+  }
+  if (others.empty()) return 1.0;
+  std::sort(others.begin(), others.end());
+  const size_t n = others.size();
+  return std::max(1.0, n % 2 ? others[n / 2] : (others[n / 2 - 1] + others[n / 2]) / 2);
+}
+}  // namespace
+
 std::optional<size_t> slow_position(std::span<const StageWindow> windows, double factor, double window_seconds) {
   constexpr double kLateShare = 0.25;
-  auto ratio = [](const StageWindow& w) { return w.measured / std::max(w.predicted, 1e-9); };
   std::optional<size_t> slowest;
   for (size_t i = 0; i < windows.size(); ++i) {
     if (!windows[i].judged) continue;
-    std::vector<double> others;
-    for (size_t j = 0; j < windows.size(); ++j) {
-      if (j != i && windows[j].judged) others.push_back(ratio(windows[j]));
-    }
-    double reference = 1.0;
-    if (!others.empty()) {
-      std::sort(others.begin(), others.end());
-      const size_t n = others.size();
-      reference = std::max(1.0, n % 2 ? others[n / 2] : (others[n / 2 - 1] + others[n / 2]) / 2);
-    }
+    const double reference = others_ratio(windows, i);
     const StageWindow& w = windows[i];
-    const bool slow = ratio(w) >= factor * reference && w.measured - reference * w.predicted >= kLateShare * window_seconds;
-    if (slow && (!slowest || ratio(w) > ratio(windows[*slowest]))) slowest = i;
+    const bool slow =
+        step_ratio(w) >= factor * reference && w.measured - reference * w.predicted >= kLateShare * window_seconds;
+    if (slow && (!slowest || step_ratio(w) > step_ratio(windows[*slowest]))) slowest = i;
   }
   return slowest;
 }
 
+double slowdown(std::span<const StageWindow> windows, size_t i) {
+  return step_ratio(windows[i]) / others_ratio(windows, i);
+}
+
 ClusterControl::ClusterControl(Engine& engine, protocol::ModelIdentity identity, Options options)
     : engine_(engine), identity_(std::move(identity)), options_(std::move(options)) {
-  if (options_.slow_factor > 0) watcher_ = std::thread([this] { watch(); });
+  if (options_.slow_factor > 0 || options_.replan_on_loss_seconds > 0) watcher_ = std::thread([this] { watch(); });
 }
 
 ClusterControl::~ClusterControl() {
@@ -73,14 +83,22 @@ ClusterControl::~ClusterControl() {
 }
 
 void ClusterControl::watch() {
-  const auto every = std::chrono::duration<double>(std::clamp(options_.slow_seconds / 4, 0.05, 1.0));
+  double look = 1.0;
+  if (options_.slow_factor > 0) look = std::min(look, options_.slow_seconds / 4);
+  if (options_.replan_on_loss_seconds > 0) look = std::min(look, options_.replan_on_loss_seconds / 4);
+  const auto every = std::chrono::duration<double>(std::clamp(look, 0.05, 1.0));
   std::unique_lock lock(watch_mutex_);
   while (!watch_cv_.wait_for(lock, every, [&] { return stopping_; })) {
     lock.unlock();
     try {
-      check_slow();
+      if (options_.slow_factor > 0) check_slow();
     } catch (const std::exception& e) {
       spdlog::warn("the slow-worker watch: {}", e.what());
+    }
+    try {
+      if (options_.replan_on_loss_seconds > 0) check_lost();
+    } catch (const std::exception& e) {
+      spdlog::warn("placing anew after a lost worker: {}", e.what());
     }
     lock.lock();
   }
@@ -92,6 +110,7 @@ void ClusterControl::check_slow() {
   const auto now = std::chrono::steady_clock::now();
   std::optional<std::pair<size_t, size_t>> move;
   std::string slow_worker, why;
+  double slow_factor_seen = 0;  // set: no replica, placing anew instead
   engine_.with_pipeline([&](Pipeline& p) {
            std::vector<StageWindow> windows(p.size());
            for (size_t i = 0; i < p.size(); ++i) {
@@ -131,7 +150,22 @@ void ClusterControl::check_slow() {
              const double time = t ? *t : std::numeric_limits<double>::infinity();
              if (!best || time < *best_time) best = k, best_time = time;
            }
-           if (!best) return false;
+           if (!best) {
+             // No replica to move to: a cluster of --layers auto workers is placed anew
+             // with this worker's times as slow as it shows (for 10 windows).
+             const auto off = moved_off_.find(workers[current]->info().name);
+             if (!options_.placement || (off != moved_off_.end() && now - off->second < 10 * window)) return false;
+             for (Stage* s : p.all_stages()) {
+               if (!s->info().movable) return false;
+             }
+             slow_worker = workers[current]->info().name;
+             slow_factor_seen = slowdown(windows, i);
+             why = fmt::format("stage {}: worker {} is slow: {:.3f} s of compute in the last {:.1f} s where its profile "
+                               "predicts {:.3f} s, {:.1f} times what the others show; placing anew with it that slow",
+                               i, slow_worker, windows[i].measured, options_.slow_seconds, windows[i].predicted,
+                               slow_factor_seen);
+             return false;
+           }
            move.emplace(i, *best);
            slow_worker = workers[current]->info().name;
            why = fmt::format("stage {}: worker {} is slow: {:.3f} s of compute in the last {:.1f} s where its profile "
@@ -141,6 +175,18 @@ void ClusterControl::check_slow() {
            return false;
          })
       .get();
+  if (!move && slow_factor_seen > 0) {
+    spdlog::warn("{}", why);
+    moved_off_[slow_worker] = std::chrono::steady_clock::now();
+    {
+      std::lock_guard lock(caps_mutex_);
+      slowdowns_[slow_worker] = {slow_factor_seen, std::chrono::steady_clock::now() + 10 * window};
+    }
+    PlacementOutcome outcome;
+    place({}, &outcome);
+    if (outcome.moved) ++slow_moves_;
+    return;
+  }
   if (!move) return;
   const auto [i, k] = *move;
   engine_.with_pipeline(
@@ -154,6 +200,31 @@ void ClusterControl::check_slow() {
              },
              true)
       .get();
+}
+
+void ClusterControl::check_lost() {
+  std::string lost;  // an active worker lost with no live replica
+  engine_.with_pipeline([&](Pipeline& p) {
+           for (size_t i = 0; i < p.size() && lost.empty(); ++i) {
+             const auto workers = p.workers(i);
+             if (std::none_of(workers.begin(), workers.end(), [](Stage* w) { return w->up(); })) {
+               lost = p.stage(i).info().name;
+             }
+           }
+           return false;
+         })
+      .get();
+  const auto now = std::chrono::steady_clock::now();
+  if (lost.empty()) {
+    lost_since_.reset();
+    return;
+  }
+  if (!lost_since_) lost_since_ = now;
+  if (now - *lost_since_ < std::chrono::duration<double>(options_.replan_on_loss_seconds)) return;
+  lost_since_ = now;  // a placement that fails is tried again after as long
+  spdlog::warn("worker {} is lost with no live replica for {} s: placing the live workers anew", lost,
+               options_.replan_on_loss_seconds);
+  place({});
 }
 
 ClusterView ClusterControl::describe(Pipeline& pipeline) {
@@ -201,31 +272,43 @@ ClusterView ClusterControl::view() {
   return out;
 }
 
-ClusterView ClusterControl::join(const std::string& address) {
+ClusterView ClusterControl::join(const std::string& address, std::optional<uint64_t> memory_cap) {
   if (options_.remote.curve) {
     // Every stage accepts the keys its plan names (Plan.acceptKeys), fixed at connect.
     throw StageError("worker " + address + ": a CURVE cluster takes no worker at run time; list it in the config");
   }
+  if (memory_cap) {
+    std::lock_guard lock(caps_mutex_);
+    options_.memory_caps[address] = *memory_cap;
+  }
   RemoteOptions remote = options_.remote;
   auto stage = std::make_unique<RemoteStage>(address, remote);
-  if (waits_for_layers(stage->info())) {
-    // A `--layers auto` worker replicates the stage with the fewest live workers.
-    model::LayerRange range;
+  {
+    // A `--layers auto` worker replicates the stage with the fewest live workers: one
+    // waiting for its layers, or one whose range is no stage's (left out by an
+    // earlier placement).
+    std::optional<model::LayerRange> range;
+    const StageInfo& info = stage->info();
     engine_.with_pipeline([&](Pipeline& p) {
              size_t best = 0, best_live = std::numeric_limits<size_t>::max();
+             bool a_stage_of_its_range = false;
              for (size_t i = 0; i < p.size(); ++i) {
                size_t live = 0;
                for (Stage* w : p.workers(i)) live += w->up() ? 1 : 0;
                if (live < best_live) best = i, best_live = live;
+               const auto& l = p.stage(i).info().layers;
+               a_stage_of_its_range = a_stage_of_its_range || (l.first == info.layers.first && l.last == info.layers.last);
              }
-             range = p.stage(best).info().layers;
+             if (waits_for_layers(info) || (info.movable && !a_stage_of_its_range)) range = p.stage(best).info().layers;
              return false;
            })
         .get();
-    stage->assign(range);
-    stage.reset();  // it loads the range, then serves anew at its address
-    remote.connect_timeout_ms = std::max(remote.connect_timeout_ms, 120000);
-    stage = std::make_unique<RemoteStage>(address, remote);
+    if (range) {
+      stage->assign(*range);
+      stage.reset();  // it loads the range, then serves anew at its address
+      remote.connect_timeout_ms = std::max(remote.connect_timeout_ms, 120000);
+      stage = std::make_unique<RemoteStage>(address, remote);
+    }
   }
   if (options_.limits_check) {
     if (const std::string short_of = options_.limits_check(stage->info()); !short_of.empty()) {
@@ -239,7 +322,18 @@ ClusterView ClusterControl::join(const std::string& address) {
            return false;
          })
       .get();
-  if (options_.replan_on_join) replan(std::nullopt);
+  if (options_.replan_on_join) {
+    // A cluster of --layers auto workers is placed anew; otherwise the stages move to
+    // their fastest workers.
+    bool movable = true;
+    engine_.with_pipeline([&](Pipeline& p) {
+             for (Stage* s : p.all_stages()) movable = movable && s->info().movable;
+             return false;
+           })
+        .get();
+    if (movable && options_.placement) return place({});
+    replan(std::nullopt);
+  }
   return view();
 }
 
@@ -296,102 +390,268 @@ std::string range_text(model::LayerRange r) { return std::to_string(r.first) + "
 
 ClusterView ClusterControl::move_layers(const std::map<std::string, model::LayerRange>& ranges) {
   std::optional<std::string> failed;  // a move that failed once workers had dropped their sequences
-  engine_.with_pipeline(
-             [&](Pipeline& p) {
-               // Checked first: a refusal moves nothing.
-               const std::vector<Stage*> all = p.all_stages();
-               std::vector<StageInfo> after;
-               std::vector<std::pair<RemoteStage*, model::LayerRange>> moves;
-               for (const auto& entry : ranges) {
-                 const std::string& address = entry.first;
-                 const model::LayerRange range = entry.second;
-                 auto it = std::find_if(all.begin(), all.end(), [&](Stage* s) { return s->info().name == address; });
-                 if (it == all.end()) throw StageError("no worker " + address + " in the pipeline");
-                 Stage& s = **it;
-                 if (range.first < 0 || range.first >= range.last ||
-                     range.last > static_cast<int32_t>(identity_.n_layer)) {
-                   throw StageError("layers " + range_text(range) + " for worker " + address + " are not a range of the model's " +
-                                    std::to_string(identity_.n_layer) + " layers");
-                 }
-                 if (s.info().layers.first == range.first && s.info().layers.last == range.last) continue;
-                 auto* remote = dynamic_cast<RemoteStage*>(&s);
-                 if (!remote || !s.info().movable) {
-                   throw StageError("worker " + address + " was not started with --layers auto: it keeps layers " +
-                                    range_text(s.info().layers));
-                 }
-                 if (!s.up()) throw StageError("worker " + address + " is not up");
-                 moves.emplace_back(remote, range);
-               }
-               for (Stage* s : all) {
-                 StageInfo info = s->info();
-                 if (auto r = ranges.find(info.name); r != ranges.end()) info.layers = r->second;
-                 after.push_back(info);
-               }
-               std::sort(after.begin(), after.end(), [](const StageInfo& a, const StageInfo& b) {
-                 return a.layers.first != b.layers.first ? a.layers.first < b.layers.first : a.layers.last < b.layers.last;
-               });
-               after.erase(std::unique(after.begin(), after.end(),
-                                       [](const StageInfo& a, const StageInfo& b) {
-                                         return a.layers.first == b.layers.first && a.layers.last == b.layers.last;
-                                       }),
-                           after.end());
-               check_coverage(after, static_cast<int32_t>(identity_.n_layer));
-               if (moves.empty()) return false;
-
-               // Each worker takes its range, then is connected afresh once it has loaded it.
-               RemoteOptions remote = options_.remote;
-               remote.connect_timeout_ms = std::max(remote.connect_timeout_ms, 120000);
-               auto reconnect = [&](const std::string& address, model::LayerRange range) {
-                 auto fresh = std::make_unique<RemoteStage>(address, remote);
-                 const auto& l = fresh->info().layers;
-                 if (l.first != range.first || l.last != range.last) {
-                   throw StageError("worker " + address + " serves layers " + range_text(l) + ", not " + range_text(range));
-                 }
-                 if (options_.limits_check) {
-                   if (const std::string short_of = options_.limits_check(fresh->info()); !short_of.empty()) {
-                     throw StageError("worker " + address + " with layers " + range_text(range) +
-                                      " holds less than the coordinator was sized for: " + short_of);
-                   }
-                   fresh->set_rejoin_check(options_.limits_check);
-                 }
-                 return fresh;
-               };
-               std::vector<std::unique_ptr<Stage>> fresh;
-               std::vector<std::pair<RemoteStage*, model::LayerRange>> done;  // with its range before
-               try {
-                 for (const auto& [stage, range] : moves) {
-                   const model::LayerRange before = stage->info().layers;
-                   spdlog::info("worker {}: moving from layers {} to {}", stage->info().name, range_text(before),
-                                range_text(range));
-                   stage->assign(range);
-                   done.emplace_back(stage, before);
-                   fresh.push_back(reconnect(stage->info().name, range));
-                 }
-               } catch (const StageError& e) {
-                 // Back to the ranges they had; the pipeline is planned again and its
-                 // sequences replayed all the same (those workers dropped theirs).
-                 spdlog::error("moving layers: {}; the workers moved already take their ranges back", e.what());
-                 if (done.empty()) throw;
-                 fresh.clear();
-                 std::vector<std::unique_ptr<Stage>> back;
-                 for (const auto& [stage, before] : done) {
-                   try {
-                     stage->assign(before);  // its connection outlives the move: the socket stays
-                     back.push_back(reconnect(stage->info().name, before));
-                   } catch (const StageError& undo) {
-                     spdlog::error("worker {}: {}", stage->info().name, undo.what());
-                   }
-                 }
-                 if (!back.empty()) p.regroup(std::move(back), identity_);
-                 failed = e.what();
-               }
-               if (!failed) p.regroup(std::move(fresh), identity_);
-               return true;  // the sequences are replayed: the moved workers dropped theirs
-             },
-             true)
-      .get();
+  engine_.with_pipeline([&](Pipeline& p) { return apply_ranges(p, ranges, {}, {}, &failed); }, true).get();
   if (failed) throw StageError(*failed);
   return view();
+}
+
+bool ClusterControl::apply_ranges(Pipeline& p, const std::map<std::string, model::LayerRange>& ranges,
+                                  const std::vector<std::string>& dropped, const std::vector<std::string>& active,
+                                  std::optional<std::string>* failed) {
+  // Checked first: a refusal moves nothing.
+  const std::vector<Stage*> all = p.all_stages();
+  auto named = [&](const std::string& address) {
+    auto it = std::find_if(all.begin(), all.end(), [&](Stage* s) { return s->info().name == address; });
+    if (it == all.end()) throw StageError("no worker " + address + " in the pipeline");
+    return *it;
+  };
+  for (const std::string& address : dropped) named(address);
+  std::vector<std::pair<RemoteStage*, model::LayerRange>> moves;
+  for (const auto& entry : ranges) {
+    const std::string& address = entry.first;
+    const model::LayerRange range = entry.second;
+    Stage& s = *named(address);
+    if (range.first < 0 || range.first >= range.last || range.last > static_cast<int32_t>(identity_.n_layer)) {
+      throw StageError("layers " + range_text(range) + " for worker " + address + " are not a range of the model's " +
+                       std::to_string(identity_.n_layer) + " layers");
+    }
+    if (s.info().layers.first == range.first && s.info().layers.last == range.last) continue;
+    auto* remote = dynamic_cast<RemoteStage*>(&s);
+    if (!remote || !s.info().movable) {
+      throw StageError("worker " + address + " was not started with --layers auto: it keeps layers " +
+                       range_text(s.info().layers));
+    }
+    if (!s.up()) throw StageError("worker " + address + " is not up");
+    moves.emplace_back(remote, range);
+  }
+  std::vector<StageInfo> after;
+  for (Stage* s : all) {
+    StageInfo info = s->info();
+    if (std::find(dropped.begin(), dropped.end(), info.name) != dropped.end()) continue;
+    if (auto r = ranges.find(info.name); r != ranges.end()) info.layers = r->second;
+    after.push_back(info);
+  }
+  std::sort(after.begin(), after.end(), [](const StageInfo& a, const StageInfo& b) {
+    return a.layers.first != b.layers.first ? a.layers.first < b.layers.first : a.layers.last < b.layers.last;
+  });
+  after.erase(std::unique(after.begin(), after.end(),
+                          [](const StageInfo& a, const StageInfo& b) {
+                            return a.layers.first == b.layers.first && a.layers.last == b.layers.last;
+                          }),
+              after.end());
+  check_coverage(after, static_cast<int32_t>(identity_.n_layer));
+  // Which worker runs each position afterwards, when asked: the moves regroup keeps
+  // the workers active before where it can.
+  auto activate_asked = [&] {
+    bool any = false;
+    for (const std::string& address : active) {
+      for (size_t i = 0; i < p.size(); ++i) {
+        const auto workers = p.workers(i);
+        for (size_t k = 0; k < workers.size(); ++k) {
+          if (workers[k]->info().name == address && workers[k]->up()) any = p.activate(i, k) || any;
+        }
+      }
+    }
+    return any;
+  };
+  if (moves.empty() && dropped.empty()) return activate_asked();
+
+  // Each worker takes its range, then is connected afresh once it has loaded it.
+  RemoteOptions remote = options_.remote;
+  remote.connect_timeout_ms = std::max(remote.connect_timeout_ms, 120000);
+  auto reconnect = [&](const std::string& address, model::LayerRange range) {
+    auto fresh = std::make_unique<RemoteStage>(address, remote);
+    const auto& l = fresh->info().layers;
+    if (l.first != range.first || l.last != range.last) {
+      throw StageError("worker " + address + " serves layers " + range_text(l) + ", not " + range_text(range));
+    }
+    if (options_.limits_check) {
+      if (const std::string short_of = options_.limits_check(fresh->info()); !short_of.empty()) {
+        throw StageError("worker " + address + " with layers " + range_text(range) +
+                         " holds less than the coordinator was sized for: " + short_of);
+      }
+      fresh->set_rejoin_check(options_.limits_check);
+    }
+    return fresh;
+  };
+  std::vector<std::unique_ptr<Stage>> fresh;
+  std::vector<std::pair<RemoteStage*, model::LayerRange>> done;  // with its range before
+  try {
+    for (const auto& [stage, range] : moves) {
+      const model::LayerRange before = stage->info().layers;
+      spdlog::info("worker {}: moving from layers {} to {}", stage->info().name, range_text(before), range_text(range));
+      stage->assign(range);
+      done.emplace_back(stage, before);
+      fresh.push_back(reconnect(stage->info().name, range));
+    }
+  } catch (const StageError& e) {
+    // Back to the ranges they had; the pipeline is planned again and its sequences
+    // replayed all the same (those workers dropped theirs). Nobody leaves.
+    spdlog::error("moving layers: {}; the workers moved already take their ranges back", e.what());
+    if (done.empty()) throw;
+    fresh.clear();
+    std::vector<std::unique_ptr<Stage>> back;
+    for (const auto& [stage, before] : done) {
+      try {
+        stage->assign(before);  // its connection outlives the move: the socket stays
+        back.push_back(reconnect(stage->info().name, before));
+      } catch (const StageError& undo) {
+        spdlog::error("worker {}: {}", stage->info().name, undo.what());
+      }
+    }
+    if (!back.empty()) p.regroup(std::move(back), identity_);
+    *failed = e.what();
+    return true;
+  }
+  p.regroup(std::move(fresh), identity_, dropped);
+  activate_asked();
+  return true;  // the sequences are replayed: the moved workers dropped theirs
+}
+
+ClusterView ClusterControl::place(const std::map<std::string, uint64_t>& memory_caps, PlacementOutcome* outcome) {
+  if (!options_.placement) throw StageError("this pico-coord was started without what placement needs");
+  PlacementOutcome out;
+  std::optional<std::string> failed;
+  engine_.with_pipeline([&](Pipeline& p) { return place_on(p, memory_caps, out, &failed); }, true).get();
+  if (failed) throw StageError(*failed);
+  spdlog::info("placing anew: {}", out.why);
+  if (outcome) *outcome = std::move(out);
+  return view();
+}
+
+bool ClusterControl::place_on(Pipeline& p, const std::map<std::string, uint64_t>& new_caps, PlacementOutcome& out,
+                              std::optional<std::string>* failed) {
+  constexpr uint64_t kProbeBytes = 1u << 20;
+  std::map<std::string, uint64_t> caps;
+  {
+    std::lock_guard lock(caps_mutex_);
+    caps = options_.memory_caps;
+  }
+  for (const auto& [address, bytes] : new_caps) {
+    const auto all = p.all_stages();
+    if (std::none_of(all.begin(), all.end(), [&](Stage* s) { return s->info().name == address; })) {
+      throw StageError("no worker " + address + " in the pipeline (its 'memory')");
+    }
+    caps[address] = bytes;
+  }
+  // Who can be placed: every live worker (each must be movable); the lost ones leave.
+  std::vector<RemoteStage*> live;
+  std::vector<std::string> lost;
+  for (Stage* s : p.all_stages()) {
+    if (!s->up()) {
+      lost.push_back(s->info().name);
+      continue;
+    }
+    auto* remote = dynamic_cast<RemoteStage*>(s);
+    if (!remote || !s->info().movable) {
+      throw StageError("worker " + s->info().name + " was not started with --layers auto: it keeps layers " +
+                       range_text(s->info().layers) + ", so the cluster cannot be placed anew");
+    }
+    live.push_back(remote);
+  }
+  if (live.empty()) throw StageError("no live worker to place the model on");
+  std::vector<MeasuredWorker> measured;
+  std::vector<WorkerEntry> entries;
+  for (RemoteStage* s : live) {
+    measured.push_back(measure_worker(*s, kProbeBytes));
+    WorkerEntry e;
+    e.address = s->info().name;
+    if (auto cap = caps.find(e.address); cap != caps.end()) e.memory = cap->second;
+    entries.push_back(std::move(e));
+  }
+  PlacementProblem problem = *options_.placement;
+  const PlaceableWorkers placeable = add_placeable_workers(problem, measured, entries, identity_);
+  for (size_t i = 0; i < measured.size(); ++i) {
+    if (!placeable.left_out[i].empty()) {
+      throw StageError("worker " + measured[i].address + " cannot be placed: " + placeable.left_out[i]);
+    }
+  }
+  {
+    // A worker the watch saw slow counts as that slow for a while (its profile was
+    // measured on an idle machine).
+    std::lock_guard lock(caps_mutex_);
+    const auto now = std::chrono::steady_clock::now();
+    for (WorkerMeasures& w : problem.workers) {
+      const auto slow = slowdowns_.find(w.name);
+      if (slow == slowdowns_.end() || now >= slow->second.until) continue;
+      scale_measures(w, slow->second.factor);
+    }
+  }
+  if (!options_.remote.curve) {
+    // Links between workers as they measure them (a CURVE link needs the keys of both,
+    // which the plans fixed: those are estimated from the links to the coordinator).
+    problem.worker_links = measure_worker_links(live, entries, placeable.placed, kProbeBytes);
+  }
+  Placement placement;
+  try {
+    placement = coordinator::place(problem);
+  } catch (const PlacementError& e) {
+    throw StageError(e.what());
+  }
+  {
+    std::lock_guard lock(caps_mutex_);
+    for (const auto& [address, bytes] : new_caps) options_.memory_caps[address] = bytes;
+  }
+  // The running split under the same measures (placeable.placed is the identity here).
+  std::vector<std::pair<size_t, model::LayerRange>> running;
+  bool usable = true;
+  for (size_t i = 0; i < p.size() && usable; ++i) {
+    const auto k = std::find(live.begin(), live.end(), &p.stage(i));
+    if (k == live.end()) {
+      usable = false;
+    } else {
+      running.emplace_back(static_cast<size_t>(k - live.begin()), p.stage(i).info().layers);
+    }
+  }
+  std::optional<Placement> before;
+  if (usable) before = evaluate_placement(problem, running);
+  if (before) out.before_tokens_per_second = before->tokens_per_second;
+  out.after_tokens_per_second = placement.tokens_per_second;
+
+  std::map<std::string, model::LayerRange> ranges;
+  std::vector<std::string> dropped = lost, active;
+  for (const PlacedStage& stage : placement.stages) {
+    const std::string& address = live[stage.worker]->info().name;
+    ranges[address] = stage.layers;
+    active.push_back(address);
+    out.stages.push_back({address, stage.layers, stage.compute_seconds, stage.send_seconds});
+  }
+  const std::vector<WorkerRole> roles = worker_roles(problem, placement);
+  for (size_t w = 0; w < live.size(); ++w) {
+    const std::string& address = live[w]->info().name;
+    if (roles[w].stage && !roles[w].standby) continue;  // placed
+    if (!roles[w].stage) {
+      dropped.push_back(address);
+      out.others.push_back({address, "leaves the pipeline: " + placement.excluded[w]});
+      continue;
+    }
+    const model::LayerRange layers = placement.stages[*roles[w].stage].layers;
+    ranges[address] = layers;
+    out.others.push_back({address, fmt::format("stands by for stage {} (layers {}): {}", *roles[w].stage,
+                                               range_text(layers), placement.excluded[w])});
+  }
+  for (const std::string& address : lost) out.others.push_back({address, "leaves the pipeline: lost"});
+  const bool same = before && running.size() == placement.stages.size() &&
+                    std::equal(running.begin(), running.end(), placement.stages.begin(), [](const auto& a, const PlacedStage& b) {
+                      return a.first == b.worker && a.second.first == b.layers.first && a.second.last == b.layers.last;
+                    });
+  if (same) {
+    out.why = fmt::format("the running split is the placement ({:.2f} tok/s predicted)", placement.tokens_per_second);
+    return false;
+  }
+  if (before && placement.tokens_per_second < 1.1 * before->tokens_per_second) {
+    out.why = fmt::format("the placement predicts {:.2f} tok/s, the running split {:.2f}: less than 10 % more, "
+                          "nothing moves",
+                          placement.tokens_per_second, before->tokens_per_second);
+    return false;
+  }
+  out.why = before ? fmt::format("the placement predicts {:.2f} tok/s, the running split {:.2f}",
+                                 placement.tokens_per_second, before->tokens_per_second)
+                   : fmt::format("the running split is unusable ({}); the placement predicts {:.2f} tok/s",
+                                 usable ? "a worker holds more than its memory" : "a lost active worker",
+                                 placement.tokens_per_second);
+  out.moved = true;
+  return apply_ranges(p, ranges, dropped, active, failed);
 }
 
 }  // namespace pico::coordinator

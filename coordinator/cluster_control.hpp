@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "engine.hpp"
+#include "placement.hpp"
 #include "stage.hpp"
 
 namespace pico::coordinator {
@@ -43,6 +44,26 @@ struct StageView {
   StageTimingTotals timings;
   std::optional<StageStats> stats;
 };
+// What place() found and did: the new placement's stages, where every other worker
+// went, and the cost model's tok/s for the running split and the new one.
+struct PlacementOutcome {
+  bool moved = false;
+  std::string why;  // why it moved, or why not
+  std::optional<double> before_tokens_per_second;  // nullopt: the running split is unusable (a lost or too small worker)
+  double after_tokens_per_second = 0;
+  struct Placed {
+    std::string address;
+    model::LayerRange layers;
+    double compute_seconds = 0, send_seconds = 0;
+  };
+  std::vector<Placed> stages;
+  struct Other {
+    std::string address;
+    std::string what;  // "stands by for stage N (layers A-B)", or why it leaves the pipeline
+  };
+  std::vector<Other> others;
+};
+
 struct ClusterView {
   std::vector<StageView> stages;
   uint64_t failovers = 0;
@@ -69,6 +90,9 @@ struct StageWindow {
 // explains is at least a quarter of the window, so that a few slow steps on an idle
 // cluster move nothing either. The largest ratio when several are.
 std::optional<size_t> slow_position(std::span<const StageWindow> windows, double factor, double window_seconds);
+// How much slower position i ran than the others: its ratio of measured to predicted
+// time over the others' median ratio (at least 1), as slow_position judges it.
+double slowdown(std::span<const StageWindow> windows, size_t i);
 
 class ClusterControl {
  public:
@@ -80,9 +104,20 @@ class ClusterControl {
     // The watch (off at 0): a stage whose worker stays slow for slow_seconds
     // (slow_position over that window, checked a few times a window) moves to its
     // live replica with the shortest profiled time, as a replan does; a worker moved
-    // off is not moved back to by the watch for 10 windows.
+    // off is not moved back to by the watch for 10 windows. With no live replica, a
+    // cluster of --layers auto workers is placed anew, the slow worker's times scaled
+    // by its slowdown() for 10 windows.
     double slow_factor = 0;
     double slow_seconds = 3;
+    // Placing anew (place()): the model's side of the placement problem (its layers,
+    // ctx, parallel, bytes per token, objective and concurrency: cluster_measures.hpp's
+    // model_placement_problem); unset, place() is refused.
+    std::optional<PlacementProblem> placement;
+    std::map<std::string, uint64_t> memory_caps;  // per worker address: what placement may plan on it
+    // When an active worker is lost with no live replica for this long (0: never), the
+    // live workers are placed anew (all must be --layers auto), so that new requests
+    // are served again.
+    double replan_on_loss_seconds = 0;
   };
   ClusterControl(Engine& engine, protocol::ModelIdentity identity, Options options);
   ~ClusterControl();
@@ -91,9 +126,13 @@ class ClusterControl {
 
   // Thread-safe; each waits for the engine thread.
   ClusterView view();
-  // Connects the worker at address (hello; assign when it waits for its layers), checks
-  // its model and limits, and adds it as a replica standing by. Throws StageError.
-  ClusterView join(const std::string& address);
+  // Connects the worker at address (hello; assign when it waits for its layers, or is
+  // a --layers auto worker whose range is no stage's), checks its model and limits, and
+  // adds it as a replica standing by. memory_cap: what placement may plan on it from
+  // now on. With replan_on_join, a cluster of --layers auto workers is then placed
+  // anew (place()), any other moves each stage to its fastest worker (replan()).
+  // Throws StageError.
+  ClusterView join(const std::string& address, std::optional<uint64_t> memory_cap = std::nullopt);
   // drain: the worker to take out of service (every stage it runs moves to its fastest
   // live replica; an error when a stage of it has none). Without: every stage moves to
   // its live worker with the shortest profiled time when that is at least 10 % shorter
@@ -106,17 +145,46 @@ class ClusterControl {
   // ranges all workers then serve tile the model. Should a worker refuse or fail, the
   // ones moved already are given their ranges back. Throws StageError.
   ClusterView move_layers(const std::map<std::string, model::LayerRange>& ranges);
+  // Measures the live workers (every one started with --layers auto) and their links
+  // again, places them (placement.hpp, the objective it was started with; memory_caps
+  // added to those it has) and, when the running split is unusable (a lost active
+  // worker, one beyond its memory) or the new placement predicts at least 10 % more
+  // tok/s, moves to it as move_layers does: the placed workers take their ranges in
+  // its order, those left out stand by for a range they can hold or leave the
+  // pipeline, as do lost workers. No request fails. Throws StageError (nothing moved).
+  ClusterView place(const std::map<std::string, uint64_t>& memory_caps, PlacementOutcome* outcome = nullptr);
 
  private:
   ClusterView describe(Pipeline& pipeline);
   void watch();
   // One look of the watch: moves a stage off a slow worker when there is one.
   void check_slow();
+  // One look of the watch: places anew once an active worker has been lost, with no
+  // live replica, for replan_on_loss_seconds.
+  void check_lost();
+  // On the engine thread, with no step in flight: the workers named in `ranges` take
+  // those ranges, those in `dropped` leave, then the pipeline is regrouped (and, given
+  // `active`, those workers become active at their ranges). Checked first; should a
+  // worker refuse or fail, those moved already take their ranges back, *failed says
+  // why. Throws StageError when the check refuses. True: the sequences must be replayed.
+  bool apply_ranges(Pipeline& p, const std::map<std::string, model::LayerRange>& ranges,
+                    const std::vector<std::string>& dropped, const std::vector<std::string>& active,
+                    std::optional<std::string>* failed);
+  // place()'s work on the engine thread.
+  bool place_on(Pipeline& p, const std::map<std::string, uint64_t>& new_caps, PlacementOutcome& outcome,
+                std::optional<std::string>* failed);
   Engine& engine_;
   protocol::ModelIdentity identity_;
   Options options_;
   std::map<std::string, std::chrono::steady_clock::time_point> moved_off_;  // the watch's thread only
   std::atomic<uint64_t> slow_moves_{0};
+  std::mutex caps_mutex_;  // memory_caps of options_, slowdowns_
+  struct Slowdown {
+    double factor = 1;
+    std::chrono::steady_clock::time_point until;
+  };
+  std::map<std::string, Slowdown> slowdowns_;  // workers the watch saw slow, for place()
+  std::optional<std::chrono::steady_clock::time_point> lost_since_;  // the watch's thread only
   std::mutex watch_mutex_;
   std::condition_variable watch_cv_;
   bool stopping_ = false;

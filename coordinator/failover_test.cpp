@@ -131,6 +131,44 @@ TEST(Replicas, RegroupedByTheRangesTheWorkersTook) {
   EXPECT_EQ(now[1]->submitted.size(), 1u);
 }
 
+// A new placement without some workers: the lost active w1a and its replica w1b
+// leave, w0 takes every layer; naming a worker that is not there changes nothing.
+TEST(Replicas, RegroupedWithoutTheWorkersThatLeave) {
+  ReplicatedPipeline r;
+  r.a->is_up = false;
+  {
+    std::vector<std::unique_ptr<Stage>> whole;
+    whole.push_back(std::make_unique<FakeStage>(model::LayerRange{0, 4}, fake_identity(), 0, "w0"));
+    EXPECT_THROW(r.pipeline->regroup(std::move(whole), fake_identity(), {"w1a", "nobody"}), StageError);
+    std::vector<std::unique_ptr<Stage>> overlap;
+    overlap.push_back(std::make_unique<FakeStage>(model::LayerRange{0, 4}, fake_identity(), 0, "w0"));
+    EXPECT_THROW(r.pipeline->regroup(std::move(overlap), fake_identity(), {"w1a"}), StageError);  // w1b holds 2-4
+    EXPECT_EQ(r.pipeline->size(), 2u);
+    EXPECT_EQ(r.pipeline->all_stages().size(), 3u);
+  }
+  std::vector<std::unique_ptr<Stage>> whole;
+  whole.push_back(std::make_unique<FakeStage>(model::LayerRange{0, 4}, fake_identity(), 0, "w0"));
+  auto* w0 = static_cast<FakeStage*>(whole.back().get());
+  FakeStage* b = r.b;  // up: it leaves holding the sequences, so the replay's closes reach it
+  r.pipeline->regroup(std::move(whole), fake_identity(), {"w1a", "w1b"});
+  ASSERT_EQ(r.pipeline->size(), 1u);
+  ASSERT_EQ(r.pipeline->all_stages().size(), 1u);
+  EXPECT_EQ(&r.pipeline->stage(0), w0);
+  EXPECT_EQ(w0->plans, 1);
+  EXPECT_EQ(b->plans, 0);
+  EXPECT_EQ(r.pipeline->lost_stage(), "");
+  r.pipeline->close(7);
+  EXPECT_EQ(w0->closes, std::vector<int32_t>{7});
+  EXPECT_EQ(b->closes, std::vector<int32_t>{7});
+  r.pipeline->submit(kBatch);
+  EXPECT_EQ(w0->submitted.size(), 1u);
+  EXPECT_TRUE(b->submitted.empty());
+  // Back with every layer, w1b replicates the stage and no longer takes closes twice.
+  r.pipeline->add_replica(std::make_unique<FakeStage>(model::LayerRange{0, 4}, fake_identity(), 0, "w1b"),
+                          fake_identity());
+  EXPECT_EQ(r.pipeline->replicas(0), 1u);
+}
+
 TEST(Replicas, NoLiveReplicaChangesNothing) {
   ReplicatedPipeline r;
   r.a->is_up = false;
@@ -401,6 +439,18 @@ TEST(SlowPosition, ASlowStageAgainstTheOthersAndItsProfile) {
   EXPECT_EQ(slow_position(w, factor, window), std::optional<size_t>(0));
   w = {{true, 1.0, 0.1}, {true, 0.1, 0.1}, {true, 3.0, 0.1}, {true, 0.1, 0.1}};
   EXPECT_EQ(slow_position(w, factor, window), std::optional<size_t>(2));
+}
+
+// How much slower than the others (what placing anew scales the slow worker's times by).
+TEST(SlowPosition, SlowdownIsTheRatioAgainstTheOthersMedian) {
+  std::vector<StageWindow> w = {{true, 0.10, 0.10}, {true, 2.0, 0.10}, {true, 0.2, 0.2}};
+  EXPECT_DOUBLE_EQ(slowdown(w, 1), 20.0);
+  w = {{true, 5, 1}, {true, 15, 1}, {true, 6, 1}};
+  EXPECT_DOUBLE_EQ(slowdown(w, 1), 15 / 5.5);
+  w = {{true, 0.5, 1}, {true, 3, 1}};  // the others faster than their profile: against 1
+  EXPECT_DOUBLE_EQ(slowdown(w, 1), 3.0);
+  w = {{false, 100, 0.1}, {true, 2.0, 0.1}};  // nothing judged to compare with
+  EXPECT_DOUBLE_EQ(slowdown(w, 1), 20.0);
 }
 
 // A step's prediction: per layer, the line through the profile's neighbouring measures.

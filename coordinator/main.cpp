@@ -95,8 +95,13 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   bool replan_on_join = false;
   app.add_flag("--replan-on-join", replan_on_join,
-               "HTTP API: after a worker joins (POST /cluster/workers), move each stage to its fastest live worker "
-               "by their profiles");
+               "HTTP API: after a worker joins (POST /cluster/workers), place every worker anew when all were "
+               "started with --layers auto, else move each stage to its fastest live worker by their profiles");
+  double replan_on_loss = 0;
+  app.add_option("--replan-on-loss", replan_on_loss,
+                 "HTTP API: when an active worker has been lost with no live replica for SECONDS, place the live "
+                 "workers anew (all started with --layers auto) so that requests are served again (default: never)")
+      ->check(CLI::Range(0.1, 3600.0));
   double slow_factor = 0, slow_seconds = 3;
   app.add_option("--replan-when-slow", slow_factor,
                  "HTTP API: move a stage to its live replica with the shortest profiled time when its worker's steps "
@@ -240,6 +245,8 @@ int main(int argc, char** argv) {
     }
     std::vector<std::unique_ptr<Stage>> stages;
     std::optional<RemoteOptions> remote_options;  // how a worker joining at run time is reached
+    std::optional<PlacementProblem> placement_problem;  // the model's side, to place the workers anew
+    std::map<std::string, uint64_t> memory_caps;       // the config's, per worker
     if (workers.empty()) {
       worker::StageLimitOptions local;
       local.ctx = ctx;
@@ -275,6 +282,12 @@ int main(int argc, char** argv) {
         settings.ctx = ctx > 0 ? ctx : (model_ctx > 0 ? model_ctx : 4096);
         settings.parallel = parallel > 0 ? parallel : 32;
         settings.activations = ro.activations;
+        for (const auto& w : workers) {
+          if (w.memory) memory_caps[w.address] = *w.memory;
+        }
+        placement_problem = model_placement_problem(*file, settings.ctx, settings.parallel, settings.activations);
+        placement_problem->objective = settings.objective;
+        placement_problem->concurrency = settings.parallel;
         const std::vector<WorkerEntry> assigned = assign_auto_layers(connected, workers, *file, settings);
         if (!std::equal(assigned.begin(), assigned.end(), workers.begin(), workers.end(),
                         [](const auto& a, const auto& b) {
@@ -369,6 +382,9 @@ int main(int argc, char** argv) {
         control.slow_factor = slow_factor;
         control.slow_seconds = slow_seconds;
         control.batch_objective = objective == "throughput";
+        control.placement = placement_problem;
+        control.memory_caps = memory_caps;
+        control.replan_on_loss_seconds = replan_on_loss;
         cluster = std::make_unique<ClusterControl>(engine, identity, std::move(control));
         http.cluster = cluster.get();
       }

@@ -152,7 +152,8 @@ std::vector<Stage*> Pipeline::workers(size_t i) {
   return out;
 }
 
-void Pipeline::regroup(std::vector<std::unique_ptr<Stage>> moved, const protocol::ModelIdentity& expected) {
+void Pipeline::regroup(std::vector<std::unique_ptr<Stage>> moved, const protocol::ModelIdentity& expected,
+                       const std::vector<std::string>& dropped) {
   // The new line-up is checked before anything changes: the ranges in layer order, a
   // worker active before first within its range.
   struct Entry {
@@ -163,8 +164,14 @@ void Pipeline::regroup(std::vector<std::unique_ptr<Stage>> moved, const protocol
   };
   std::vector<Entry> entries;
   std::vector<bool> used(moved.size(), false);
+  std::vector<bool> found(dropped.size(), false);
   for (size_t i = 0; i < positions_.size(); ++i) {
     for (size_t k = 0; k < positions_[i].workers.size(); ++k) {
+      const auto drop = std::find(dropped.begin(), dropped.end(), positions_[i].workers[k]->info().name);
+      if (drop != dropped.end()) {
+        found[static_cast<size_t>(drop - dropped.begin())] = true;
+        continue;
+      }
       Entry e{positions_[i].workers[k].get(), i, k, nullptr, k == positions_[i].current};
       for (size_t m = 0; m < moved.size(); ++m) {
         if (!used[m] && moved[m]->info().name == e.stage->info().name) {
@@ -175,6 +182,9 @@ void Pipeline::regroup(std::vector<std::unique_ptr<Stage>> moved, const protocol
       }
       entries.push_back(e);
     }
+  }
+  for (size_t d = 0; d < dropped.size(); ++d) {
+    if (!found[d]) throw StageError("worker " + dropped[d] + " is not in the pipeline");
   }
   for (size_t m = 0; m < moved.size(); ++m) {
     if (!used[m]) throw StageError("worker " + moved[m]->info().name + " is not in the pipeline");
@@ -201,7 +211,16 @@ void Pipeline::regroup(std::vector<std::unique_ptr<Stage>> moved, const protocol
   for (const Entry& e : entries) {
     ordered.push_back(e.replacement ? std::move(*e.replacement) : std::move(positions_[e.position].workers[e.worker]));
   }
-  positions_.clear();
+  std::vector<std::unique_ptr<Stage>> leaving;
+  for (auto& position : positions_) {
+    for (auto& w : position.workers) {
+      if (!w || std::find(dropped.begin(), dropped.end(), w->info().name) == dropped.end()) continue;
+      spdlog::warn("worker {} leaves the pipeline", w->info().name);
+      if (w->up()) leaving.push_back(std::move(w));
+    }
+  }
+  leaving_ = std::move(leaving);
+  positions_.clear();  // the lost dropped workers' connections with it
   line_up(std::move(ordered), expected);
 }
 
@@ -211,6 +230,8 @@ size_t Pipeline::add_replica(std::unique_ptr<Stage> stage, const protocol::Model
     throw StageError("worker " + info.name + " serves another model: " + protocol::to_string(info.identity) +
                      "; expected " + protocol::to_string(expected));
   }
+  // Back after it left: this connection replaces the one that took the closes.
+  std::erase_if(leaving_, [&](const std::unique_ptr<Stage>& w) { return w->info().name == info.name; });
   for (size_t i = 0; i < positions_.size(); ++i) {
     const auto& l = positions_[i].active().info().layers;
     if (l.first != info.layers.first || l.last != info.layers.last) continue;
@@ -452,6 +473,13 @@ void Pipeline::close(int32_t seq_id) {
   // Every stage, even when one fails: the others must not keep the sequence. A worker
   // replaced while lost (maybe only hung) gets it when it rejoins.
   std::optional<StageError> first;
+  for (auto& w : leaving_) {
+    try {
+      if (w->up()) w->close(seq_id);
+    } catch (const StageError& e) {
+      spdlog::warn("worker {} (left the pipeline): {}", w->info().name, e.what());
+    }
+  }
   for (auto& p : positions_) {
     for (size_t k = 0; k < p.workers.size(); ++k) {
       Stage& s = *p.workers[k];

@@ -97,10 +97,14 @@ class Pipeline {
   // holds their new connections, each replacing the worker of its name. The workers
   // are grouped into positions by range in layer order, a worker active before staying
   // active where it can; every stage is planned again, the steps in flight are
-  // abandoned and the caller replays its sequences. Throws StageError, changing
-  // nothing, when a moved worker is not in the pipeline or the ranges do not tile the
-  // model.
-  void regroup(std::vector<std::unique_ptr<Stage>> moved, const protocol::ModelIdentity& expected);
+  // abandoned and the caller replays its sequences. Workers named in `dropped` leave
+  // the pipeline (a lost worker, or one a new placement has no range for); one still
+  // up hears the replay's closes (it holds the sequences) until the next regroup or
+  // until a worker of its name joins again. Throws
+  // StageError, changing nothing, when a moved or dropped worker is not in the
+  // pipeline or the ranges do not tile the model.
+  void regroup(std::vector<std::unique_ptr<Stage>> moved, const protocol::ModelIdentity& expected,
+               const std::vector<std::string>& dropped = {});
 
   // Starts a step; returns its id. outputs: per batch row, what the last stage returns
   // for it when it wants logits (empty: full rows; see Stage::submit). chain: the last
@@ -163,6 +167,7 @@ class Pipeline {
     Stage& active() const { return *workers[current]; }
   };
   std::vector<Position> positions_;
+  std::vector<std::unique_ptr<Stage>> leaving_;  // left the pipeline while up: closes reach them
   uint64_t next_step_ = 1;
   struct Inflight {
     uint64_t step = 0;

@@ -279,6 +279,15 @@ Objective parse_objective(const std::string& text) {
 
 const char* to_string(Objective objective) { return objective == Objective::latency ? "latency" : "throughput"; }
 
+void scale_measures(WorkerMeasures& w, double factor) {
+  for (double& s : w.decode_seconds) s *= factor;
+  for (auto& per_batch : w.batch_seconds_per_token) {
+    for (double& s : per_batch) s *= factor;
+  }
+  w.head_decode_seconds *= factor;
+  for (double& s : w.head_batch_seconds_per_token) s *= factor;
+}
+
 uint64_t stage_memory_bytes(const PlacementProblem& p, model::LayerRange layers) {
   const int64_t pages = (p.ctx + p.page_positions - 1) / p.page_positions;
   const uint64_t positions = static_cast<uint64_t>(pages * p.page_positions);
@@ -340,6 +349,58 @@ Placement place(const PlacementProblem& p) {
       out.excluded[w] = fmt::format("the best placement that uses it predicts {:.2f} tok/s, the chosen one {:.2f}",
                                     c.batch() / with, out.tokens_per_second);
     }
+  }
+  return out;
+}
+
+std::vector<WorkerRole> worker_roles(const PlacementProblem& p, const Placement& placement) {
+  std::vector<WorkerRole> roles(p.workers.size());
+  std::vector<size_t> standbys(placement.stages.size(), 0);
+  for (size_t s = 0; s < placement.stages.size(); ++s) roles.at(placement.stages[s].worker).stage = s;
+  for (size_t w = 0; w < p.workers.size(); ++w) {
+    if (roles[w].stage) continue;
+    for (size_t s = 0; s < placement.stages.size(); ++s) {
+      if (stage_memory_bytes(p, placement.stages[s].layers) > p.workers[w].memory_bytes) continue;
+      if (!roles[w].stage || standbys[s] < standbys[*roles[w].stage]) roles[w].stage = s;
+    }
+    if (roles[w].stage) {
+      roles[w].standby = true;
+      ++standbys[*roles[w].stage];
+    }
+  }
+  return roles;
+}
+
+std::optional<Placement> evaluate_placement(const PlacementProblem& p,
+                                            const std::vector<std::pair<size_t, model::LayerRange>>& chain) {
+  check_problem(p);
+  const Costs c(p);
+  Chain asked{0.0, {}};
+  std::vector<bool> used(p.workers.size(), false);
+  int next = 0;
+  bool fits = true;
+  for (size_t s = 0; s < chain.size(); ++s) {
+    const auto& [w, layers] = chain[s];
+    if (w >= p.workers.size() || used[w]) {
+      throw std::invalid_argument("placement: worker " + std::to_string(w) + " is no worker or used twice");
+    }
+    if (layers.first != next || layers.last <= layers.first || layers.last > c.layers()) {
+      throw std::invalid_argument("placement: the ranges do not tile the model's layers");
+    }
+    used[w] = true;
+    fits = fits && c.fits(w, layers.first, layers.last);
+    asked.seconds += (s == 0 ? c.from_coordinator(w) : c.between(chain[s - 1].first, w)) +
+                     c.compute(w, layers.first, layers.last);
+    asked.stages.emplace_back(w, layers.first);
+    next = layers.last;
+  }
+  if (next != c.layers()) throw std::invalid_argument("placement: the ranges do not tile the model's layers");
+  if (!fits) return std::nullopt;
+  asked.seconds += c.to_coordinator(chain.back().first);
+  Placement out = make_placement(p, c, asked);
+  out.excluded.assign(p.workers.size(), {});
+  for (size_t w = 0; w < p.workers.size(); ++w) {
+    if (!used[w]) out.excluded[w] = "not in the chain";
   }
   return out;
 }

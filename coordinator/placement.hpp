@@ -23,6 +23,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "model/model.hpp"
@@ -73,6 +74,10 @@ struct WorkerMeasures {
   std::vector<int> profile_batches = {64};                    // tokens of the batches measured, ascending
   uint64_t memory_bytes = 0;                     // what it offers for weights + KV + state
 };
+
+// The worker's times, every layer's and the head's, `factor` times as long (a worker
+// seen slower than its profile).
+void scale_measures(WorkerMeasures& worker, double factor);
 
 struct LinkMeasure {
   double latency_seconds = 0;  // one way
@@ -126,6 +131,24 @@ class PlacementError : public std::runtime_error {
 // Throws std::invalid_argument for a malformed problem (sizes that disagree, no
 // worker, a non-positive bandwidth), PlacementError when nothing fits.
 Placement place(const PlacementProblem& problem);
+
+// What the cost model predicts for a given chain (the workers in pipeline order, each
+// with its range; the ranges tile the model): the placement place() would report for
+// it, to compare the running split with a new one. nullopt when a stage does not fit
+// its worker's memory. Throws std::invalid_argument for a malformed problem, a worker
+// index out of range, a worker used twice, or ranges that do not tile the model.
+std::optional<Placement> evaluate_placement(const PlacementProblem& problem,
+                                            const std::vector<std::pair<size_t, model::LayerRange>>& chain);
+
+// Where each worker of a placement problem goes when a running cluster takes a new
+// placement: a placed worker runs its stage's range; a worker left out that can hold a
+// placed range (its memory) stands by as that stage's replica, for the stage with the
+// fewest standbys so far (the earliest of those); one that can hold none leaves.
+struct WorkerRole {
+  std::optional<size_t> stage;           // the placed stage it runs or stands by for; nullopt: it leaves
+  bool standby = false;
+};
+std::vector<WorkerRole> worker_roles(const PlacementProblem& problem, const Placement& placement);
 
 // The bytes a stage of `layers` holds on a worker (weights, its share of the
 // embeddings / head, state of `parallel` sequences of ctx positions).

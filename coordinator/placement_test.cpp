@@ -167,8 +167,10 @@ TEST(Placement, MalformedProblemsAreRefused) {
 }
 
 // The reference: every ordered subset of workers and every split of the layers into
-// that many non-empty ranges, costed directly from the definition.
-double brute_force(const PlacementProblem& p, bool keep_order) {
+// that many non-empty ranges, costed directly from the definition. each (optional):
+// called with every chain that fits and its step time.
+using ChainVisitor = std::function<void(const std::vector<std::pair<size_t, model::LayerRange>>&, double)>;
+double brute_force(const PlacementProblem& p, bool keep_order, const ChainVisitor& each = {}) {
   const size_t W = p.workers.size();
   const int L = static_cast<int>(p.layers.size());
   const int batch = p.objective == Objective::throughput ? p.concurrency : 1;
@@ -217,6 +219,16 @@ double brute_force(const PlacementProblem& p, bool keep_order) {
         c += at_batch(w, p.workers[w].head_decode_seconds, p.workers[w].head_batch_seconds_per_token);
         c += send(p.coordinator_links[w], p.logits_bytes_per_token);
         best = std::min(best, c);
+        if (each) {
+          std::vector<std::pair<size_t, model::LayerRange>> chain;
+          int first = 0;
+          for (size_t k = 0; k < order.size(); ++k) {
+            const int end = k < cuts.size() ? cuts[k] : L;
+            chain.emplace_back(order[k], model::LayerRange{first, end});
+            first = end;
+          }
+          each(chain, c);
+        }
       } else {
         c += send(link(w, order[s + 1]), p.hidden_bytes_per_token);
         cuts.push_back(to);
@@ -316,6 +328,149 @@ TEST(Placement, MatchesEveryOrderedSplitOnRandomClusters) {
     }
   }
   EXPECT_GT(checked, 300);  // most random clusters have a placement
+}
+
+// evaluate_placement costs a given chain as the definition does: every chain that fits
+// of random clusters, against the brute force's own sum.
+TEST(Placement, EvaluatesEveryChainAsTheDefinition) {
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<double> time(0.001, 0.02), latency(0.0, 0.01), bandwidth(1e6, 1e9);
+  size_t chains = 0;
+  for (int trial = 0; trial < 60; ++trial) {
+    PlacementProblem p;
+    const int L = 1 + trial % 5;
+    for (int l = 0; l < L; ++l) p.layers.push_back({10 + rng() % 90, rng() % 3, rng() % 5});
+    p.first_stage_bytes = rng() % 50;
+    p.last_stage_bytes = rng() % 50;
+    p.hidden_bytes_per_token = 1000 + rng() % 100000;
+    p.logits_bytes_per_token = 100 + rng() % 10000;
+    p.objective = trial % 2 ? Objective::throughput : Objective::latency;
+    p.concurrency = 1 + trial % 16;
+    p.ctx = 1;
+    const int W = 1 + trial % 3;
+    for (int w = 0; w < W; ++w) {
+      WorkerMeasures m;
+      m.name = "w" + std::to_string(w);
+      m.profile_batches = {2, 8, 64};
+      for (int l = 0; l < L; ++l) {
+        m.decode_seconds.push_back(time(rng));
+        m.batch_seconds_per_token.push_back({time(rng) / 2, time(rng) / 5, time(rng) / 10});
+      }
+      m.head_decode_seconds = time(rng);
+      m.head_batch_seconds_per_token = {time(rng) / 2, time(rng) / 5, time(rng) / 10};
+      m.memory_bytes = 400 + rng() % 1000;
+      p.workers.push_back(m);
+      p.coordinator_links.push_back({latency(rng), bandwidth(rng)});
+    }
+    if (trial % 2) {
+      p.worker_links.assign(static_cast<size_t>(W), std::vector<std::optional<LinkMeasure>>(static_cast<size_t>(W)));
+      for (auto& row : p.worker_links) {
+        for (auto& link : row) link = LinkMeasure{latency(rng), bandwidth(rng)};
+      }
+    }
+    brute_force(p, false, [&](const std::vector<std::pair<size_t, model::LayerRange>>& chain, double seconds) {
+      const auto evaluated = evaluate_placement(p, chain);
+      ASSERT_TRUE(evaluated.has_value()) << "trial " << trial;
+      EXPECT_NEAR(evaluated->step_seconds, seconds, 1e-12) << "trial " << trial;
+      ASSERT_EQ(evaluated->stages.size(), chain.size());
+      for (size_t s = 0; s < chain.size(); ++s) {
+        EXPECT_EQ(evaluated->stages[s].worker, chain[s].first);
+        EXPECT_EQ(evaluated->stages[s].layers.last, chain[s].second.last);
+      }
+      ++chains;
+    });
+  }
+  EXPECT_GT(chains, 200u);
+}
+
+TEST(Placement, EvaluatingAChainThatDoesNotFitOrTileIsSaid) {
+  PlacementProblem p = equal_layers(4);
+  add_worker(p, "a", 0.01, 0.001, 300);  // three layers
+  add_worker(p, "b", 0.01, 0.001, 1000);
+  EXPECT_FALSE(evaluate_placement(p, {{0, {0, 4}}}).has_value());  // a holds 400 bytes
+  const auto split = evaluate_placement(p, {{0, {0, 2}}, {1, {2, 4}}});
+  ASSERT_TRUE(split.has_value());
+  EXPECT_NEAR(split->step_seconds, 0.001 + 0.02 + 0.001 + 0.02 + 0.001, 1e-12);
+  EXPECT_EQ(split->excluded, (std::vector<std::string>{"", ""}));
+  EXPECT_THROW(evaluate_placement(p, {{0, {0, 2}}, {1, {3, 4}}}), std::invalid_argument);  // a gap
+  EXPECT_THROW(evaluate_placement(p, {{0, {0, 2}}}), std::invalid_argument);               // short of the end
+  EXPECT_THROW(evaluate_placement(p, {{0, {0, 2}}, {0, {2, 4}}}), std::invalid_argument);  // a used twice
+  EXPECT_THROW(evaluate_placement(p, {{2, {0, 4}}}), std::invalid_argument);               // no worker 2
+  EXPECT_THROW(evaluate_placement(p, {}), std::invalid_argument);
+}
+
+// A worker seen slower than its profile: every time of it scaled, so a step costs that
+// much more and placement moves its layers away.
+TEST(Placement, ScaledMeasuresMoveTheLayersOffASlowWorker) {
+  PlacementProblem p = equal_layers(4);
+  add_worker(p, "a", 0.01, 0.001, 200);  // two layers each: a split
+  add_worker(p, "b", 0.01, 0.001, 200);
+  add_worker(p, "c", 0.01, 0.001, 200);
+  p.workers[1].profile_batches = {8, 64};
+  p.workers[1].batch_seconds_per_token.assign(4, {0.002, 0.001});
+  p.workers[1].head_decode_seconds = 0.003;
+  p.workers[1].head_batch_seconds_per_token = {0.0005, 0.0002};
+  WorkerMeasures scaled = p.workers[1];
+  scale_measures(scaled, 4);
+  EXPECT_EQ(scaled.decode_seconds, std::vector<double>(4, 0.04));
+  EXPECT_EQ(scaled.batch_seconds_per_token[3], (std::vector<double>{0.008, 0.004}));
+  EXPECT_DOUBLE_EQ(scaled.head_decode_seconds, 0.012);
+  EXPECT_EQ(scaled.head_batch_seconds_per_token, (std::vector<double>{0.002, 0.0008}));
+  EXPECT_EQ(scaled.profile_batches, p.workers[1].profile_batches);
+  p.workers[1].head_decode_seconds = 0;
+  p.workers[1].head_batch_seconds_per_token = {0, 0};
+  const auto before = evaluate_placement(p, {{0, {0, 2}}, {1, {2, 4}}});
+  ASSERT_TRUE(before.has_value());
+  scale_measures(p.workers[1], 4);
+  const auto after = evaluate_placement(p, {{0, {0, 2}}, {1, {2, 4}}});
+  EXPECT_NEAR(after->stages[1].compute_seconds, 4 * before->stages[1].compute_seconds, 1e-12);
+  const Placement placed = place(p);
+  ASSERT_EQ(placed.stages.size(), 2u);
+  for (const PlacedStage& s : placed.stages) EXPECT_NE(s.worker, 1u);
+  EXPECT_FALSE(placed.excluded[1].empty());
+}
+
+// A new placement's roles for a running cluster: the placed run their stage; the others
+// stand by for a stage they can hold, spread over the stages; one that holds none leaves.
+TEST(Placement, WorkersLeftOutStandByWhereTheyFit) {
+  PlacementProblem p = equal_layers(4);
+  add_worker(p, "a", 0.01, 0.001, 200);
+  add_worker(p, "b", 0.01, 0.001, 200);
+  add_worker(p, "c", 0.5, 0.05, 200);   // slow: left out
+  add_worker(p, "d", 0.5, 0.05, 200);   // slow: left out
+  add_worker(p, "e", 0.5, 0.05, 50);    // holds no layer
+  const Placement placement = place(p);
+  ASSERT_EQ(placement.stages.size(), 2u);  // a and b, two layers each, in either order
+  const size_t a_stage = placement.stages[0].worker == 0 ? 0 : 1;
+  EXPECT_EQ(placement.stages[a_stage].worker, 0u);
+  EXPECT_EQ(placement.stages[1 - a_stage].worker, 1u);
+  EXPECT_EQ(placement.stages[0].layers.last, 2);
+  const std::vector<WorkerRole> roles = worker_roles(p, placement);
+  ASSERT_EQ(roles.size(), 5u);
+  EXPECT_EQ(roles[0].stage, a_stage);
+  EXPECT_FALSE(roles[0].standby);
+  EXPECT_EQ(roles[1].stage, 1 - a_stage);
+  EXPECT_FALSE(roles[1].standby);
+  EXPECT_EQ(roles[2].stage, 0u);  // both stages have none: the earliest
+  EXPECT_TRUE(roles[2].standby);
+  EXPECT_EQ(roles[3].stage, 1u);  // stage 0 has one now
+  EXPECT_TRUE(roles[3].standby);
+  EXPECT_FALSE(roles[4].stage.has_value());
+  // A worker that holds only the smaller stage stands by there, whatever the counts.
+  PlacementProblem q = equal_layers(4);
+  add_worker(q, "a", 0.01, 0.001, 300);
+  add_worker(q, "b", 0.01, 0.001, 100);
+  add_worker(q, "c", 0.5, 0.05, 100);
+  add_worker(q, "d", 0.5, 0.05, 100);
+  const Placement three = place(q);
+  ASSERT_EQ(three.stages.size(), 2u);  // a three layers, b one, in either order
+  const size_t b_stage = three.stages[0].worker == 1 ? 0 : 1;
+  EXPECT_EQ(three.stages[b_stage].worker, 1u);
+  EXPECT_EQ(three.stages[b_stage].layers.last - three.stages[b_stage].layers.first, 1);
+  const std::vector<WorkerRole> q_roles = worker_roles(q, three);
+  EXPECT_EQ(q_roles[2].stage, b_stage);
+  EXPECT_EQ(q_roles[3].stage, b_stage);
+  EXPECT_TRUE(q_roles[3].standby);
 }
 
 }  // namespace

@@ -63,6 +63,37 @@ ClusterControl& control(Session& s) {
   return *s.state.options.cluster;
 }
 
+json to_json(const PlacementOutcome& o) {
+  json stages = json::array(), others = json::array();
+  for (const auto& st : o.stages) {
+    stages.push_back({{"address", st.address},
+                      {"layers", std::to_string(st.layers.first) + "-" + std::to_string(st.layers.last - 1)},
+                      {"compute_ms", st.compute_seconds * 1e3},
+                      {"send_ms", st.send_seconds * 1e3}});
+  }
+  for (const auto& other : o.others) others.push_back({{"address", other.address}, {"what", other.what}});
+  return {{"moved", o.moved},
+          {"why", o.why},
+          {"predicted_tokens_per_second_before",
+           o.before_tokens_per_second ? json(*o.before_tokens_per_second) : json(nullptr)},
+          {"predicted_tokens_per_second", o.after_tokens_per_second},
+          {"stages", std::move(stages)},
+          {"others", std::move(others)}};
+}
+
+// A byte count as a number or a size such as "6G".
+uint64_t bytes_of(const json& value, const std::string& what, const std::string& param) {
+  try {
+    if (value.is_number_unsigned()) return value.get<uint64_t>();
+    if (value.is_string()) return worker::parse_byte_size(value.get<std::string>());
+  } catch (const std::exception& e) {
+    throw ApiError(400, what + ": " + value.dump() + " is not a byte count (" + e.what() + ")", "invalid_request_error",
+                   {}, param);
+  }
+  throw ApiError(400, what + ": " + value.dump() + " is not a byte count such as 6442450944 or \"6G\"",
+                 "invalid_request_error", {}, param);
+}
+
 json body_of(Session& s) {
   if (s.request.body().empty()) return json::object();
   json body = json::parse(s.request.body(), nullptr, false);
@@ -87,7 +118,9 @@ awaitable<void> cluster_join(Session& s) {
                    "address");
   }
   const std::string address = body["address"].get<std::string>();
-  std::function<json()> work = [&c, address] { return to_json(c.join(address)); };
+  std::optional<uint64_t> memory;
+  if (body.contains("memory")) memory = bytes_of(body["memory"], "'memory'", "memory");
+  std::function<json()> work = [&c, address, memory] { return to_json(c.join(address, memory)); };
   const json out = co_await off_thread(work, "cluster_refused");
   co_await s.reply(200, out);
 }
@@ -95,6 +128,35 @@ awaitable<void> cluster_join(Session& s) {
 awaitable<void> cluster_replan(Session& s) {
   ClusterControl& c = control(s);
   const json body = body_of(s);
+  if (body.contains("place")) {
+    // {"place": true, "memory": {"tcp://host:port": "6G", ...}}: the live --layers auto
+    // workers measured and placed anew (memory: what placement may plan on each, kept
+    // for later placements).
+    if (!body["place"].is_boolean() || !body["place"].get<bool>() || body.contains("layers") || body.contains("drain")) {
+      throw ApiError(400, "'place' must be true (and comes without 'layers' or 'drain')", "invalid_request_error", {},
+                     "place");
+    }
+    std::map<std::string, uint64_t> caps;
+    if (body.contains("memory")) {
+      if (!body["memory"].is_object()) {
+        throw ApiError(400, "'memory' must map worker addresses to byte counts such as \"6G\"", "invalid_request_error",
+                       {}, "memory");
+      }
+      for (const auto& [address, value] : body["memory"].items()) {
+        caps[address] = bytes_of(value, "'memory' of " + address, "memory");
+      }
+    }
+    std::function<json()> work = [&c, caps] {
+      PlacementOutcome outcome;
+      json j = to_json(c.place(caps, &outcome));
+      j["moved"] = outcome.moved;
+      j["placement"] = to_json(outcome);
+      return j;
+    };
+    const json out = co_await off_thread(work, "cluster_refused");
+    co_await s.reply(200, out);
+    co_return;
+  }
   if (body.contains("layers")) {
     // {"layers": {"tcp://host:port": "A-B", ...}}: workers started with --layers auto
     // take these ranges (inclusive, as --layers writes them).

@@ -29,6 +29,19 @@ CASE:
               8 streams end with exactly the tokens of the undisturbed run; moved
               again, a fresh run gives the same tokens. Refused, naming why, moving
               nothing: a split with a gap, an unknown worker, a range that is no range.
+  place       two `--layers auto` workers on a split of our own; mid-generation POST
+              /cluster/replan {"place": true, "memory": {b: 4 KiB}} measures and places
+              them anew: a takes every layer, b (holding no layer) leaves; 8 streams
+              end with exactly the tokens of the undisturbed run. Refused, naming why:
+              no placement fits, an unknown worker, a bad byte count. b joins again
+              mid-generation (--replan-on-join places anew with it: it takes part;
+              every token as undisturbed), then is killed on
+              a split without a replica: the requests fail, and --replan-on-loss 1
+              places a alone on every layer, which serves the same tokens.
+  slow-place  two `--layers auto` workers on a split without replicas, the same
+              watch: stage 1's worker made slow mid-generation is no longer given
+              layers: placed anew with its times scaled by how slow it shows, the
+              other takes every layer and it stands by; every token as undisturbed.
   slow        pico-coord --replan-when-slow 2 --slow-seconds 1: the undisturbed run
               moves nothing; then stage 1's active worker is made slow mid-generation
               (stopped 95 ms of every 100 ms, too short to be lost): the watch moves
@@ -192,6 +205,29 @@ def replicated_cluster(extra=()):
         if "%s stands by as a replica" % a not in log:
             fail("pico-coord does not say that %s stands by" % a)
     return addresses, layers, workers, coord, port
+
+
+def slow_down(victim, moved_log, coord):
+    """Stops victim 95 ms of every 100 until pico-coord's log says moved_log: slow
+    enough that the slow-worker rule sees it within its window even while other tests
+    load the machine, too short to be lost."""
+    moved = threading.Event()
+
+    def throttle():
+        while not moved.is_set():
+            victim.send_signal(signal.SIGSTOP)
+            time.sleep(0.095)
+            victim.send_signal(signal.SIGCONT)
+            time.sleep(0.005)
+
+    t = threading.Thread(target=throttle, daemon=True)
+    t.start()
+    try:
+        wait_log("coord.log", moved_log, coord, timeout=30)
+    finally:
+        moved.set()
+        t.join()
+        victim.send_signal(signal.SIGCONT)
 
 
 def undisturbed(port, greedy_only):
@@ -379,6 +415,124 @@ try:
             fail("a refused move changed the split: %s" % split()[0])
         if metric(port, "pico:failovers_total") != 0:
             fail("a move was counted as a failover")
+    elif case == "place":
+        addresses = ["tcp://127.0.0.1:%d" % free_port() for _ in range(2)]
+        a, b = addresses
+        workers = [start_auto_worker(x, "worker-%d.log" % i) for i, x in enumerate(addresses)]
+        coord, port = start_coord(addresses, ["--replan-on-join", "--replan-on-loss", "1"])
+
+        def split():
+            status, text = request(port, "GET", "/cluster")
+            if status != 200:
+                fail("/cluster: %d %s" % (status, text))
+            view = json.loads(text)
+            return {w["address"]: st["layers"] for st in view["stages"] for w in st["workers"]}, view
+
+        for x in addresses:
+            if x not in split()[0]:  # left out by the placement: it joins, and placing anew keeps it
+                status, text = request(port, "POST", "/cluster/workers", {"address": x})
+                if status != 200:
+                    fail("join of %s: %d %s" % (x, status, text))
+        print("placed: %s" % split()[0])
+        expected = undisturbed(port, greedy_only=False)
+        # A split of our own, for placing anew to undo.
+        status, text = request(port, "POST", "/cluster/replan", {"layers": {a: "0-1", b: "2-3"}})
+        if status != 200 or split()[0] != {a: "0-1", b: "2-3"}:
+            fail("the split of our own: %d %s" % (status, text))
+        # Placed anew mid-generation with b allowed 4 KiB, less than any layer: a takes
+        # every layer, b leaves the pipeline.
+        placed = []
+        streams = run_streams(port, False, lambda: placed.append(
+            request(port, "POST", "/cluster/replan", {"place": True, "memory": {b: 4096}})))
+        status, text = placed[0]
+        if status != 200:
+            fail("place: %d %s" % (status, text))
+        outcome = json.loads(text)["placement"]
+        print("placed anew: %s" % json.dumps(outcome))
+        if (not outcome["moved"] or [(st["address"], st["layers"]) for st in outcome["stages"]] != [(a, "0-3")] or
+                outcome["predicted_tokens_per_second_before"] is not None or
+                [o["address"] for o in outcome["others"]] != [b] or "holds no layer" not in outcome["others"][0]["what"]):
+            fail("placing anew with b at 4 KiB: %s" % text)
+        check_same(streams, expected, "placed anew mid-generation (a takes every layer, b leaves)")
+        if not any(running_after):
+            fail("placing anew returned only once every stream had ended: it did not move mid-generation")
+        if split()[0] != {a: "0-3"}:
+            fail("/cluster after placing anew: %s" % split()[0])
+        wait_log("worker-0.log", r"layers 0-3 of 4", workers[0], timeout=5)
+        for body, why in (({"place": True, "memory": {a: 4096}}, "no placement of the model's 4 layers fits"),
+                          ({"place": True, "memory": {"tcp://127.0.0.1:1": "1G"}}, "no worker tcp://127.0.0.1:1"),
+                          ({"place": True, "memory": {a: "lots"}}, "is not a byte count"),
+                          ({"place": True, "memory": [a]}, "'memory' must map"),
+                          ({"place": False}, "'place' must be true")):
+            status, text = request(port, "POST", "/cluster/replan", body)
+            if status != 400 or why not in text:
+                fail("%s: %d %s" % (body, status, text))
+            print("refused: %s" % json.loads(text)["error"]["message"])
+        if split()[0] != {a: "0-3"}:
+            fail("a refused placement changed the split: %s" % split()[0])
+        status, text = request(port, "POST", "/cluster/replan", {"place": True})
+        if status != 200 or json.loads(text)["placement"]["moved"]:
+            fail("placing anew again moved: %d %s" % (status, text))
+        print("placed anew again: %s" % json.loads(text)["placement"]["why"])
+        # b joins again with room (its range is no stage's now: it is given one), and
+        # with --replan-on-join the cluster is placed anew with it: b takes part.
+        joined = []
+        streams = run_streams(port, False, lambda: joined.append(
+            request(port, "POST", "/cluster/workers", {"address": b, "memory": "64G"})))
+        status, text = joined[0]
+        if status != 200 or b not in split()[0]:
+            fail("b joined again: %d %s" % (status, text))
+        print("b joined again: %s" % split()[0])
+        check_same(streams, expected, "b joined again mid-generation")
+        # Lost with no replica: the requests in flight fail, then (--replan-on-loss 1)
+        # the live worker is placed anew with every layer and serves again.
+        status, text = request(port, "POST", "/cluster/replan", {"layers": {a: "0-1", b: "2-3"}})
+        if status != 200 or split()[0] != {a: "0-1", b: "2-3"}:
+            fail("the split before the loss: %d %s" % (status, text))
+        streams = run_streams(port, False, lambda: workers[1].send_signal(signal.SIGKILL))
+        if not all(st.error for st in streams):
+            fail("a request outlived the loss of b without a replica: %s" % [st.error for st in streams])
+        wait_log("coord.log", r"worker %s is lost with no live replica for 1 s: placing the live workers anew" % b,
+                 coord, timeout=30)
+        deadline = time.time() + 30
+        while split()[0] != {a: "0-3"}:
+            if time.time() > deadline:
+                fail("/cluster after the loss: %s" % split()[0])
+            time.sleep(0.1)
+        check_same(run_streams(port, False), expected, "served again by a alone after b was lost")
+    elif case == "slow-place":
+        os.environ["PICO_CACHE_DIR"] = os.path.join(run.tmp, "profiles")  # as in "slow"
+        addresses = ["tcp://127.0.0.1:%d" % free_port() for _ in range(2)]
+        a, b = addresses
+        workers = [start_auto_worker(x, "worker-%d.log" % i) for i, x in enumerate(addresses)]
+        coord, port = start_coord(addresses, ["--replan-when-slow", "2", "--slow-seconds", "1"])
+        held = {w["address"] for st in json.loads(request(port, "GET", "/cluster")[1])["stages"] for w in st["workers"]}
+        for x in addresses:
+            if x not in held:
+                status, text = request(port, "POST", "/cluster/workers", {"address": x})
+                if status != 200:
+                    fail("join of %s: %d %s" % (x, status, text))
+        status, text = request(port, "POST", "/cluster/replan", {"layers": {a: "0-1", b: "2-3"}})
+        if status != 200:
+            fail("the split: %d %s" % (status, text))
+        expected = undisturbed(port, greedy_only=False)
+        if "is slow" in read_log("coord.log"):
+            fail("the undisturbed run moved a stage:\n" + read_log("coord.log"))
+        # b made slow: no replica to move to, so the workers are placed anew with b's
+        # times as slow as it shows: a takes every layer, b stands by.
+        streams = run_streams(port, False, lambda: slow_down(
+            workers[1], r"stage 1: worker %s is slow: .* placing anew with it that slow" % b, coord))
+        wait_log("coord.log", r"placing anew: ", coord, timeout=30)
+        check_same(streams, expected, "placed anew off the slow worker")
+        status, text = request(port, "GET", "/cluster")
+        view = json.loads(text)
+        stages = [(st["layers"], st["active"], [w["address"] for w in st["workers"]]) for st in view["stages"]]
+        if status != 200 or view["slow_moves"] != 1 or stages != [("0-3", a, [a, b])]:
+            fail("/cluster after placing anew off the slow worker: %d %s" % (status, text))
+        if metric(port, "pico:failovers_total") != 0:
+            fail("the slow worker was taken for lost")
+        print(re.search(r"stage 1: worker .* is slow: [^\n]*", read_log("coord.log")).group(0))
+        print(re.search(r"placing anew: [^\n]*", read_log("coord.log")).group(0))
     elif case == "slow":
         # The workers' profiles measured now, by these binaries: the rule compares
         # compute with them, and a shared cache may hold another build's (ASan's).
@@ -388,30 +542,9 @@ try:
         expected = undisturbed(port, greedy_only=False)
         if "is slow" in read_log("coord.log"):
             fail("the undisturbed run moved a stage:\n" + read_log("coord.log"))
-        victim = workers[2]
-        moved = threading.Event()
-
-        def throttle():
-            while not moved.is_set():
-                # Stopped 95 ms of every 100: slow enough that the rule sees it within
-                # its window even while other tests load the machine.
-                victim.send_signal(signal.SIGSTOP)
-                time.sleep(0.095)
-                victim.send_signal(signal.SIGCONT)
-                time.sleep(0.005)
-
-        def slow_down():
-            t = threading.Thread(target=throttle, daemon=True)
-            t.start()
-            try:
-                wait_log("coord.log", r"stage 1: worker %s is slow: .* its replica %s takes its layers" %
-                         (addresses[2], addresses[3]), coord, timeout=30)
-            finally:
-                moved.set()
-                t.join()
-                victim.send_signal(signal.SIGCONT)
-
-        streams = run_streams(port, False, slow_down)
+        streams = run_streams(port, False, lambda: slow_down(
+            workers[2], r"stage 1: worker %s is slow: .* its replica %s takes its layers" % (addresses[2], addresses[3]),
+            coord))
         check_same(streams, expected, "stage 1 moved off its slow worker")
         if not any(running_after):
             fail("the move came only once every stream had ended")
