@@ -196,7 +196,7 @@ void ClusterControl::check_slow() {
                spdlog::warn("{}", why);
                moved_off_[slow_worker] = std::chrono::steady_clock::now();
                ++slow_moves_;
-               return p.activate(i, k);
+               return move_stage(p, i, k);
              },
              true)
       .get();
@@ -227,9 +227,16 @@ void ClusterControl::check_lost() {
   place({});
 }
 
+bool ClusterControl::move_stage(Pipeline& p, size_t i, size_t k) {
+  const auto sequences = engine_.sequences_on_stages();
+  if (sequences && p.stage(i).up() && p.workers(i).at(k)->up()) return !p.hand_over(i, k, *sequences);
+  return p.activate(i, k);
+}
+
 ClusterView ClusterControl::describe(Pipeline& pipeline) {
   ClusterView view;
   view.failovers = pipeline.timings().failovers;
+  view.handed_over_sequences = pipeline.timings().handed_over_sequences;
   view.slow_moves = slow_moves_;
   for (size_t i = 0; i < pipeline.size(); ++i) {
     StageView stage;
@@ -373,8 +380,12 @@ ClusterView ClusterControl::replan(const std::optional<std::string>& drain, bool
                  }
                }
                if (!drained_found) throw StageError("no worker " + *drain + " in the pipeline");
-               for (const auto& [i, k] : moves) any = p.activate(i, k) || any;
-               return any;
+               bool replay = false;
+               for (const auto& [i, k] : moves) {
+                 any = true;
+                 replay = move_stage(p, i, k) || replay;
+               }
+               return replay;
              },
              true)
       .get();
@@ -442,19 +453,22 @@ bool ClusterControl::apply_ranges(Pipeline& p, const std::map<std::string, model
   check_coverage(after, static_cast<int32_t>(identity_.n_layer));
   // Which worker runs each position afterwards, when asked: the moves regroup keeps
   // the workers active before where it can.
-  auto activate_asked = [&] {
-    bool any = false;
+  // With no range moved, the sequences' state is handed over where it can be (true:
+  // replay); after a regroup everything is replayed anyway.
+  auto activate_asked = [&](bool hand_over) {
+    bool replay = false;
     for (const std::string& address : active) {
       for (size_t i = 0; i < p.size(); ++i) {
         const auto workers = p.workers(i);
         for (size_t k = 0; k < workers.size(); ++k) {
-          if (workers[k]->info().name == address && workers[k]->up()) any = p.activate(i, k) || any;
+          if (workers[k]->info().name != address || !workers[k]->up() || k == p.active_worker(i)) continue;
+          replay = (hand_over ? move_stage(p, i, k) : p.activate(i, k)) || replay;
         }
       }
     }
-    return any;
+    return replay;
   };
-  if (moves.empty() && dropped.empty()) return activate_asked();
+  if (moves.empty() && dropped.empty()) return activate_asked(true);
 
   // Each worker takes its range, then is connected afresh once it has loaded it.
   RemoteOptions remote = options_.remote;
@@ -504,7 +518,7 @@ bool ClusterControl::apply_ranges(Pipeline& p, const std::map<std::string, model
     return true;
   }
   p.regroup(std::move(fresh), identity_, dropped);
-  activate_asked();
+  activate_asked(false);
   return true;  // the sequences are replayed: the moved workers dropped theirs
 }
 

@@ -67,6 +67,7 @@ struct PlacementOutcome {
 struct ClusterView {
   std::vector<StageView> stages;
   uint64_t failovers = 0;
+  uint64_t handed_over_sequences = 0;  // moved to another worker by snapshot and restore
   uint64_t slow_moves = 0;  // stages moved off a slow worker by the watch
 };
 
@@ -170,6 +171,10 @@ class ClusterControl {
   bool apply_ranges(Pipeline& p, const std::map<std::string, model::LayerRange>& ranges,
                     const std::vector<std::string>& dropped, const std::vector<std::string>& active,
                     std::optional<std::string>* failed);
+  // Makes worker k of position i active (with nothing in flight): the sequences' state
+  // handed over from the active worker when it can be (no replay: false), else by
+  // Pipeline::activate (true: the caller replays).
+  bool move_stage(Pipeline& p, size_t i, size_t k);
   // place()'s work on the engine thread.
   bool place_on(Pipeline& p, const std::map<std::string, uint64_t>& new_caps, PlacementOutcome& outcome,
                 std::optional<std::string>* failed);

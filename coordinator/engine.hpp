@@ -203,6 +203,11 @@ class Engine {
   // workers (Pipeline::activate), and every sequence is replayed there, as after a
   // failover. The future holds fn's result, or its exception.
   std::future<bool> with_pipeline(std::function<bool(Pipeline&)> fn, bool drain = false);
+  // Inside a draining with_pipeline fn (the engine thread, nothing in flight): the ids of
+  // every sequence whose state is on the stages (running and kept), for
+  // Pipeline::hand_over; nullopt when their state cannot move so (a hybrid model's
+  // checkpoints stay on the worker that made them: those replay).
+  std::optional<std::vector<int32_t>> sequences_on_stages() const;
 
   // Slots on disk (worker/slot_file.hpp), run between steps with none in flight. save:
   // idle slot `slot` (a kept sequence) to file `name` on every stage, each on its own

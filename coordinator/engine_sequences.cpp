@@ -290,6 +290,18 @@ std::future<bool> Engine::with_pipeline(std::function<bool(Pipeline&)> fn, bool 
   return result;
 }
 
+std::optional<std::vector<int32_t>> Engine::sequences_on_stages() const {
+  if (options_.recurrent) return std::nullopt;
+  std::vector<int32_t> ids;
+  for (const auto& sp : active_) {
+    if (!sp->kv_released) ids.push_back(sp->kv_id);
+  }
+  for (const Kept& k : kept_) ids.push_back(k.kv_id);
+  std::sort(ids.begin(), ids.end());
+  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+  return ids;
+}
+
 bool Engine::run_pipeline_tasks(bool nothing_in_flight) {
   std::deque<PipelineTask> due;
   bool draining = false;

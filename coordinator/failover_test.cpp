@@ -5,7 +5,9 @@
 
 #include <algorithm>
 #include <condition_variable>
+#include <cstring>
 #include <functional>
+#include <future>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -232,7 +234,30 @@ struct FakeModel {
       auto shared = std::make_shared<StepOutput>(std::move(o));
       last->answers.push_back([shared] { return std::move(*shared); });
     };
+    // Stage 1's state as its snapshots carry it: the tokens held, 4 bytes each.
+    for (FakeStage* w : {r.a, r.b}) {
+      w->on_snapshot = [this, w](int32_t seq) -> std::optional<std::vector<uint8_t>> {
+        ++snapshots;
+        if (fail_snapshots) throw StageError("worker " + w->info().name + ": no answer to a snapshot request");
+        const auto held = kv[w].find(seq);
+        if (held == kv[w].end()) return std::nullopt;
+        std::vector<uint8_t> bytes(held->second.size() * sizeof(int32_t));
+        std::memcpy(bytes.data(), held->second.data(), bytes.size());
+        return bytes;
+      };
+      // As a worker: its first plan from this session drops whatever it held.
+      w->on_plan = [this, w] {
+        if (w->plans == 1) kv[w].clear();
+      };
+      w->on_restore = [this, w](int32_t seq, std::span<const uint8_t> state) {
+        std::vector<int32_t>& held = kv[w][seq];
+        held.resize(state.size() / sizeof(int32_t));
+        std::memcpy(held.data(), state.data(), state.size());
+      };
+    }
   }
+  std::atomic<int> snapshots = 0;
+  bool fail_snapshots = false;
   // Runs 6 requests (3 greedy, 3 seeded at temperature 1) to the end; their tokens,
   // or "error: ..." for a failed one.
   std::vector<std::string> run(SchedulerOptions options, std::function<void(Engine&)> meanwhile = {}) {
@@ -341,6 +366,47 @@ TEST(Failover, AStageMovedWhileRequestsRunKeepsEveryToken) {
   EXPECT_EQ(&m.r.pipeline->stage(1), m.r.b);
 }
 
+// The same move with the sequences' state handed over (snapshot on the worker moved
+// away from, restore on the replica): nothing is replayed, and every token is as
+// undisturbed.
+TEST(Failover, AStageHandedOverWhileRequestsRunReplaysNothing) {
+  FakeModel calm;
+  const std::vector<std::string> expected = calm.run(small_steps());
+  FakeModel m;
+  m.pause_at = 12;
+  size_t sequences = 0;
+  EngineMetrics metrics;
+  const auto got = m.run(small_steps(), [&](Engine& engine) {
+    while (m.submits < m.pause_at) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    auto done = engine.with_pipeline(
+        [&](Pipeline& p) {
+          const auto held = engine.sequences_on_stages();
+          EXPECT_TRUE(held.has_value());
+          sequences = held->size();
+          EXPECT_TRUE(p.hand_over(1, 1, *held));
+          return false;
+        },
+        true);
+    m.resume = true;
+    EXPECT_FALSE(done.get());
+  });
+  EXPECT_EQ(got, expected);
+  EXPECT_EQ(&m.r.pipeline->stage(1), m.r.b);
+  EXPECT_EQ(sequences, 6u);  // every request was running
+  EXPECT_EQ(m.r.pipeline->timings().handed_over_sequences, 6u);
+  EXPECT_GE(m.snapshots, 6);
+  // Moved, not replayed: every position computed once (the calm run's count), and the
+  // old worker closed each sequence.
+  size_t calm_positions = 0, positions = 0;
+  for (const auto& [seq, tokens] : calm.kv[calm.r.a]) calm_positions += tokens.size();
+  for (const auto& [seq, tokens] : m.kv[m.r.b]) positions += tokens.size();
+  EXPECT_EQ(positions, calm_positions);
+  for (const auto& [seq, tokens] : m.kv[m.r.a]) {
+    EXPECT_NE(std::find(m.r.a->closes.begin(), m.r.a->closes.end(), seq), m.r.a->closes.end()) << seq;
+  }
+  EXPECT_EQ(m.r.pipeline->timings().failovers, 0u);
+}
+
 TEST(Replicas, AJoiningWorkerReplicatesAStagesRange) {
   ReplicatedPipeline r;
   EXPECT_EQ(r.pipeline->add_replica(std::make_unique<FakeStage>(model::LayerRange{0, 2}, fake_identity(), 0, "w0b"),
@@ -406,6 +472,35 @@ TEST(ClusterControl, MovesStagesToFasterWorkersByTheirProfiles) {
   EXPECT_THROW(control.replan(std::string("w9")), StageError);
   EXPECT_EQ(&m.r.pipeline->stage(1), m.r.a);
   EXPECT_FALSE(control.view().stages[1].workers[1].up);
+}
+
+// A snapshot that fails: the move falls back to a replay (ClusterControl::move_stage),
+// and nothing is lost either.
+TEST(Failover, AFailedHandOverFallsBackToAReplay) {
+  FakeModel calm;
+  const std::vector<std::string> expected = calm.run(small_steps());
+  FakeModel m;
+  m.pause_at = 12;
+  m.fail_snapshots = true;
+  m.r.a->info_for_test().profile = uniform_profile(1e-3);
+  m.r.b->info_for_test().profile = uniform_profile(0.5e-3);
+  bool moved = false;
+  const auto got = m.run(small_steps(), [&](Engine& engine) {
+    while (m.submits < m.pause_at) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    auto replanned = std::async(std::launch::async, [&] {
+      ClusterControl control(engine, fake_identity(), {});
+      control.replan(std::nullopt, &moved);
+    });
+    // The replan waits for the engine thread, which is paused mid-step until resumed.
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    m.resume = true;
+    replanned.get();
+  });
+  EXPECT_TRUE(moved);
+  EXPECT_EQ(got, expected);
+  EXPECT_EQ(&m.r.pipeline->stage(1), m.r.b);
+  EXPECT_EQ(m.r.pipeline->timings().handed_over_sequences, 0u);
+  EXPECT_GE(m.snapshots, 1);
 }
 
 }  // namespace

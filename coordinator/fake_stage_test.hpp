@@ -31,6 +31,7 @@ class FakeStage final : public Stage {
     ++plans;
     chain_to = chain;
     plan_order.push_back(info_.name);
+    if (on_plan) on_plan();
   }
   void submit(uint64_t step, std::span<const model::BatchToken> batch,
               std::span<const protocol::LogitsOutput> outputs, const ChainGrant& chain) override {
@@ -50,8 +51,12 @@ class FakeStage final : public Stage {
     return answer();
   }
   StageStats stats() override { return {}; }
-  std::optional<std::vector<uint8_t>> snapshot(int32_t) override { return std::nullopt; }
-  void restore(int32_t, std::span<const uint8_t>) override {}
+  std::optional<std::vector<uint8_t>> snapshot(int32_t seq) override {
+    return on_snapshot ? on_snapshot(seq) : std::nullopt;
+  }
+  void restore(int32_t seq, std::span<const uint8_t> state) override {
+    if (on_restore) on_restore(seq, state);
+  }
   bool remote() const override { return true; }
   int64_t clock_offset_nanos() const override { return offset_; }
   bool up() override { return is_up; }
@@ -71,6 +76,9 @@ class FakeStage final : public Stage {
   std::function<void(uint64_t, std::span<const model::BatchToken>)> on_submit;
   std::vector<int32_t> closes;
   std::function<void(int32_t)> on_close;
+  std::function<void()> on_plan;
+  std::function<std::optional<std::vector<uint8_t>>(int32_t)> on_snapshot;  // default: not open
+  std::function<void(int32_t, std::span<const uint8_t>)> on_restore;
   int plans = 0;
   std::atomic<int> rejoins = 0;
   std::atomic<bool> is_up = true, comes_back = true;  // set by a test while an engine runs

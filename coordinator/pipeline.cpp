@@ -246,6 +246,42 @@ size_t Pipeline::add_replica(std::unique_ptr<Stage> stage, const protocol::Model
                    ", which are no stage's: a joining worker replicates a stage's range");
 }
 
+bool Pipeline::hand_over(size_t i, size_t k, std::span<const int32_t> sequences) {
+  Position& p = positions_.at(i);
+  if (k >= p.workers.size() || k == p.current) {
+    throw StageError("stage " + std::to_string(i) + ": worker " + std::to_string(k) + " is no replica to hand over to");
+  }
+  Stage& from = p.active();
+  Stage& to = *p.workers[k];
+  if (!from.up() || !to.up()) throw StageError("worker " + (from.up() ? to : from).info().name + " is not up");
+  const size_t old = p.current;
+  // Planned first: a worker's first plan from this session drops whatever it holds.
+  switch_to(i, k);
+  inflight_.clear();
+  plan_all();
+  uint64_t moved = 0, bytes = 0;
+  try {
+    for (const int32_t seq : sequences) {
+      const auto state = from.snapshot(seq);
+      if (!state) continue;  // not open there (nothing computed for it yet)
+      to.restore(seq, *state);
+      bytes += state->size();
+      ++moved;
+    }
+    for (const int32_t seq : sequences) from.close(seq);
+  } catch (const StageError& e) {
+    spdlog::warn("stage {}: handing the sequences over from {} to {} failed ({}); they are replayed", i,
+                 from.info().name, to.info().name, e.what());
+    return false;  // switch_to left the old worker the replay's closes
+  }
+  p.holds_closed[old] = false;  // it has none of them now
+  spdlog::info("stage {}: worker {} takes layers {} from {} with the state of {} sequence(s) ({:.1f} MiB)", i,
+               to.info().name, layers_text(to.info()), from.info().name, moved, static_cast<double>(bytes) / (1 << 20));
+  std::lock_guard lock(timings_mutex_);
+  timings_.handed_over_sequences += moved;
+  return true;
+}
+
 bool Pipeline::activate(size_t i, size_t k) {
   Position& p = positions_.at(i);
   if (k >= p.workers.size()) throw StageError("stage " + std::to_string(i) + " has no worker " + std::to_string(k));

@@ -39,6 +39,7 @@ struct PipelineTimings {
   double logits_transfer_seconds = 0;  // last stage back to the coordinator
   uint64_t chained_steps = 0;          // finished steps the last stage had started itself
   uint64_t failovers = 0;              // lost workers replaced by a replica (Pipeline::fail_over)
+  uint64_t handed_over_sequences = 0;  // sequences whose state moved to another worker (Pipeline::hand_over)
 };
 
 // One finished step at a position, on its active worker: its compute time (the
@@ -93,6 +94,14 @@ class Pipeline {
   // again; the steps in flight are abandoned and the caller replays its sequences, as
   // after fail_over(). False when it was active already. Throws StageError otherwise.
   bool activate(size_t i, size_t k);
+  // As activate() (worker k, up, not the active one, becomes active; every stage is
+  // planned again), but the sequences' state moves from the worker active before (up)
+  // to worker k, same layers, by snapshot and restore (each then closed on the old
+  // worker), so that the caller replays nothing: every other stage keeps its state.
+  // False when a snapshot or restore failed: worker k is active all the same, and the
+  // caller replays (its closes reach both workers). Throws StageError, changing
+  // nothing, when k is no replica or either worker is not up.
+  bool hand_over(size_t i, size_t k, std::span<const int32_t> sequences);
   // After workers took other ranges (a --layers auto worker moved by Assign): `moved`
   // holds their new connections, each replacing the worker of its name. The workers
   // are grouped into positions by range in layer order, a worker active before staying

@@ -53,7 +53,10 @@ json to_json(const ClusterView& view) {
     }
     stages.push_back(std::move(stage));
   }
-  return {{"stages", std::move(stages)}, {"failovers", view.failovers}, {"slow_moves", view.slow_moves}};
+  return {{"stages", std::move(stages)},
+          {"failovers", view.failovers},
+          {"slow_moves", view.slow_moves},
+          {"handed_over_sequences", view.handed_over_sequences}};
 }
 
 ClusterControl& control(Session& s) {

@@ -406,6 +406,9 @@ awaitable<void> metrics(Session& s) {
   metric("pico:steps_total", "counter", "Pipeline steps completed.", static_cast<double>(m.steps));
   metric("pico:failovers_total", "counter", "Lost workers replaced by a replica.",
          static_cast<double>(m.timings.failovers));
+  metric("pico:handed_over_sequences_total", "counter",
+         "Sequences whose state moved to another worker of their stage by snapshot and restore (no replay).",
+         static_cast<double>(m.timings.handed_over_sequences));
   metric("pico:replayed_tokens_total", "counter", "Positions computed again on replicas after a failover.",
          static_cast<double>(m.replayed_tokens));
   metric("pico:checkpoints", "gauge", "Recurrent-state checkpoints the sequences hold (hybrid models).",

@@ -19,8 +19,9 @@ CASE:
   join        a `--layers auto` worker added to the running cluster (POST
               /cluster/workers) is given the range of a stage (GET /cluster shows it);
               that stage's worker is drained mid-generation (POST /cluster/replan) and
-              the joined one takes its layers: 8 streams end with exactly the tokens of
-              the undisturbed run; the drained worker, then killed, costs nothing.
+              the joined one takes its layers with the sequences' state handed over
+              (snapshot, restore: nothing replayed): 8 streams end with exactly the
+              tokens of the undisturbed run; the drained worker, then killed, costs nothing.
               Refused, naming why: draining a worker without a replica, an unknown one,
               a joining worker whose layers are no stage's.
   move        two `--layers auto` workers (the one placement leaves out joins as a
@@ -338,6 +339,11 @@ try:
         if status != 200 or not json.loads(text)["moved"] or json.loads(text)["stages"][0]["active"] != addresses[2]:
             fail("drain: %d %s" % (status, text))
         check_same(streams, expected, "stage 0 moved to the joined worker mid-generation")
+        # The drained worker was up: the sequences' state was handed over, nothing replayed.
+        handed, replayed = metric(port, "pico:handed_over_sequences_total"), metric(port, "pico:replayed_tokens_total")
+        if handed < 8 or replayed != 0:
+            fail("the drain handed over %d sequences and replayed %d tokens" % (handed, replayed))
+        print("the drain handed over %d sequences' state; nothing replayed" % handed)
         if not any(running_after):
             fail("the drain returned only once every stream had ended: it did not move mid-generation")
         streams = run_streams(port, False, lambda: workers[0].send_signal(signal.SIGKILL))
