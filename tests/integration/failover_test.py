@@ -208,6 +208,30 @@ def replicated_cluster(extra=()):
     return addresses, layers, workers, coord, port
 
 
+def split_of(port):
+    """Each worker's layers in the pipeline ({address: "A-B"}) and /cluster's view."""
+    status, text = request(port, "GET", "/cluster")
+    if status != 200:
+        fail("/cluster: %d %s" % (status, text))
+    view = json.loads(text)
+    return {w["address"]: st["layers"] for st in view["stages"] for w in st["workers"]}, view
+
+
+def auto_cluster(extra=()):
+    """Two `--layers auto` workers under pico-coord; the one placement leaves out joins
+    as a replica. Returns (addresses, workers, coord, port)."""
+    addresses = ["tcp://127.0.0.1:%d" % free_port() for _ in range(2)]
+    workers = [start_auto_worker(x, "worker-%d.log" % i) for i, x in enumerate(addresses)]
+    coord, port = start_coord(addresses, extra)
+    for x in addresses:
+        if x not in split_of(port)[0]:
+            status, text = request(port, "POST", "/cluster/workers", {"address": x})
+            if status != 200:
+                fail("join of %s: %d %s" % (x, status, text))
+    print("placed: %s" % split_of(port)[0])
+    return addresses, workers, coord, port
+
+
 def slow_down(victim, moved_log, coord):
     """Stops victim 95 ms of every 100 until pico-coord's log says moved_log: slow
     enough that the slow-worker rule sees it within its window even while other tests
@@ -367,25 +391,8 @@ try:
         if status != 200 or json.loads(text)["stages"][1]["replicas"] != 0:
             fail("/cluster: %d %s" % (status, text))
     elif case == "move":
-        addresses = ["tcp://127.0.0.1:%d" % free_port() for _ in range(2)]
-        workers = [start_auto_worker(a, "worker-%d.log" % i) for i, a in enumerate(addresses)]
-        coord, port = start_coord(addresses)
-
-        def split():
-            status, text = request(port, "GET", "/cluster")
-            if status != 200:
-                fail("/cluster: %d %s" % (status, text))
-            view = json.loads(text)
-            return {w["address"]: st["layers"] for st in view["stages"] for w in st["workers"]}, view
-
-        held, view = split()
-        for a in addresses:
-            if a not in held:  # left out by the placement: it replicates a stage
-                status, text = request(port, "POST", "/cluster/workers", {"address": a})
-                if status != 200:
-                    fail("join of %s: %d %s" % (a, status, text))
-        held, view = split()
-        print("placed: %s" % held)
+        addresses, workers, coord, port = auto_cluster()
+        held, view = split_of(port)
         expected = undisturbed(port, greedy_only=False)
         first = {addresses[0]: "0-1", addresses[1]: "2-3"}
         second = {addresses[0]: "0-0", addresses[1]: "1-3"}
@@ -399,13 +406,13 @@ try:
         check_same(streams, expected, "the workers moved to %s mid-generation" % first)
         if not any(running_after):
             fail("the move returned only once every stream had ended: it did not move mid-generation")
-        held, view = split()
+        held, view = split_of(port)
         if held != first or len(view["stages"]) != 2:
             fail("/cluster after the move: %s" % held)
         for i, a in enumerate(addresses):
             wait_log("worker-%d.log" % i, r"layers %s of 4" % first[a], workers[i], timeout=5)
         status, text = request(port, "POST", "/cluster/replan", {"layers": second})
-        if status != 200 or split()[0] != second:
+        if status != 200 or split_of(port)[0] != second:
             fail("second move: %d %s" % (status, text))
         check_same(run_streams(port, False), expected, "after a second move to %s" % second)
         for body, why in (({"layers": {addresses[0]: "0-0", addresses[1]: "2-3"}}, "no stage holds layers 1-1"),
@@ -417,33 +424,17 @@ try:
             if status != 400 or why not in text:
                 fail("%s: %d %s" % (body, status, text))
             print("refused: %s" % json.loads(text)["error"]["message"])
-        if split()[0] != second:
-            fail("a refused move changed the split: %s" % split()[0])
+        if split_of(port)[0] != second:
+            fail("a refused move changed the split: %s" % split_of(port)[0])
         if metric(port, "pico:failovers_total") != 0:
             fail("a move was counted as a failover")
     elif case == "place":
-        addresses = ["tcp://127.0.0.1:%d" % free_port() for _ in range(2)]
+        addresses, workers, coord, port = auto_cluster(["--replan-on-join", "--replan-on-loss", "1"])
         a, b = addresses
-        workers = [start_auto_worker(x, "worker-%d.log" % i) for i, x in enumerate(addresses)]
-        coord, port = start_coord(addresses, ["--replan-on-join", "--replan-on-loss", "1"])
-
-        def split():
-            status, text = request(port, "GET", "/cluster")
-            if status != 200:
-                fail("/cluster: %d %s" % (status, text))
-            view = json.loads(text)
-            return {w["address"]: st["layers"] for st in view["stages"] for w in st["workers"]}, view
-
-        for x in addresses:
-            if x not in split()[0]:  # left out by the placement: it joins, and placing anew keeps it
-                status, text = request(port, "POST", "/cluster/workers", {"address": x})
-                if status != 200:
-                    fail("join of %s: %d %s" % (x, status, text))
-        print("placed: %s" % split()[0])
         expected = undisturbed(port, greedy_only=False)
         # A split of our own, for placing anew to undo.
         status, text = request(port, "POST", "/cluster/replan", {"layers": {a: "0-1", b: "2-3"}})
-        if status != 200 or split()[0] != {a: "0-1", b: "2-3"}:
+        if status != 200 or split_of(port)[0] != {a: "0-1", b: "2-3"}:
             fail("the split of our own: %d %s" % (status, text))
         # Placed anew mid-generation with b allowed 4 KiB, less than any layer: a takes
         # every layer, b leaves the pipeline.
@@ -462,8 +453,8 @@ try:
         check_same(streams, expected, "placed anew mid-generation (a takes every layer, b leaves)")
         if not any(running_after):
             fail("placing anew returned only once every stream had ended: it did not move mid-generation")
-        if split()[0] != {a: "0-3"}:
-            fail("/cluster after placing anew: %s" % split()[0])
+        if split_of(port)[0] != {a: "0-3"}:
+            fail("/cluster after placing anew: %s" % split_of(port)[0])
         wait_log("worker-0.log", r"layers 0-3 of 4", workers[0], timeout=5)
         for body, why in (({"place": True, "memory": {a: 4096}}, "no placement of the model's 4 layers fits"),
                           ({"place": True, "memory": {"tcp://127.0.0.1:1": "1G"}}, "no worker tcp://127.0.0.1:1"),
@@ -474,8 +465,8 @@ try:
             if status != 400 or why not in text:
                 fail("%s: %d %s" % (body, status, text))
             print("refused: %s" % json.loads(text)["error"]["message"])
-        if split()[0] != {a: "0-3"}:
-            fail("a refused placement changed the split: %s" % split()[0])
+        if split_of(port)[0] != {a: "0-3"}:
+            fail("a refused placement changed the split: %s" % split_of(port)[0])
         status, text = request(port, "POST", "/cluster/replan", {"place": True})
         if status != 200 or json.loads(text)["placement"]["moved"]:
             fail("placing anew again moved: %d %s" % (status, text))
@@ -486,14 +477,14 @@ try:
         streams = run_streams(port, False, lambda: joined.append(
             request(port, "POST", "/cluster/workers", {"address": b, "memory": "64G"})))
         status, text = joined[0]
-        if status != 200 or b not in split()[0]:
+        if status != 200 or b not in split_of(port)[0]:
             fail("b joined again: %d %s" % (status, text))
-        print("b joined again: %s" % split()[0])
+        print("b joined again: %s" % split_of(port)[0])
         check_same(streams, expected, "b joined again mid-generation")
         # Lost with no replica: the requests in flight fail, then (--replan-on-loss 1)
         # the live worker is placed anew with every layer and serves again.
         status, text = request(port, "POST", "/cluster/replan", {"layers": {a: "0-1", b: "2-3"}})
-        if status != 200 or split()[0] != {a: "0-1", b: "2-3"}:
+        if status != 200 or split_of(port)[0] != {a: "0-1", b: "2-3"}:
             fail("the split before the loss: %d %s" % (status, text))
         streams = run_streams(port, False, lambda: workers[1].send_signal(signal.SIGKILL))
         if not all(st.error for st in streams):
@@ -501,23 +492,15 @@ try:
         wait_log("coord.log", r"worker %s is lost with no live replica for 1 s: placing the live workers anew" % b,
                  coord, timeout=30)
         deadline = time.time() + 30
-        while split()[0] != {a: "0-3"}:
+        while split_of(port)[0] != {a: "0-3"}:
             if time.time() > deadline:
-                fail("/cluster after the loss: %s" % split()[0])
+                fail("/cluster after the loss: %s" % split_of(port)[0])
             time.sleep(0.1)
         check_same(run_streams(port, False), expected, "served again by a alone after b was lost")
     elif case == "slow-place":
         os.environ["PICO_CACHE_DIR"] = os.path.join(run.tmp, "profiles")  # as in "slow"
-        addresses = ["tcp://127.0.0.1:%d" % free_port() for _ in range(2)]
+        addresses, workers, coord, port = auto_cluster(["--replan-when-slow", "2", "--slow-seconds", "1"])
         a, b = addresses
-        workers = [start_auto_worker(x, "worker-%d.log" % i) for i, x in enumerate(addresses)]
-        coord, port = start_coord(addresses, ["--replan-when-slow", "2", "--slow-seconds", "1"])
-        held = {w["address"] for st in json.loads(request(port, "GET", "/cluster")[1])["stages"] for w in st["workers"]}
-        for x in addresses:
-            if x not in held:
-                status, text = request(port, "POST", "/cluster/workers", {"address": x})
-                if status != 200:
-                    fail("join of %s: %d %s" % (x, status, text))
         status, text = request(port, "POST", "/cluster/replan", {"layers": {a: "0-1", b: "2-3"}})
         if status != 200:
             fail("the split: %d %s" % (status, text))
