@@ -541,12 +541,13 @@ bool ClusterControl::place_on(Pipeline& p, const std::map<std::string, uint64_t>
     std::lock_guard lock(caps_mutex_);
     caps = options_.memory_caps;
   }
-  for (const auto& [address, bytes] : new_caps) {
-    const auto all = p.all_stages();
+  const auto all = p.all_stages();
+  for (const auto& cap : new_caps) {
+    const std::string& address = cap.first;
     if (std::none_of(all.begin(), all.end(), [&](Stage* s) { return s->info().name == address; })) {
       throw StageError("no worker " + address + " in the pipeline (its 'memory')");
     }
-    caps[address] = bytes;
+    caps[address] = cap.second;
   }
   // Who can be placed: every live worker (each must be movable); the lost ones leave.
   std::vector<RemoteStage*> live;
