@@ -203,6 +203,22 @@ void ClusterControl::check_slow() {
 }
 
 void ClusterControl::check_lost() {
+  // Workers that left the pipeline lost are looked for again: one back joins (and,
+  // with replan_on_join, the cluster is placed anew with it).
+  std::vector<std::string> departed;
+  if (const auto now = std::chrono::steady_clock::now(); now - departed_looked_ >= std::chrono::seconds(2)) {
+    departed_looked_ = now;  // each costs up to a second when it is not back
+    std::lock_guard lock(caps_mutex_);
+    departed = departed_;
+  }
+  for (const std::string& address : departed) {
+    try {
+      join_within(address, std::nullopt, 1000);
+      spdlog::info("worker {} is back: it joined the pipeline", address);
+    } catch (const std::exception& e) {
+      spdlog::debug("worker {} is not back: {}", address, e.what());
+    }
+  }
   std::string lost;  // an active worker lost with no live replica
   engine_.with_pipeline([&](Pipeline& p) {
            for (size_t i = 0; i < p.size() && lost.empty(); ++i) {
@@ -280,6 +296,11 @@ ClusterView ClusterControl::view() {
 }
 
 ClusterView ClusterControl::join(const std::string& address, std::optional<uint64_t> memory_cap) {
+  return join_within(address, memory_cap, options_.remote.connect_timeout_ms);
+}
+
+ClusterView ClusterControl::join_within(const std::string& address, std::optional<uint64_t> memory_cap,
+                                        int connect_timeout_ms) {
   if (options_.remote.curve) {
     // Every stage accepts the keys its plan names (Plan.acceptKeys), fixed at connect.
     throw StageError("worker " + address + ": a CURVE cluster takes no worker at run time; list it in the config");
@@ -289,7 +310,12 @@ ClusterView ClusterControl::join(const std::string& address, std::optional<uint6
     options_.memory_caps[address] = *memory_cap;
   }
   RemoteOptions remote = options_.remote;
+  remote.connect_timeout_ms = connect_timeout_ms;
   auto stage = std::make_unique<RemoteStage>(address, remote);
+  {
+    std::lock_guard lock(caps_mutex_);
+    std::erase(departed_, address);
+  }
   {
     // A `--layers auto` worker replicates the stage with the fewest live workers: one
     // waiting for its layers, or one whose range is no stage's (left out by an
@@ -666,7 +692,14 @@ bool ClusterControl::place_on(Pipeline& p, const std::map<std::string, uint64_t>
                                  usable ? "a worker holds more than its memory" : "a lost active worker",
                                  placement.tokens_per_second);
   out.moved = true;
-  return apply_ranges(p, ranges, dropped, active, failed);
+  const bool replay = apply_ranges(p, ranges, dropped, active, failed);
+  if (!*failed) {
+    std::lock_guard lock(caps_mutex_);
+    for (const std::string& address : lost) {
+      if (std::find(departed_.begin(), departed_.end(), address) == departed_.end()) departed_.push_back(address);
+    }
+  }
+  return replay;
 }
 
 }  // namespace pico::coordinator

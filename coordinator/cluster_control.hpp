@@ -117,7 +117,8 @@ class ClusterControl {
     std::map<std::string, uint64_t> memory_caps;  // per worker address: what placement may plan on it
     // When an active worker is lost with no live replica for this long (0: never), the
     // live workers are placed anew (all must be --layers auto), so that new requests
-    // are served again.
+    // are served again; the lost workers then left are looked for (every look of the
+    // watch) and join again when back.
     double replan_on_loss_seconds = 0;
   };
   ClusterControl(Engine& engine, protocol::ModelIdentity identity, Options options);
@@ -175,6 +176,7 @@ class ClusterControl {
   // handed over from the active worker when it can be (no replay: false), else by
   // Pipeline::activate (true: the caller replays).
   bool move_stage(Pipeline& p, size_t i, size_t k);
+  ClusterView join_within(const std::string& address, std::optional<uint64_t> memory_cap, int connect_timeout_ms);
   // place()'s work on the engine thread.
   bool place_on(Pipeline& p, const std::map<std::string, uint64_t>& new_caps, PlacementOutcome& outcome,
                 std::optional<std::string>* failed);
@@ -189,6 +191,8 @@ class ClusterControl {
     std::chrono::steady_clock::time_point until;
   };
   std::map<std::string, Slowdown> slowdowns_;  // workers the watch saw slow, for place()
+  std::vector<std::string> departed_;           // lost workers a placement dropped: the watch looks for them
+  std::chrono::steady_clock::time_point departed_looked_{};  // the watch's thread only
   std::optional<std::chrono::steady_clock::time_point> lost_since_;  // the watch's thread only
   std::mutex watch_mutex_;
   std::condition_variable watch_cv_;

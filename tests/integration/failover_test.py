@@ -38,7 +38,8 @@ CASE:
               mid-generation (--replan-on-join places anew with it: it takes part;
               every token as undisturbed), then is killed on
               a split without a replica: the requests fail, and --replan-on-loss 1
-              places a alone on every layer, which serves the same tokens.
+              places a alone on every layer, which serves the same tokens. b
+              restarted is found by the watch and joins again; the same tokens.
   slow-place  two `--layers auto` workers on a split without replicas, the same
               watch: stage 1's worker made slow mid-generation is no longer given
               layers: placed anew with its times scaled by how slow it shows, the
@@ -497,6 +498,14 @@ try:
                 fail("/cluster after the loss: %s" % split_of(port)[0])
             time.sleep(0.1)
         check_same(run_streams(port, False), expected, "served again by a alone after b was lost")
+        # b back at its address: the watch finds it, it joins, and the cluster is placed
+        # anew with it (--replan-on-join).
+        workers.append(start_auto_worker(b, "worker-1b.log"))
+        wait_log("coord.log", r"worker %s is back: it joined the pipeline" % b, coord, timeout=30)
+        if b not in split_of(port)[0]:
+            fail("b back is not in the pipeline: %s" % split_of(port)[0])
+        print("b back: %s" % split_of(port)[0])
+        check_same(run_streams(port, False), expected, "after b came back")
     elif case == "slow-place":
         os.environ["PICO_CACHE_DIR"] = os.path.join(run.tmp, "profiles")  # as in "slow"
         addresses, workers, coord, port = auto_cluster(["--replan-when-slow", "2", "--slow-seconds", "1"])
