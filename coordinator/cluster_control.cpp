@@ -364,8 +364,16 @@ ClusterView ClusterControl::join_within(const std::string& address, std::optiona
              return false;
            })
         .get();
-    if (movable && options_.placement) return place({});
-    replan(std::nullopt);
+    // The worker has joined either way: a refusal to move is logged, not thrown.
+    try {
+      if (movable && options_.placement) {
+        place({});
+      } else {
+        replan(std::nullopt);
+      }
+    } catch (const StageError& e) {
+      spdlog::warn("after worker {} joined: {}", address, e.what());
+    }
   }
   return view();
 }

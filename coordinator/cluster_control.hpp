@@ -2,9 +2,11 @@
 // active one and its replicas) with their health and measures; a worker joining at run
 // time (a replica of a stage's range; a `--layers auto` worker is given the range of
 // the stage with the fewest live workers); moving a stage to another of its workers
-// (draining one for maintenance, or to the fastest by their measures), the sequences
-// following by replay; and, when asked, a watch that moves a stage off a worker that
-// stays slow. Everything that touches the pipeline runs on the engine's thread
+// (draining one for maintenance, or to the fastest by their measures), the sequences'
+// state handed over (or replayed); giving `--layers auto` workers other ranges, by
+// name or by placing the cluster anew from fresh measures; and, when asked, a watch
+// that moves a stage off a worker that stays slow and places anew after a loss.
+// Everything that touches the pipeline runs on the engine's thread
 // (Engine::with_pipeline); joining connects from the caller's thread first.
 #pragma once
 

@@ -1,6 +1,7 @@
 // /cluster: the pipeline's stages with their workers (active, replicas), health and
 // measures; POST /cluster/workers adds a worker at run time; POST /cluster/replan
-// moves stages to other workers (ClusterControl). The work waits for the engine thread
+// moves stages to other workers, gives --layers auto workers other ranges, or places
+// the cluster anew (ClusterControl). The work waits for the engine thread
 // (and a joining worker may load its layers first), so it runs on a thread of its own
 // while the connection's coroutine waits on a timer.
 #include <functional>
