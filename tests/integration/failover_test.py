@@ -553,6 +553,8 @@ try:
         if metric(port, "pico:failovers_total") != 0:
             fail("the slow worker was taken for lost")
         print(re.search(r"stage 1: worker .* is slow: [^\n]*", read_log("coord.log")).group(0))
+        print("handed over: %d sequences; replayed: %d tokens" % (
+            metric(port, "pico:handed_over_sequences_total"), metric(port, "pico:replayed_tokens_total")))
     else:
         print("unknown case", case)
         raise SystemExit(2)
