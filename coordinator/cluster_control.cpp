@@ -556,19 +556,20 @@ bool ClusterControl::apply_ranges(Pipeline& p, const std::map<std::string, model
   return true;  // the sequences are replayed: the moved workers dropped theirs
 }
 
-ClusterView ClusterControl::place(const std::map<std::string, uint64_t>& memory_caps, PlacementOutcome* outcome) {
+ClusterView ClusterControl::place(const std::map<std::string, uint64_t>& memory_caps, PlacementOutcome* outcome,
+                                  bool dry_run) {
   if (!options_.placement) throw StageError("this pico-coord was started without what placement needs");
   PlacementOutcome out;
   std::optional<std::string> failed;
-  engine_.with_pipeline([&](Pipeline& p) { return place_on(p, memory_caps, out, &failed); }, true).get();
+  engine_.with_pipeline([&](Pipeline& p) { return place_on(p, memory_caps, dry_run, out, &failed); }, true).get();
   if (failed) throw StageError(*failed);
   spdlog::info("placing anew: {}", out.why);
   if (outcome) *outcome = std::move(out);
   return view();
 }
 
-bool ClusterControl::place_on(Pipeline& p, const std::map<std::string, uint64_t>& new_caps, PlacementOutcome& out,
-                              std::optional<std::string>* failed) {
+bool ClusterControl::place_on(Pipeline& p, const std::map<std::string, uint64_t>& new_caps, bool dry_run,
+                              PlacementOutcome& out, std::optional<std::string>* failed) {
   constexpr uint64_t kProbeBytes = 1u << 20;
   std::map<std::string, uint64_t> caps;
   {
@@ -637,7 +638,7 @@ bool ClusterControl::place_on(Pipeline& p, const std::map<std::string, uint64_t>
   } catch (const PlacementError& e) {
     throw StageError(e.what());
   }
-  {
+  if (!dry_run) {
     std::lock_guard lock(caps_mutex_);
     for (const auto& [address, bytes] : new_caps) options_.memory_caps[address] = bytes;
   }
@@ -699,6 +700,10 @@ bool ClusterControl::place_on(Pipeline& p, const std::map<std::string, uint64_t>
                    : fmt::format("the running split is unusable ({}); the placement predicts {:.2f} tok/s",
                                  usable ? "a worker holds more than its memory" : "a lost active worker",
                                  placement.tokens_per_second);
+  if (dry_run) {
+    out.why = "dry run: it would move: " + out.why;
+    return false;
+  }
   out.moved = true;
   const bool replay = apply_ranges(p, ranges, dropped, active, failed);
   if (!*failed) {

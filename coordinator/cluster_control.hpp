@@ -156,7 +156,10 @@ class ClusterControl {
   // tok/s, moves to it as move_layers does: the placed workers take their ranges in
   // its order, those left out stand by for a range they can hold or leave the
   // pipeline, as do lost workers. No request fails. Throws StageError (nothing moved).
-  ClusterView place(const std::map<std::string, uint64_t>& memory_caps, PlacementOutcome* outcome = nullptr);
+  // dry_run: measures, places and says what it would do (outcome), moving nothing and
+  // keeping no cap.
+  ClusterView place(const std::map<std::string, uint64_t>& memory_caps, PlacementOutcome* outcome = nullptr,
+                    bool dry_run = false);
 
  private:
   ClusterView describe(Pipeline& pipeline);
@@ -180,7 +183,7 @@ class ClusterControl {
   bool move_stage(Pipeline& p, size_t i, size_t k);
   ClusterView join_within(const std::string& address, std::optional<uint64_t> memory_cap, int connect_timeout_ms);
   // place()'s work on the engine thread.
-  bool place_on(Pipeline& p, const std::map<std::string, uint64_t>& new_caps, PlacementOutcome& outcome,
+  bool place_on(Pipeline& p, const std::map<std::string, uint64_t>& new_caps, bool dry_run, PlacementOutcome& outcome,
                 std::optional<std::string>* failed);
   Engine& engine_;
   protocol::ModelIdentity identity_;

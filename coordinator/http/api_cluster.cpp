@@ -133,9 +133,9 @@ awaitable<void> cluster_replan(Session& s) {
   ClusterControl& c = control(s);
   const json body = body_of(s);
   if (body.contains("place")) {
-    // {"place": true, "memory": {"tcp://host:port": "6G", ...}}: the live --layers auto
-    // workers measured and placed anew (memory: what placement may plan on each, kept
-    // for later placements).
+    // {"place": true, "memory": {"tcp://host:port": "6G", ...}, "dry_run": false}: the
+    // live --layers auto workers measured and placed anew (memory: what placement may
+    // plan on each, kept for later placements).
     if (!body["place"].is_boolean() || !body["place"].get<bool>() || body.contains("layers") || body.contains("drain")) {
       throw ApiError(400, "'place' must be true (and comes without 'layers' or 'drain')", "invalid_request_error", {},
                      "place");
@@ -150,9 +150,17 @@ awaitable<void> cluster_replan(Session& s) {
         caps[address] = bytes_of(value, "'memory' of " + address, "memory");
       }
     }
-    std::function<json()> work = [&c, caps] {
+    // "dry_run": true says what it would do and moves nothing.
+    bool dry_run = false;
+    if (body.contains("dry_run")) {
+      if (!body["dry_run"].is_boolean()) {
+        throw ApiError(400, "'dry_run' must be true or false", "invalid_request_error", {}, "dry_run");
+      }
+      dry_run = body["dry_run"].get<bool>();
+    }
+    std::function<json()> work = [&c, caps, dry_run] {
       PlacementOutcome outcome;
-      json j = to_json(c.place(caps, &outcome));
+      json j = to_json(c.place(caps, &outcome, dry_run));
       j["moved"] = outcome.moved;
       j["placement"] = to_json(outcome);
       return j;

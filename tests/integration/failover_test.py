@@ -437,8 +437,16 @@ try:
         status, text = request(port, "POST", "/cluster/replan", {"layers": {a: "0-1", b: "2-3"}})
         if status != 200 or split_of(port)[0] != {a: "0-1", b: "2-3"}:
             fail("the split of our own: %d %s" % (status, text))
+        # A dry run says what placing anew with b allowed 4 KiB would do, and moves nothing.
+        status, text = request(port, "POST", "/cluster/replan", {"place": True, "memory": {b: 4096}, "dry_run": True})
+        outcome = json.loads(text).get("placement", {}) if status == 200 else {}
+        if (status != 200 or outcome["moved"] or not outcome["why"].startswith("dry run: it would move") or
+                [(st["address"], st["layers"]) for st in outcome["stages"]] != [(a, "0-3")] or
+                split_of(port)[0] != {a: "0-1", b: "2-3"}):
+            fail("dry run: %d %s" % (status, text))
+        print("dry run: %s" % outcome["why"])
         # Placed anew mid-generation with b allowed 4 KiB, less than any layer: a takes
-        # every layer, b leaves the pipeline.
+        # every layer, b leaves the pipeline (the dry run kept no cap: it is given again).
         placed = []
         streams = run_streams(port, False, lambda: placed.append(
             request(port, "POST", "/cluster/replan", {"place": True, "memory": {b: 4096}})))
@@ -461,7 +469,8 @@ try:
                           ({"place": True, "memory": {"tcp://127.0.0.1:1": "1G"}}, "no worker tcp://127.0.0.1:1"),
                           ({"place": True, "memory": {a: "lots"}}, "is not a byte count"),
                           ({"place": True, "memory": [a]}, "'memory' must map"),
-                          ({"place": False}, "'place' must be true")):
+                          ({"place": False}, "'place' must be true"),
+                          ({"place": True, "dry_run": "yes"}, "'dry_run' must be true or false")):
             status, text = request(port, "POST", "/cluster/replan", body)
             if status != 400 or why not in text:
                 fail("%s: %d %s" % (body, status, text))
