@@ -70,7 +70,9 @@ double slowdown(std::span<const StageWindow> windows, size_t i) {
 
 ClusterControl::ClusterControl(Engine& engine, protocol::ModelIdentity identity, Options options)
     : engine_(engine), identity_(std::move(identity)), options_(std::move(options)) {
-  if (options_.slow_factor > 0 || options_.replan_on_loss_seconds > 0) watcher_ = std::thread([this] { watch(); });
+  if (options_.slow_factor > 0 || options_.replan_on_loss_seconds > 0 || options_.standby_copy_seconds > 0) {
+    watcher_ = std::thread([this] { watch(); });
+  }
 }
 
 ClusterControl::~ClusterControl() {
@@ -86,7 +88,9 @@ void ClusterControl::watch() {
   double look = 1.0;
   if (options_.slow_factor > 0) look = std::min(look, options_.slow_seconds / 4);
   if (options_.replan_on_loss_seconds > 0) look = std::min(look, options_.replan_on_loss_seconds / 4);
+  if (options_.standby_copy_seconds > 0) look = std::min(look, options_.standby_copy_seconds);
   const auto every = std::chrono::duration<double>(std::clamp(look, 0.05, 1.0));
+  auto last_copy = std::chrono::steady_clock::now();
   std::unique_lock lock(watch_mutex_);
   while (!watch_cv_.wait_for(lock, every, [&] { return stopping_; })) {
     lock.unlock();
@@ -100,8 +104,33 @@ void ClusterControl::watch() {
     } catch (const std::exception& e) {
       spdlog::warn("placing anew after a lost worker: {}", e.what());
     }
+    if (options_.standby_copy_seconds > 0 &&
+        std::chrono::steady_clock::now() - last_copy >= std::chrono::duration<double>(options_.standby_copy_seconds)) {
+      last_copy = std::chrono::steady_clock::now();
+      try {
+        copy_to_standbys();
+      } catch (const std::exception& e) {
+        spdlog::warn("standby copies: {}", e.what());
+      }
+    }
     lock.lock();
   }
+}
+
+void ClusterControl::copy_to_standbys() {
+  // A look first, between two steps: the steps in flight are waited for only when a
+  // live standby lacks a sequence as it is now.
+  const bool due =
+      engine_.with_pipeline([this](Pipeline& p) { return p.copies_due(engine_.sequence_lengths()); }).get();
+  if (!due) return;
+  engine_
+      .with_pipeline(
+          [this](Pipeline& p) {
+            p.copy_to_standbys(engine_.sequence_lengths());
+            return false;  // nothing moved
+          },
+          true)
+      .get();
 }
 
 void ClusterControl::check_slow() {
@@ -252,7 +281,11 @@ bool ClusterControl::move_stage(Pipeline& p, size_t i, size_t k) {
 ClusterView ClusterControl::describe(Pipeline& pipeline) {
   ClusterView view;
   view.failovers = pipeline.timings().failovers;
-  view.handed_over_sequences = pipeline.timings().handed_over_sequences;
+  const PipelineTimings timings = pipeline.timings();
+  view.handed_over_sequences = timings.handed_over_sequences;
+  view.standby_copies = timings.standby_copies;
+  view.standby_copy_bytes = timings.standby_copy_bytes;
+  view.standby_copy_seconds = timings.standby_copy_seconds;
   view.slow_moves = slow_moves_;
   for (size_t i = 0; i < pipeline.size(); ++i) {
     StageView stage;

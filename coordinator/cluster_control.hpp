@@ -71,6 +71,10 @@ struct ClusterView {
   uint64_t failovers = 0;
   uint64_t handed_over_sequences = 0;  // moved to another worker by snapshot and restore
   uint64_t slow_moves = 0;  // stages moved off a slow worker by the watch
+  // Standby copies (Options::standby_copy_seconds): sequence states copied, their bytes,
+  // the seconds generation waited for them.
+  uint64_t standby_copies = 0, standby_copy_bytes = 0;
+  double standby_copy_seconds = 0;
 };
 
 // A worker's profiled time per token for layers [first, last) (+ the head when `head`):
@@ -122,6 +126,11 @@ class ClusterControl {
     // are served again; the lost workers then left are looked for (every look of the
     // watch) and join again when back.
     double replan_on_loss_seconds = 0;
+    // Every this many seconds (0: never), the state of each sequence that changed since
+    // is copied to the live standbys of every stage (Pipeline::copy_to_standbys, once the
+    // steps in flight finish), so that after a loss its replica replays only what came
+    // after the copy.
+    double standby_copy_seconds = 0;
   };
   ClusterControl(Engine& engine, protocol::ModelIdentity identity, Options options);
   ~ClusterControl();
@@ -169,6 +178,8 @@ class ClusterControl {
   // One look of the watch: places anew once an active worker has been lost, with no
   // live replica, for replan_on_loss_seconds.
   void check_lost();
+  // One look of the watch: copies the sequences to the standbys when some lack them.
+  void copy_to_standbys();
   // On the engine thread, with no step in flight: the workers named in `ranges` take
   // those ranges, those in `dropped` leave, then the pipeline is regrouped (and, given
   // `active`, those workers become active at their ranges). Checked first; should a

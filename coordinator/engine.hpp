@@ -142,6 +142,9 @@ struct EngineMetrics {
   uint64_t prompt_tokens_cached = 0;  // reused from a kept sequence's KV
   uint64_t generated_tokens = 0;
   uint64_t replayed_tokens = 0;  // positions computed again after a failover (Pipeline::fail_over)
+  // Sequences that resumed from a standby's copy after a failover, and the positions
+  // that were not computed again thanks to it (Pipeline::copy_to_standbys).
+  uint64_t resumed_sequences = 0, resumed_tokens = 0;
   double prefill_seconds = 0.0, decode_seconds = 0.0;
   int active = 0, queued = 0;
   int64_t tokens_in_flight = 0;  // positions held by active sequences
@@ -208,6 +211,11 @@ class Engine {
   // Pipeline::hand_over; nullopt when their state cannot move so (a hybrid model's
   // checkpoints stay on the worker that made them: those replay).
   std::optional<std::vector<int32_t>> sequences_on_stages() const;
+  // On the engine thread (a with_pipeline fn): every sequence whose state is on the
+  // stages, with the positions it holds there once the steps in flight finish, for
+  // Pipeline::copy_to_standbys; empty for a hybrid model (its checkpoints stay on the
+  // worker that made them) and without embedding requests (they replay in full).
+  std::vector<SequenceLength> sequence_lengths() const;
 
   // Slots on disk (worker/slot_file.hpp), run between steps with none in flight. save:
   // idle slot `slot` (a kept sequence) to file `name` on every stage, each on its own

@@ -31,6 +31,7 @@ void Engine::check_stages(bool idle) {
     kept_.clear();
     try {
       pipeline_.fail_over();
+      pipeline_.forget_taken_over();  // nothing to replay: idle
     } catch (const std::exception& e) {
       spdlog::warn("failover: {}", e.what());
     }
@@ -148,6 +149,7 @@ void Engine::reuse_prefix(Seq& s) {
   // position best_len (StageEngine::forward). A message sent to every stage directly
   // could reach a later stage after that token, which comes through the stages before.
   s.kv_id = best->kv_id;
+  pipeline_.cut_copies(s.kv_id, static_cast<int32_t>(best_len));
   // The stages drop the checkpoints after the one they go back to.
   for (int32_t c : best->checkpoints) {
     if (static_cast<size_t>(c) <= best_len) s.checkpoints.push_back(c);
@@ -221,17 +223,19 @@ bool Engine::recover(const std::string& what) {
 }
 
 void Engine::replay_all() {
-  // The replica holds none of the sequences, and the surviving stages hold them up to
-  // wherever the abandoned steps got: every sequence starts again from position 0,
-  // under a new id (the old one is closed everywhere, a lost worker told when it
-  // rejoins). Nothing kept is trusted either.
+  // The surviving stages hold the sequences up to wherever the abandoned steps got. A
+  // worker that took a position over holds a sequence as far as its standby copy
+  // (Pipeline::copied_prefix): the sequence replays from there under its id (each
+  // stage cuts it on arrival there; the replaced worker closes it). Otherwise the
+  // sequence starts again from position 0, under a new id (the old one is closed
+  // everywhere, a lost worker told when it rejoins). Nothing kept is trusted.
   for (const auto& k : kept_) close_sequence(k.kv_id);
   kept_.clear();
-  size_t replayed = 0, tokens = 0;
+  size_t replayed = 0, tokens = 0, resumed = 0, resumed_tokens = 0;
   for (auto& sp : active_) {
     Seq& s = *sp;
     s.steps_inflight = 0;  // every step in flight is gone
-    if (!s.kv_released) close_sequence(s.kv_id);
+    if ((s.done || s.cancelled || s.request.embedding) && !s.kv_released) close_sequence(s.kv_id);
     if (s.done) {
       s.kv_released = true;
       continue;
@@ -262,20 +266,50 @@ void Engine::replay_all() {
       again.insert(again.end(), s.replay.begin() + static_cast<std::ptrdiff_t>(s.replay_sent), s.replay.end());
       logits = s.replay_logits;
     }
-    s.kv_id = next_kv_id_++;
-    s.kv_tokens.clear();
+    // A row that wants logits is sent again, however far the copy goes.
+    const auto room = static_cast<int32_t>(again.size()) - (logits ? 1 : 0);
+    const int32_t from =
+        options_.recurrent || s.kv_released ? 0 : std::clamp(pipeline_.copied_prefix(s.kv_id), 0, room);
+    if (from > 0) {
+      pipeline_.close_on_replaced(s.kv_id);
+      // Every active worker holds it up to `from` at least; a standby's copy beyond may
+      // be ahead of a worker that just took over, until the next copies.
+      pipeline_.cut_copies(s.kv_id, from);
+      ++resumed;
+      resumed_tokens += static_cast<size_t>(from);
+    } else {
+      if (!s.kv_released) close_sequence(s.kv_id);
+      s.kv_id = next_kv_id_++;
+    }
+    s.kv_tokens.assign(again.begin(), again.begin() + from);
     s.checkpoints.clear();
-    s.n_past = 0;
+    s.n_past = from;
     s.awaiting = false;
-    s.replay = std::move(again);
+    s.replay.assign(again.begin() + from, again.end());
     s.replay_sent = 0;
     s.replay_logits = logits;
     ++replayed;
     tokens += s.replay.size();
   }
-  spdlog::warn("failover: {} sequences replay {} tokens on the new chain", replayed, tokens);
+  pipeline_.forget_taken_over();
+  spdlog::warn("failover: {} sequences replay {} tokens on the new chain ({} of them from a standby's copy, "
+               "{} tokens not replayed)",
+               replayed, tokens, resumed, resumed_tokens);
   std::lock_guard lock(mutex_);
   metrics_.replayed_tokens += tokens;
+  metrics_.resumed_sequences += resumed;
+  metrics_.resumed_tokens += resumed_tokens;
+}
+
+std::vector<SequenceLength> Engine::sequence_lengths() const {
+  std::vector<SequenceLength> out;
+  if (options_.recurrent) return out;
+  for (const auto& sp : active_) {
+    if (sp->kv_released || sp->request.embedding) continue;
+    out.push_back({sp->kv_id, static_cast<int32_t>(sp->kv_tokens.size())});
+  }
+  for (const Kept& k : kept_) out.push_back({k.kv_id, static_cast<int32_t>(k.tokens.size())});
+  return out;
 }
 
 std::future<bool> Engine::with_pipeline(std::function<bool(Pipeline&)> fn, bool drain) {

@@ -187,12 +187,15 @@ TEST(Replicas, NoLiveReplicaChangesNothing) {
 
 // A fake model over the replicated pipeline. Each worker of stage 1 holds its own KV
 // (the tokens of each sequence's positions, which must arrive without a gap, as a
-// worker refuses a gap); a row's logits depend on every token before it, so a replay
+// worker refuses a gap, and are cut where a token comes below them, as a worker cuts
+// on arrival); a row's logits depend on every token before it, so a replay
 // that left a token out, or added one, shows in what is sampled next. kill_at: the
 // submit at which the active worker of stage 1 is lost.
 struct FakeModel {
   ReplicatedPipeline r;
   std::map<FakeStage*, std::map<int32_t, std::vector<int32_t>>> kv;
+  std::map<FakeStage*, size_t> computed;  // positions each worker of stage 1 computed
+  EngineMetrics metrics;                  // the engine's at the end of run()
   std::atomic<int> submits = 0;
   int kill_at = 0;
   // The submit at which the engine thread waits until `resume` (a test queues work
@@ -217,11 +220,13 @@ struct FakeModel {
       std::vector<float> values;
       for (const auto& t : batch) {
         auto& held = kv[last][t.seq_id];
-        if (t.pos != static_cast<int32_t>(held.size())) {
+        if (t.pos > static_cast<int32_t>(held.size())) {
           last->answers.push_back([step]() -> StepOutput { throw StageError("worker: a position gap", step); });
           return;
         }
+        held.resize(static_cast<size_t>(t.pos));
         held.push_back(t.token);
+        ++computed[last];
         if (!t.logits) continue;
         uint32_t h = 2166136261u;
         for (int32_t tok : held) h = (h ^ static_cast<uint32_t>(tok)) * 16777619u;
@@ -296,6 +301,7 @@ struct FakeModel {
     if (meanwhile) meanwhile(engine);
     std::unique_lock lock(mutex);
     EXPECT_TRUE(cv.wait_for(lock, std::chrono::seconds(20), [&] { return ended == 6; }));
+    metrics = engine.metrics();
     return out;
   }
 };
@@ -375,7 +381,6 @@ TEST(Failover, AStageHandedOverWhileRequestsRunReplaysNothing) {
   FakeModel m;
   m.pause_at = 12;
   size_t sequences = 0;
-  EngineMetrics metrics;
   const auto got = m.run(small_steps(), [&](Engine& engine) {
     while (m.submits < m.pause_at) std::this_thread::sleep_for(std::chrono::milliseconds(1));
     auto done = engine.with_pipeline(
@@ -405,6 +410,107 @@ TEST(Failover, AStageHandedOverWhileRequestsRunReplaysNothing) {
     EXPECT_NE(std::find(m.r.a->closes.begin(), m.r.a->closes.end(), seq), m.r.a->closes.end()) << seq;
   }
   EXPECT_EQ(m.r.pipeline->timings().failovers, 0u);
+}
+
+// Standby copies: the engine copies every sequence to the standby mid-run, then the
+// active worker dies; the standby resumes each sequence from its copy under the same
+// id and computes only the positions after it. Every token is as undisturbed.
+TEST(Failover, AReplicaResumesFromItsStandbyCopy) {
+  FakeModel calm;
+  const std::vector<std::string> expected = calm.run(small_steps());
+  size_t calm_positions = 0;
+  for (const auto& [seq, tokens] : calm.kv[calm.r.a]) calm_positions += tokens.size();
+  FakeModel m;
+  m.pause_at = 12;
+  m.kill_at = 24;
+  Pipeline::CopyRound copied;
+  const auto got = m.run(small_steps(), [&](Engine& engine) {
+    while (m.submits < m.pause_at) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    auto done = engine.with_pipeline(
+        [&](Pipeline& p) {
+          EXPECT_TRUE(p.copies_due(engine.sequence_lengths()));
+          copied = p.copy_to_standbys(engine.sequence_lengths());
+          EXPECT_FALSE(p.copies_due(engine.sequence_lengths()));  // nothing changed since
+          return false;
+        },
+        true);
+    m.resume = true;
+    EXPECT_FALSE(done.get());
+  });
+  EXPECT_EQ(got, expected);
+  EXPECT_EQ(m.r.pipeline->timings().failovers, 1u);
+  EXPECT_EQ(&m.r.pipeline->stage(1), m.r.b);
+  EXPECT_EQ(copied.sequences, 6u);  // every request was running, each copied once
+  EXPECT_EQ(m.r.pipeline->timings().standby_copies, 6u);
+  EXPECT_EQ(m.metrics.resumed_sequences, 6u);
+  EXPECT_GT(m.metrics.resumed_tokens, 0u);
+  // The same ids to the end, each with every token of the undisturbed run, and the
+  // standby computed only what its copies lacked: nothing twice, nothing missing.
+  EXPECT_EQ(m.kv[m.r.b], calm.kv[calm.r.a]);
+  EXPECT_EQ(m.computed[m.r.b] + m.metrics.resumed_tokens, calm_positions);
+}
+
+// The pipeline's side of standby copies: what is copied where, what a close, a cut, a
+// lost standby and a takeover do with them.
+TEST(Replicas, StandbyCopiesFollowTheirSequences) {
+  ReplicatedPipeline r;
+  std::map<int32_t, size_t> restored;  // on b: seq -> bytes
+  r.a->on_snapshot = [](int32_t seq) -> std::optional<std::vector<uint8_t>> {
+    if (seq == 3) return std::nullopt;  // not open there
+    return std::vector<uint8_t>(static_cast<size_t>(seq) * 10, 1);
+  };
+  r.b->on_restore = [&](int32_t seq, std::span<const uint8_t> state) { restored[seq] = state.size(); };
+  const std::vector<SequenceLength> held{{1, 5}, {2, 0}, {3, 4}};
+  EXPECT_TRUE(r.pipeline->copies_due(held));
+  const auto round = r.pipeline->copy_to_standbys(held);
+  EXPECT_EQ(round.sequences, 1u);  // seq 2 holds nothing, seq 3 is not open on a
+  EXPECT_EQ(round.bytes, 10u);
+  EXPECT_EQ(restored, (std::map<int32_t, size_t>{{1, 10}}));
+  EXPECT_EQ(r.b->plans, 1);  // planned before its first restore
+  EXPECT_EQ(r.first->closes.size(), 0u);
+  // Only what changed is copied again.
+  const std::vector<SequenceLength> same{{1, 5}};
+  EXPECT_FALSE(r.pipeline->copies_due(same));
+  EXPECT_EQ(r.pipeline->copy_to_standbys(same).sequences, 0u);
+  const std::vector<SequenceLength> longer{{1, 6}, {4, 2}};
+  EXPECT_TRUE(r.pipeline->copies_due(longer));
+  EXPECT_EQ(r.pipeline->copy_to_standbys(longer).sequences, 2u);
+  // A close reaches the standby that holds a copy; then there is none to keep.
+  r.pipeline->close(4);
+  EXPECT_EQ(r.b->closes, std::vector<int32_t>{4});
+  EXPECT_TRUE(r.pipeline->copies_due(longer));
+  r.pipeline->copy_to_standbys(longer);
+  // A reuse cuts seq 1 to 2 positions; then the active worker is lost and b takes over.
+  r.pipeline->cut_copies(1, 2);
+  r.a->is_up = false;
+  ASSERT_TRUE(r.pipeline->fail_over());
+  EXPECT_EQ(r.pipeline->copied_prefix(1), 2);
+  EXPECT_EQ(r.pipeline->copied_prefix(4), 2);
+  EXPECT_EQ(r.pipeline->copied_prefix(9), 0);  // never copied
+  r.pipeline->close_on_replaced(1);
+  // The replaced worker only (it was active when 4 closed).
+  EXPECT_EQ(r.a->closes, (std::vector<int32_t>{4, 1}));
+  EXPECT_EQ(r.b->closes, std::vector<int32_t>{4});
+  EXPECT_EQ(r.first->closes, std::vector<int32_t>{4});
+  r.pipeline->forget_taken_over();
+  EXPECT_EQ(r.pipeline->copied_prefix(1), 0);
+  // Active now, b keeps no copy records; a, lost, gets none and is not due any.
+  EXPECT_FALSE(r.pipeline->copies_due(longer));
+  // a back (restarted): planned and given copies afresh.
+  r.a->is_up = true;
+  r.a->on_restore = [&](int32_t, std::span<const uint8_t>) {};
+  r.b->on_snapshot = [](int32_t seq) -> std::optional<std::vector<uint8_t>> {
+    return std::vector<uint8_t>(static_cast<size_t>(seq));
+  };
+  EXPECT_EQ(r.pipeline->copy_to_standbys(longer).sequences, 2u);
+  // Lost while standing by: its copies are forgotten, each closed there (sent when it
+  // rejoins), and it is given them again once back.
+  r.a->is_up = false;
+  r.a->comes_back = true;
+  const size_t closes_before = r.a->closes.size();
+  r.pipeline->rejoin_standbys();
+  EXPECT_EQ(r.a->closes.size(), closes_before + 2);
+  EXPECT_TRUE(r.pipeline->copies_due(longer));
 }
 
 TEST(Replicas, AJoiningWorkerReplicatesAStagesRange) {

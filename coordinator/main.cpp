@@ -102,6 +102,12 @@ int main(int argc, char** argv) {
                  "HTTP API: when an active worker has been lost with no live replica for SECONDS, place the live "
                  "workers anew (all started with --layers auto) so that requests are served again (default: never)")
       ->check(CLI::Range(0.1, 3600.0));
+  double standby_copies = 0;
+  app.add_option("--standby-copies", standby_copies,
+                 "HTTP API: every SECONDS, copy the state of each sequence that changed to the live standbys of its "
+                 "stage (generation waits for it), so that a replica taking a lost worker's place replays only what "
+                 "came after the copy (default: never; then it replays every sequence from its start)")
+      ->check(CLI::Range(0.05, 3600.0));
   double slow_factor = 0, slow_seconds = 3;
   app.add_option("--replan-when-slow", slow_factor,
                  "HTTP API: move a stage to its live replica with the shortest profiled time when its worker's steps "
@@ -385,6 +391,7 @@ int main(int argc, char** argv) {
         control.placement = placement_problem;
         control.memory_caps = memory_caps;
         control.replan_on_loss_seconds = replan_on_loss;
+        control.standby_copy_seconds = standby_copies;
         cluster = std::make_unique<ClusterControl>(engine, identity, std::move(control));
         http.cluster = cluster.get();
       }

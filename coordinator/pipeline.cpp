@@ -115,6 +115,10 @@ void Pipeline::switch_to(size_t i, size_t k) {
   Position& p = positions_[i];
   p.holds_closed.resize(p.workers.size());
   p.holds_closed[p.current] = true;  // the caller's replay closes its sequences there too
+  // What it holds as a standby is the replay's start; active, it keeps no copy records.
+  taken_over_.resize(positions_.size());
+  taken_over_[i] = std::move(copies_of(i, k));
+  p.copies[k].clear();
   p.current = k;
   std::lock_guard lock(timings_mutex_);
   describe(timings_.stages[i], p.active().info());
@@ -206,7 +210,12 @@ void Pipeline::regroup(std::vector<std::unique_ptr<Stage>> moved, const protocol
     }
   }
   check_coverage(ranges, static_cast<int32_t>(expected.n_layer));
-  // Now the change: each worker (or its replacement) in the new order.
+  // Now the change. The copies on standbys are not carried into the new positions: each
+  // is closed (a moved worker dropped them already).
+  for (size_t i = 0; i < positions_.size(); ++i) {
+    for (size_t k = 0; k < positions_[i].copies.size(); ++k) forget_copies(i, k);
+  }
+  // Each worker (or its replacement) in the new order.
   std::vector<std::unique_ptr<Stage>> ordered;
   for (const Entry& e : entries) {
     ordered.push_back(e.replacement ? std::move(*e.replacement) : std::move(positions_[e.position].workers[e.worker]));
@@ -222,6 +231,7 @@ void Pipeline::regroup(std::vector<std::unique_ptr<Stage>> moved, const protocol
   leaving_ = std::move(leaving);
   positions_.clear();  // the lost dropped workers' connections with it
   line_up(std::move(ordered), expected);
+  taken_over_.assign(positions_.size(), std::map<int32_t, int32_t>());  // the replay starts at 0
 }
 
 size_t Pipeline::add_replica(std::unique_ptr<Stage> stage, const protocol::ModelIdentity& expected) {
@@ -272,9 +282,11 @@ bool Pipeline::hand_over(size_t i, size_t k, std::span<const int32_t> sequences)
   } catch (const StageError& e) {
     spdlog::warn("stage {}: handing the sequences over from {} to {} failed ({}); they are replayed", i,
                  from.info().name, to.info().name, e.what());
+    taken_over_[i] = std::map<int32_t, int32_t>();  // restored or not, the replay starts at 0
     return false;  // switch_to left the old worker the replay's closes
   }
   p.holds_closed[old] = false;  // it has none of them now
+  taken_over_[i].reset();  // nothing replays
   spdlog::info("stage {}: worker {} takes layers {} from {} with the state of {} sequence(s) ({:.1f} MiB)", i,
                to.info().name, layers_text(to.info()), from.info().name, moved, static_cast<double>(bytes) / (1 << 20));
   std::lock_guard lock(timings_mutex_);
@@ -300,6 +312,8 @@ void Pipeline::rejoin_standbys() {
     for (size_t k = 0; k < p.workers.size(); ++k) {
       Stage& s = *p.workers[k];
       if (k == p.current || s.up()) continue;
+      // Restarted, it holds none of its copies; only hung, it hears their closes.
+      forget_copies(static_cast<size_t>(&p - positions_.data()), k);
       try {
         s.rejoin();  // sends the closes it missed
         if (k < p.holds_closed.size()) p.holds_closed[k] = false;
@@ -519,7 +533,8 @@ void Pipeline::close(int32_t seq_id) {
   for (auto& p : positions_) {
     for (size_t k = 0; k < p.workers.size(); ++k) {
       Stage& s = *p.workers[k];
-      if (k != p.current && !(k < p.holds_closed.size() && p.holds_closed[k])) continue;
+      const bool copy = k < p.copies.size() && p.copies[k].erase(seq_id) > 0;
+      if (k != p.current && !copy && !(k < p.holds_closed.size() && p.holds_closed[k])) continue;
       try {
         s.close(seq_id);
       } catch (const StageError& e) {
@@ -528,6 +543,156 @@ void Pipeline::close(int32_t seq_id) {
     }
   }
   if (first) throw *first;
+}
+
+std::map<int32_t, int32_t>& Pipeline::copies_of(size_t i, size_t k) {
+  Position& p = positions_.at(i);
+  if (p.copies.size() < p.workers.size()) p.copies.resize(p.workers.size());
+  return p.copies.at(k);
+}
+
+void Pipeline::forget_copies(size_t i, size_t k) {
+  auto& copies = copies_of(i, k);
+  Stage& worker = *positions_[i].workers[k];
+  for (const auto& [seq, length] : copies) {
+    try {
+      worker.close(seq);
+    } catch (const StageError& e) {
+      spdlog::debug("closing a copy on {}: {}", worker.info().name, e.what());
+    }
+  }
+  copies.clear();
+}
+
+bool Pipeline::copies_due(std::span<const SequenceLength> sequences) {
+  for (size_t i = 0; i < positions_.size(); ++i) {
+    for (size_t k = 0; k < positions_[i].workers.size(); ++k) {
+      if (k == positions_[i].current || !positions_[i].workers[k]->up()) continue;
+      const auto& copies = copies_of(i, k);
+      for (const SequenceLength& s : sequences) {
+        const auto held = copies.find(s.seq_id);
+        if (s.length > 0 && (held == copies.end() || held->second != s.length)) return true;
+      }
+    }
+  }
+  return false;
+}
+
+Pipeline::CopyRound Pipeline::copy_to_standbys(std::span<const SequenceLength> sequences) {
+  const auto start = std::chrono::steady_clock::now();
+  CopyRound round;
+  const size_t n = positions_.size();
+  for (size_t i = 0; i < n; ++i) {
+    Position& p = positions_[i];
+    // The live standbys and which sequences each lacks at its length.
+    std::vector<size_t> standbys;
+    for (size_t k = 0; k < p.workers.size(); ++k) {
+      if (k == p.current) continue;
+      if (!p.workers[k]->up()) {
+        forget_copies(i, k);
+        continue;
+      }
+      standbys.push_back(k);
+    }
+    if (standbys.empty()) continue;
+    // Planned as the stage they would run (no step reaches them): a worker's first plan
+    // from this session drops what it holds, so it must come before the restores.
+    for (auto it = standbys.begin(); it != standbys.end();) {
+      try {
+        p.workers[*it]->plan(i + 1 < n ? &positions_[i + 1].active() : nullptr, nullptr, i, n);
+        ++it;
+      } catch (const StageError& e) {
+        spdlog::warn("stage {}: standby {} refused its plan ({}); it gets no copy", i, p.workers[*it]->info().name,
+                     e.what());
+        forget_copies(i, *it);
+        it = standbys.erase(it);
+      }
+    }
+    for (const SequenceLength& seq : sequences) {
+      if (seq.length <= 0) continue;
+      std::vector<size_t> lacking;
+      for (size_t k : standbys) {
+        const auto& copies = copies_of(i, k);
+        const auto held = copies.find(seq.seq_id);
+        if (held == copies.end() || held->second != seq.length) lacking.push_back(k);
+      }
+      if (lacking.empty()) continue;
+      std::optional<std::vector<uint8_t>> state;
+      try {
+        state = p.active().snapshot(seq.seq_id);
+      } catch (const StageError& e) {
+        spdlog::warn("stage {}: no snapshot of sequence {} from {} ({}); the copies stop here", i, seq.seq_id,
+                     p.active().info().name, e.what());
+        return round;
+      }
+      if (!state) continue;  // not open there
+      for (size_t k : lacking) {
+        Stage& standby = *p.workers[k];
+        try {
+          standby.restore(seq.seq_id, *state);
+          copies_of(i, k)[seq.seq_id] = seq.length;
+          ++round.sequences;
+          round.bytes += state->size();
+        } catch (const StageError& e) {
+          spdlog::warn("stage {}: standby {} took no copy of sequence {} ({})", i, standby.info().name, seq.seq_id,
+                       e.what());
+          auto& copies = copies_of(i, k);
+          if (copies.erase(seq.seq_id) > 0 || standby.up()) {
+            try {
+              standby.close(seq.seq_id);  // it may hold an older copy
+            } catch (const StageError&) {
+            }
+          }
+          if (!standby.up()) forget_copies(i, k);
+        }
+      }
+    }
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (round.sequences > 0) {
+    spdlog::debug("standby copies: {} sequence state(s), {:.1f} MiB in {:.0f} ms", round.sequences,
+                  static_cast<double>(round.bytes) / (1 << 20), seconds * 1e3);
+  }
+  std::lock_guard lock(timings_mutex_);
+  timings_.standby_copies += round.sequences;
+  timings_.standby_copy_bytes += round.bytes;
+  timings_.standby_copy_seconds += seconds;
+  return round;
+}
+
+void Pipeline::cut_copies(int32_t seq_id, int32_t length) {
+  for (auto& p : positions_) {
+    for (auto& copies : p.copies) {
+      const auto held = copies.find(seq_id);
+      if (held != copies.end()) held->second = std::min(held->second, length);
+    }
+  }
+}
+
+int32_t Pipeline::copied_prefix(int32_t seq_id) const {
+  std::optional<int32_t> prefix;
+  for (const auto& taken : taken_over_) {
+    if (!taken) continue;
+    const auto held = taken->find(seq_id);
+    const int32_t n = held == taken->end() ? 0 : held->second;
+    prefix = prefix ? std::min(*prefix, n) : n;
+  }
+  return prefix.value_or(0);
+}
+
+void Pipeline::forget_taken_over() { taken_over_.clear(); }
+
+void Pipeline::close_on_replaced(int32_t seq_id) {
+  for (auto& p : positions_) {
+    for (size_t k = 0; k < p.workers.size() && k < p.holds_closed.size(); ++k) {
+      if (k == p.current || !p.holds_closed[k]) continue;
+      try {
+        p.workers[k]->close(seq_id);
+      } catch (const StageError& e) {
+        spdlog::debug("closing sequence {} on {}: {}", seq_id, p.workers[k]->info().name, e.what());
+      }
+    }
+  }
 }
 
 }  // namespace pico::coordinator

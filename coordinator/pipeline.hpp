@@ -12,6 +12,7 @@
 
 #include <chrono>
 #include <deque>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -40,6 +41,16 @@ struct PipelineTimings {
   uint64_t chained_steps = 0;          // finished steps the last stage had started itself
   uint64_t failovers = 0;              // lost workers replaced by a replica (Pipeline::fail_over)
   uint64_t handed_over_sequences = 0;  // sequences whose state moved to another worker (Pipeline::hand_over)
+  // Standby copies (Pipeline::copy_to_standbys): sequence states restored on standbys,
+  // their bytes, and the time the rounds took (generation waits meanwhile).
+  uint64_t standby_copies = 0, standby_copy_bytes = 0;
+  double standby_copy_seconds = 0;
+};
+
+// A sequence and the positions it holds on every active worker (Pipeline::copy_to_standbys).
+struct SequenceLength {
+  int32_t seq_id = 0;
+  int32_t length = 0;
 };
 
 // One finished step at a position, on its active worker: its compute time (the
@@ -102,6 +113,34 @@ class Pipeline {
   // caller replays (its closes reach both workers). Throws StageError, changing
   // nothing, when k is no replica or either worker is not up.
   bool hand_over(size_t i, size_t k, std::span<const int32_t> sequences);
+  // Standby copies, so that a replica taking a lost worker's place replays only what
+  // came after the copy: the state of each sequence given (with the positions every
+  // active worker holds for it) is copied from the active worker of each position to
+  // its live standbys (snapshot, restore; each standby is planned first, which makes it
+  // this session's and keeps what it is given), skipping a standby that holds a
+  // sequence at that length already. Only while no step is in flight. A standby that
+  // fails is skipped (its copy of that sequence forgotten, and closed there); a failed
+  // snapshot ends the round (the active worker is lost: the next step finds it).
+  struct CopyRound {
+    uint64_t sequences = 0, bytes = 0;
+  };
+  CopyRound copy_to_standbys(std::span<const SequenceLength> sequences);
+  // Whether copy_to_standbys(sequences) would copy anything (a look, no message sent).
+  bool copies_due(std::span<const SequenceLength> sequences);
+  // The sequence now holds only its first `length` positions (a reuse cut it): its
+  // copies stay valid up to there.
+  void cut_copies(int32_t seq_id, int32_t length);
+  // After workers took positions over (fail_over, activate) and before the caller's
+  // replay: the positions of seq_id that every worker now active holds, as copied
+  // while it stood by (the replay may start there under the same id; each stage cuts
+  // the sequence on arrival), 0 when one of them has no copy. forget_taken_over() once
+  // the replay is planned. A regroup leaves 0 everywhere.
+  int32_t copied_prefix(int32_t seq_id) const;
+  void forget_taken_over();
+  // Closes seq_id only on the workers that were replaced (a lost one when it rejoins):
+  // a sequence that resumes from a copy keeps its id, and they hold a stale state of it.
+  void close_on_replaced(int32_t seq_id);
+
   // After workers took other ranges (a --layers auto worker moved by Assign): `moved`
   // holds their new connections, each replacing the worker of its name. The workers
   // are grouped into positions by range in layer order, a worker active before staying
@@ -161,6 +200,11 @@ class Pipeline {
   // Makes worker k of position i active; the one it replaces gets the replay's closes.
   void switch_to(size_t i, size_t k);
   void account(const StepOutput& out, size_t tokens, uint64_t wait_start);
+  // The standby copies worker k of position i holds (seq id -> positions).
+  std::map<int32_t, int32_t>& copies_of(size_t i, size_t k);
+  // Worker k of position i holds no copy we know of: each is closed there (a lost
+  // worker hears it when it rejoins), and the records go.
+  void forget_copies(size_t i, size_t k);
 
   struct Position {
     std::vector<std::unique_ptr<Stage>> workers;  // the same layers; workers[current] runs them
@@ -169,6 +213,8 @@ class Pipeline {
     // the closes of the caller's replay reach it (a lost one when it rejoins); none after
     // the first step on the replica.
     std::vector<bool> holds_closed;
+    // Per worker standing by: the sequences copied to it, with the positions copied.
+    std::vector<std::map<int32_t, int32_t>> copies;
     std::chrono::steady_clock::time_point active_since = std::chrono::steady_clock::now();
     // The active worker's last kRecentSteps steps, a ring (guarded by timings_mutex_).
     std::vector<StageStepTime> recent;
@@ -177,6 +223,9 @@ class Pipeline {
   };
   std::vector<Position> positions_;
   std::vector<std::unique_ptr<Stage>> leaving_;  // left the pipeline while up: closes reach them
+  // Per position, since the last forget_taken_over(): the copies the worker that took it
+  // over held (nullopt: its worker did not change).
+  std::vector<std::optional<std::map<int32_t, int32_t>>> taken_over_;
   uint64_t next_step_ = 1;
   struct Inflight {
     uint64_t step = 0;

@@ -57,7 +57,10 @@ json to_json(const ClusterView& view) {
   return {{"stages", std::move(stages)},
           {"failovers", view.failovers},
           {"slow_moves", view.slow_moves},
-          {"handed_over_sequences", view.handed_over_sequences}};
+          {"handed_over_sequences", view.handed_over_sequences},
+          {"standby_copies", {{"sequences", view.standby_copies},
+                              {"bytes", view.standby_copy_bytes},
+                              {"seconds", view.standby_copy_seconds}}}};
 }
 
 ClusterControl& control(Session& s) {

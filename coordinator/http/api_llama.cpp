@@ -411,6 +411,20 @@ awaitable<void> metrics(Session& s) {
          static_cast<double>(m.timings.handed_over_sequences));
   metric("pico:replayed_tokens_total", "counter", "Positions computed again on replicas after a failover.",
          static_cast<double>(m.replayed_tokens));
+  metric("pico:standby_copies_total", "counter",
+         "Sequence states copied to standing-by replicas (--standby-copies), for a shorter replay after a loss.",
+         static_cast<double>(m.timings.standby_copies));
+  metric("pico:standby_copy_bytes_total", "counter", "Bytes of the sequence states copied to standbys.",
+         static_cast<double>(m.timings.standby_copy_bytes));
+  metric("pico:standby_copy_seconds_total", "counter",
+         "Seconds generation waited while states were copied to standbys.",
+         m.timings.standby_copy_seconds);
+  metric("pico:resumed_sequences_total", "counter",
+         "Sequences that resumed from a standby's copy after a failover (replaying only what came after it).",
+         static_cast<double>(m.resumed_sequences));
+  metric("pico:resumed_tokens_total", "counter",
+         "Positions not computed again after a failover thanks to standby copies.",
+         static_cast<double>(m.resumed_tokens));
   metric("pico:checkpoints", "gauge", "Recurrent-state checkpoints the sequences hold (hybrid models).",
          static_cast<double>(m.checkpoints));
   metric("pico:checkpoint_bytes", "gauge", "Bytes of those checkpoints over every stage.",

@@ -44,6 +44,13 @@ CASE:
               watch: stage 1's worker made slow mid-generation is no longer given
               layers: placed anew with its times scaled by how slow it shows, the
               other takes every layer and it stands by; every token as undisturbed.
+  copies      pico-coord --standby-copies 0.2: the state of every sequence is copied to
+              the standbys as it grows; stage 1's active worker killed once copies of
+              the 8 streams' sequences were made: its replica resumes each from its
+              copy (/metrics pico:resumed_sequences_total, pico:resumed_tokens_total)
+              and replays only what came after; every token as undisturbed. The killed
+              worker, restarted, stands by, is given copies, and resumes the sequences
+              from them when its replica is killed: the same tokens.
   slow        pico-coord --replan-when-slow 2 --slow-seconds 1: the undisturbed run
               moves nothing; then stage 1's active worker is made slow mid-generation
               (stopped 95 ms of every 100 ms, too short to be lost): the watch moves
@@ -306,6 +313,43 @@ try:
             fail("/health: %d %s" % (status, text))
         if coord.poll() is not None:
             fail("pico-coord exited")
+    elif case == "copies":
+        addresses, layers, workers, coord, port = replicated_cluster(["--standby-copies", "0.2"])
+        expected = undisturbed(port, greedy_only=False)
+        for victim_index, standby_index, what in ((2, 3, "stage 1's active worker killed"),
+                                                  (3, 2, "the restarted worker resumes from its copies")):
+            copies_before = metric(port, "pico:standby_copies_total")
+            resumed_before = metric(port, "pico:resumed_sequences_total")
+            resumed_tokens_before = metric(port, "pico:resumed_tokens_total")
+
+            def disturb():
+                # Once a round has copied this run's sequences (8 per stage with a standby).
+                deadline = time.time() + 30
+                while metric(port, "pico:standby_copies_total") < copies_before + 16:
+                    if time.time() > deadline:
+                        fail("no standby copies within 30 s")
+                    time.sleep(0.02)
+                workers[victim_index].send_signal(signal.SIGKILL)
+
+            streams = run_streams(port, False, disturb)
+            check_same(streams, expected, what)
+            wait_log("coord.log", r"stage 1: worker %s is lost; its replica %s takes layers 2-3" %
+                     (addresses[victim_index], addresses[standby_index]), coord)
+            resumed = metric(port, "pico:resumed_sequences_total") - resumed_before
+            resumed_tokens = metric(port, "pico:resumed_tokens_total") - resumed_tokens_before
+            running = sum(running_after)
+            print("%s: %d sequences resumed from the standby's copies (%d still running), %d positions not replayed" %
+                  (what, resumed, running, resumed_tokens))
+            if resumed < 1 or resumed > 8 or resumed_tokens < resumed:
+                fail("%s: %d sequences resumed from copies, %d positions not replayed" %
+                     (what, resumed, resumed_tokens))
+            if victim_index == 2:
+                workers[2].wait()
+                workers[2] = start_worker(addresses[2], "2-3", "worker-2-again.log")
+                wait_log("coord.log", r"replica %s is back and stands by" % addresses[2], coord, timeout=30)
+        copies = split_of(port)[1]["standby_copies"]
+        if copies["sequences"] <= 0 or copies["bytes"] <= 0:
+            fail("/cluster standby_copies: %s" % copies)
     elif case == "no-replica":
         addresses = ["tcp://127.0.0.1:%d" % free_port() for _ in range(2)]
         workers = [start_worker(addresses[0], "0-1", "worker-0.log"), start_worker(addresses[1], "2-3", "worker-1.log")]
