@@ -280,8 +280,8 @@ bool ClusterControl::move_stage(Pipeline& p, size_t i, size_t k) {
 
 ClusterView ClusterControl::describe(Pipeline& pipeline) {
   ClusterView view;
-  view.failovers = pipeline.timings().failovers;
   const PipelineTimings timings = pipeline.timings();
+  view.failovers = timings.failovers;
   view.handed_over_sequences = timings.handed_over_sequences;
   view.standby_copies = timings.standby_copies;
   view.standby_copy_bytes = timings.standby_copy_bytes;
@@ -438,8 +438,7 @@ ClusterView ClusterControl::replan(const std::optional<std::string>& drain, bool
                    if (workers[current]->info().name != *drain) continue;
                    if (best == workers.size()) {
                      throw StageError("stage " + std::to_string(i) + ": no live replica can take layers " +
-                                      std::to_string(layers.first) + "-" + std::to_string(layers.last - 1) +
-                                      " from worker " + *drain);
+                                      model::to_string(layers) + " from worker " + *drain);
                    }
                    moves.emplace_back(i, best);
                  } else if (best < workers.size() && time_of(best) <= 0.9 * time_of(current)) {
@@ -459,12 +458,6 @@ ClusterView ClusterControl::replan(const std::optional<std::string>& drain, bool
   if (moved) *moved = any;
   return view();
 }
-
-namespace {
-
-std::string range_text(model::LayerRange r) { return std::to_string(r.first) + "-" + std::to_string(r.last - 1); }
-
-}  // namespace
 
 ClusterView ClusterControl::move_layers(const std::map<std::string, model::LayerRange>& ranges) {
   std::optional<std::string> failed;  // a move that failed once workers had dropped their sequences
@@ -490,14 +483,14 @@ bool ClusterControl::apply_ranges(Pipeline& p, const std::map<std::string, model
     const model::LayerRange range = entry.second;
     Stage& s = *named(address);
     if (range.first < 0 || range.first >= range.last || range.last > static_cast<int32_t>(identity_.n_layer)) {
-      throw StageError("layers " + range_text(range) + " for worker " + address + " are not a range of the model's " +
+      throw StageError("layers " + model::to_string(range) + " for worker " + address + " are not a range of the model's " +
                        std::to_string(identity_.n_layer) + " layers");
     }
     if (s.info().layers.first == range.first && s.info().layers.last == range.last) continue;
     auto* remote = dynamic_cast<RemoteStage*>(&s);
     if (!remote || !s.info().movable) {
       throw StageError("worker " + address + " was not started with --layers auto: it keeps layers " +
-                       range_text(s.info().layers));
+                       model::to_string(s.info().layers));
     }
     if (!s.up()) throw StageError("worker " + address + " is not up");
     moves.emplace_back(remote, range);
@@ -544,11 +537,11 @@ bool ClusterControl::apply_ranges(Pipeline& p, const std::map<std::string, model
     auto fresh = std::make_unique<RemoteStage>(address, remote);
     const auto& l = fresh->info().layers;
     if (l.first != range.first || l.last != range.last) {
-      throw StageError("worker " + address + " serves layers " + range_text(l) + ", not " + range_text(range));
+      throw StageError("worker " + address + " serves layers " + model::to_string(l) + ", not " + model::to_string(range));
     }
     if (options_.limits_check) {
       if (const std::string short_of = options_.limits_check(fresh->info()); !short_of.empty()) {
-        throw StageError("worker " + address + " with layers " + range_text(range) +
+        throw StageError("worker " + address + " with layers " + model::to_string(range) +
                          " holds less than the coordinator was sized for: " + short_of);
       }
       fresh->set_rejoin_check(options_.limits_check);
@@ -560,7 +553,7 @@ bool ClusterControl::apply_ranges(Pipeline& p, const std::map<std::string, model
   try {
     for (const auto& [stage, range] : moves) {
       const model::LayerRange before = stage->info().layers;
-      spdlog::info("worker {}: moving from layers {} to {}", stage->info().name, range_text(before), range_text(range));
+      spdlog::info("worker {}: moving from layers {} to {}", stage->info().name, model::to_string(before), model::to_string(range));
       stage->assign(range);
       done.emplace_back(stage, before);
       fresh.push_back(reconnect(stage->info().name, range));
@@ -617,7 +610,7 @@ bool ClusterControl::place_on(Pipeline& p, const std::map<std::string, uint64_t>
     }
     caps[address] = cap.second;
   }
-  // Who can be placed: every live worker (each must be movable); the lost ones leave.
+  // Who can be placed: every live worker; the lost ones leave.
   std::vector<RemoteStage*> live;
   std::vector<std::string> lost;
   for (Stage* s : p.all_stages()) {
@@ -626,10 +619,7 @@ bool ClusterControl::place_on(Pipeline& p, const std::map<std::string, uint64_t>
       continue;
     }
     auto* remote = dynamic_cast<RemoteStage*>(s);
-    if (!remote || !s->info().movable) {
-      throw StageError("worker " + s->info().name + " was not started with --layers auto: it keeps layers " +
-                       range_text(s->info().layers) + ", so the cluster cannot be placed anew");
-    }
+    if (!remote) throw StageError("stage " + s->info().name + " runs in this process: nothing to place anew");
     live.push_back(remote);
   }
   if (live.empty()) throw StageError("no live worker to place the model on");
@@ -648,6 +638,9 @@ bool ClusterControl::place_on(Pipeline& p, const std::map<std::string, uint64_t>
     if (!placeable.left_out[i].empty()) {
       throw StageError("worker " + measured[i].address + " cannot be placed: " + placeable.left_out[i]);
     }
+    // One started with fixed layers (not --layers auto) keeps them: placed with exactly
+    // them, standing by for a stage of them, or leaving.
+    if (!live[i]->info().movable) problem.workers[i].fixed_layers = live[i]->info().layers;
   }
   {
     // A worker the watch saw slow counts as that slow for a while (its profile was
@@ -711,7 +704,7 @@ bool ClusterControl::place_on(Pipeline& p, const std::map<std::string, uint64_t>
     const model::LayerRange layers = placement.stages[*roles[w].stage].layers;
     ranges[address] = layers;
     out.others.push_back({address, fmt::format("stands by for stage {} (layers {}): {}", *roles[w].stage,
-                                               range_text(layers), placement.excluded[w])});
+                                               model::to_string(layers), placement.excluded[w])});
   }
   for (const std::string& address : lost) out.others.push_back({address, "leaves the pipeline: lost"});
   const bool same = before && running.size() == placement.stages.size() &&

@@ -122,7 +122,7 @@ class ClusterControl {
     std::optional<PlacementProblem> placement;
     std::map<std::string, uint64_t> memory_caps;  // per worker address: what placement may plan on it
     // When an active worker is lost with no live replica for this long (0: never), the
-    // live workers are placed anew (all must be --layers auto), so that new requests
+    // live workers are placed anew (those of fixed layers keep them), so that new requests
     // are served again; the lost workers then left are looked for (every look of the
     // watch) and join again when back.
     double replan_on_loss_seconds = 0;
@@ -158,8 +158,9 @@ class ClusterControl {
   // ranges all workers then serve tile the model. Should a worker refuse or fail, the
   // ones moved already are given their ranges back. Throws StageError.
   ClusterView move_layers(const std::map<std::string, model::LayerRange>& ranges);
-  // Measures the live workers (every one started with --layers auto) and their links
-  // again, places them (placement.hpp, the objective it was started with; memory_caps
+  // Measures the live workers and their links again, places them (a worker started
+  // with fixed layers, not --layers auto, keeps them: placed with exactly them,
+  // standing by for a stage of them, or left out) (placement.hpp, the objective it was started with; memory_caps
   // added to those it has) and, when the running split is unusable (a lost active
   // worker, one beyond its memory) or the new placement predicts at least 10 % more
   // tok/s, moves to it as move_layers does: the placed workers take their ranges in

@@ -154,11 +154,6 @@ std::vector<WorkerEntry> assign_auto_layers(std::vector<std::unique_ptr<RemoteSt
   const auto waiting = std::count_if(connected.begin(), connected.end(),
                                      [](const auto& stage) { return waits_for_layers(stage->info()); });
   if (waiting == 0) return workers;
-  if (static_cast<size_t>(waiting) < connected.size()) {
-    throw std::invalid_argument(std::to_string(waiting) + " worker(s) wait for their layers (--layers auto) and " +
-                                std::to_string(connected.size() - static_cast<size_t>(waiting)) +
-                                " have theirs: start every worker with --layers auto, or none");
-  }
   std::vector<MeasuredWorker> measured;
   for (auto& stage : connected) measured.push_back(measure_worker(*stage, 4u << 20));
   const protocol::ModelIdentity identity = protocol::model_identity(file);
@@ -167,6 +162,12 @@ std::vector<WorkerEntry> assign_auto_layers(std::vector<std::unique_ptr<RemoteSt
   problem.concurrency = settings.concurrency > 0 ? settings.concurrency : settings.parallel;
   const PlaceableWorkers placeable = add_placeable_workers(problem, measured, workers, identity);
   if (placeable.placed.empty()) throw PlacementError("no worker answered with a profile of this model");
+  // A worker that has its layers already (started with --layers A-B) keeps them: placed
+  // with exactly them or left out.
+  for (size_t k = 0; k < placeable.placed.size(); ++k) {
+    const StageInfo& info = connected[placeable.placed[k]]->info();
+    if (!waits_for_layers(info)) problem.workers[k].fixed_layers = info.layers;
+  }
   std::vector<RemoteStage*> stages;
   for (auto& stage : connected) stages.push_back(stage.get());
   problem.worker_links = measure_worker_links(stages, workers, placeable.placed, 4u << 20);
@@ -179,7 +180,7 @@ std::vector<WorkerEntry> assign_auto_layers(std::vector<std::unique_ptr<RemoteSt
     const size_t i = placeable.placed[stage.worker];
     WorkerEntry entry = workers[i];
     entry.layers = stage.layers;
-    connected[i]->assign(stage.layers);
+    if (waits_for_layers(connected[i]->info())) connected[i]->assign(stage.layers);
     spdlog::info("stage {}: {} takes layers {}-{} ({:.3f} ms compute a step)", s, entry.address, stage.layers.first,
                  stage.layers.last - 1, stage.compute_seconds * 1e3);
     ordered.push_back(std::move(entry));

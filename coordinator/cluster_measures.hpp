@@ -71,14 +71,14 @@ std::vector<std::vector<std::optional<LinkMeasure>>> measure_worker_links(
 // no range).
 bool waits_for_layers(const StageInfo& info);
 
-// pico-worker --layers auto: when the connected workers (connected[i] is workers[i])
-// hold no range yet, measures and places them (placement.hpp) and assigns each its
-// range (protocol Assign); returns the workers that take part, in pipeline order, with
-// their ranges (each then loads its range and serves anew at its address: connect
-// again). Workers that all have their ranges are returned as they are. Throws
-// std::invalid_argument when some have ranges and some wait for theirs,
-// PlacementError when no placement holds the model, StageError for a worker that
-// refuses its range.
+// pico-worker --layers auto: when some of the connected workers (connected[i] is
+// workers[i]) hold no range yet, measures and places them all (placement.hpp; one
+// that has its range keeps it: placed with exactly it, or left out) and assigns each
+// waiting one its range (protocol Assign); returns the workers that take part, in
+// pipeline order, with their ranges (each then loads its range and serves anew at its
+// address: connect again). Workers that all have their ranges are returned as they
+// are. Throws PlacementError when no placement holds the model, StageError for a
+// worker that refuses its range.
 std::vector<WorkerEntry> assign_auto_layers(std::vector<std::unique_ptr<RemoteStage>>& connected,
                                             const std::vector<WorkerEntry>& workers, const gguf::Model& file,
                                             const AutoPlacement& settings);

@@ -100,7 +100,8 @@ int main(int argc, char** argv) {
   double replan_on_loss = 0;
   app.add_option("--replan-on-loss", replan_on_loss,
                  "HTTP API: when an active worker has been lost with no live replica for SECONDS, place the live "
-                 "workers anew (all started with --layers auto) so that requests are served again (default: never)")
+                 "workers anew (those started with fixed --layers keep them) so that requests are served again "
+                 "(default: never)")
       ->check(CLI::Range(0.1, 3600.0));
   double standby_copies = 0;
   app.add_option("--standby-copies", standby_copies,
@@ -315,9 +316,8 @@ int main(int argc, char** argv) {
         auto& stage = connected[i];
         const auto& l = stage->info().layers;
         if (w.layers && (w.layers->first != l.first || w.layers->last != l.last)) {
-          throw StageError("worker " + w.address + " serves layers " + std::to_string(l.first) + "-" +
-                           std::to_string(l.last - 1) + ", the config says " + std::to_string(w.layers->first) + "-" +
-                           std::to_string(w.layers->last - 1));
+          throw StageError("worker " + w.address + " serves layers " + model::to_string(l) + ", the config says " +
+                           model::to_string(*w.layers));
         }
         stages.push_back(std::move(stage));
       }

@@ -44,7 +44,16 @@ class Costs {
   double compute(size_t w, int first, int last) const {
     return time_prefix_[w][last] - time_prefix_[w][first] + (last == layers_ ? head_[w] : 0.0);
   }
-  bool fits(size_t w, int first, int last) const {
+  // Worker w may run layers [first, last): its memory holds them, and a worker of fixed
+  // layers runs only those.
+  bool fits(size_t w, int first, int last) const { return holds(w, first, last) && allowed(w, first, last); }
+  bool allowed(size_t w, int first, int last) const {
+    const auto& fixed = p_.workers[w].fixed_layers;
+    return !fixed || (fixed->first == first && fixed->last == last);
+  }
+  // Its memory holds them (a longer range holds more: the searches stop at the first
+  // range that does not fit).
+  bool holds(size_t w, int first, int last) const {
     const uint64_t bytes = memory_prefix_[static_cast<size_t>(last)] - memory_prefix_[static_cast<size_t>(first)] +
                            (first == 0 ? p_.first_stage_bytes : 0) + (last == layers_ ? p_.last_stage_bytes : 0);
     return bytes <= p_.workers[w].memory_bytes;
@@ -108,7 +117,8 @@ std::vector<Chain> search_every_order(const Costs& c) {
           const double link = here + c.between(last, w);
           const size_t next_mask = mask | (size_t{1} << w);
           for (int e = l + 1; e <= L; ++e) {
-            if (!c.fits(w, l, e)) break;  // a longer range holds more
+            if (!c.holds(w, l, e)) break;  // a longer range holds more
+            if (!c.allowed(w, l, e)) continue;
             const double cost = link + c.compute(w, l, e);
             const size_t i = at(next_mask, w, e);
             if (cost < dp[i]) {
@@ -154,7 +164,9 @@ Chain search_in_order(const Costs& c, size_t required) {
   std::vector<double> dp(W * (L + 1) * 2, kInfinity);
   std::vector<int64_t> parent(dp.size(), -1);
   for (size_t w = 0; w < W; ++w) {
-    for (int l = 1; l <= L && c.fits(w, 0, l); ++l) dp[at(w, l, w == required)] = c.from_coordinator(w) + c.compute(w, 0, l);
+    for (int l = 1; l <= L && c.holds(w, 0, l); ++l) {
+      if (c.allowed(w, 0, l)) dp[at(w, l, w == required)] = c.from_coordinator(w) + c.compute(w, 0, l);
+    }
   }
   for (size_t last = 0; last < W; ++last) {
     for (int l = 1; l < L; ++l) {
@@ -163,7 +175,8 @@ Chain search_in_order(const Costs& c, size_t required) {
         if (here == kInfinity) continue;
         for (size_t w = last + 1; w < W; ++w) {
           const double link = here + c.between(last, w);
-          for (int e = l + 1; e <= L && c.fits(w, l, e); ++e) {
+          for (int e = l + 1; e <= L && c.holds(w, l, e); ++e) {
+            if (!c.allowed(w, l, e)) continue;
             const size_t i = at(w, e, has || w == required);
             const double cost = link + c.compute(w, l, e);
             if (cost < dp[i]) {
@@ -227,6 +240,10 @@ void check_problem(const PlacementProblem& p) {
       throw std::invalid_argument("placement: worker " + w.name + " has a negative or non-finite time, or not one per batch");
     }
     check_link(p.coordinator_links[i], "coordinator - " + w.name);
+    if (w.fixed_layers && (w.fixed_layers->first < 0 || w.fixed_layers->last <= w.fixed_layers->first ||
+                           w.fixed_layers->last > static_cast<int32_t>(p.layers.size()))) {
+      throw std::invalid_argument("placement: worker " + w.name + "'s fixed layers are no range of the model's");
+    }
   }
   for (size_t i = 0; i < p.worker_links.size(); ++i) {
     for (size_t j = 0; j < p.worker_links[i].size(); ++j) {
@@ -237,6 +254,14 @@ void check_problem(const PlacementProblem& p) {
 
 // Why worker w holds no layer at all, or empty when it holds some range.
 std::string cannot_hold(const PlacementProblem& p, const Costs& c, size_t w) {
+  if (const auto& fixed = p.workers[w].fixed_layers) {
+    if (c.fits(w, fixed->first, fixed->last)) return {};
+    const uint64_t bytes = stage_memory_bytes(p, *fixed);
+    return fmt::format("it serves only layers {} (not started with --layers auto), which take {} ({} bytes) with "
+                       "the state of {} x {} positions, and it offers {} ({} bytes)",
+                       model::to_string(*fixed), mib(bytes), bytes, p.parallel, p.ctx, mib(p.workers[w].memory_bytes),
+                       p.workers[w].memory_bytes);
+  }
   const int L = c.layers();
   for (int l = 0; l < L; ++l) {
     if (c.fits(w, l, l + 1)) return {};
@@ -326,8 +351,9 @@ Placement place(const PlacementProblem& p) {
                                   c.layers(), p.parallel, p.ctx, mib(stage_memory_bytes(p, {0, c.layers()})));
     for (size_t w = 0; w < W; ++w) {
       const std::string reason = cannot_hold(p, c, w);
+      const char* holds = p.workers[w].fixed_layers ? "not its fixed layers" : "not even one layer";
       why += fmt::format(" {} offers {}{}{};", p.workers[w].name, mib(p.workers[w].memory_bytes),
-                         reason.empty() ? "" : ", ", reason.empty() ? "" : "not even one layer");
+                         reason.empty() ? "" : ", ", reason.empty() ? "" : holds);
     }
     throw PlacementError(why + " lower ctx or parallel, or add workers");
   }
@@ -360,7 +386,10 @@ std::vector<WorkerRole> worker_roles(const PlacementProblem& p, const Placement&
   for (size_t w = 0; w < p.workers.size(); ++w) {
     if (roles[w].stage) continue;
     for (size_t s = 0; s < placement.stages.size(); ++s) {
-      if (stage_memory_bytes(p, placement.stages[s].layers) > p.workers[w].memory_bytes) continue;
+      const model::LayerRange& layers = placement.stages[s].layers;
+      if (stage_memory_bytes(p, layers) > p.workers[w].memory_bytes) continue;
+      const auto& fixed = p.workers[w].fixed_layers;
+      if (fixed && (fixed->first != layers.first || fixed->last != layers.last)) continue;
       if (!roles[w].stage || standbys[s] < standbys[*roles[w].stage]) roles[w].stage = s;
     }
     if (roles[w].stage) {

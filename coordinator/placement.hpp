@@ -73,6 +73,9 @@ struct WorkerMeasures {
   std::vector<double> head_batch_seconds_per_token = {0.0};   // per profile batch
   std::vector<int> profile_batches = {64};                    // tokens of the batches measured, ascending
   uint64_t memory_bytes = 0;                     // what it offers for weights + KV + state
+  // A worker that serves only these layers (started with --layers A-B, not auto): it
+  // takes part with exactly them, or stands by for a stage of exactly them, or not at all.
+  std::optional<model::LayerRange> fixed_layers;
 };
 
 // The worker's times, every layer's and the head's, `factor` times as long (a worker
@@ -143,7 +146,8 @@ std::optional<Placement> evaluate_placement(const PlacementProblem& problem,
 // Where each worker of a placement problem goes when a running cluster takes a new
 // placement: a placed worker runs its stage's range; a worker left out that can hold a
 // placed range (its memory) stands by as that stage's replica, for the stage with the
-// fewest standbys so far (the earliest of those); one that can hold none leaves.
+// fewest standbys so far (the earliest of those); one that can hold none leaves. A
+// worker of fixed layers stands by only for a stage of exactly its layers.
 struct WorkerRole {
   std::optional<size_t> stage;           // the placed stage it runs or stands by for; nullopt: it leaves
   bool standby = false;

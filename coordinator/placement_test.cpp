@@ -213,6 +213,8 @@ double brute_force(const PlacementProblem& p, bool keep_order, const ChainVisito
       const bool last = s + 1 == order.size();
       if (last != (to == L)) continue;
       if (stage_memory_bytes(p, {from, to}) > p.workers[w].memory_bytes) continue;
+      const auto& fixed = p.workers[w].fixed_layers;
+      if (fixed && (fixed->first != from || fixed->last != to)) continue;
       double c = cost;
       for (int l = from; l < to; ++l) c += layer_time(w, l);
       if (last) {
@@ -291,6 +293,11 @@ TEST(Placement, MatchesEveryOrderedSplitOnRandomClusters) {
       m.memory_bytes = memory(rng) * static_cast<uint64_t>(L);
       p.workers.push_back(m);
       p.coordinator_links.push_back({latency(rng), bandwidth(rng)});
+    }
+    if (trial % 5 == 1) {
+      // The last worker started with fixed layers.
+      const int first = std::uniform_int_distribution<int>(0, L - 1)(rng);
+      p.workers.back().fixed_layers = model::LayerRange{first, std::uniform_int_distribution<int>(first + 1, L)(rng)};
     }
     if (trial % 3 == 0) {
       p.worker_links.assign(static_cast<size_t>(W), std::vector<std::optional<LinkMeasure>>(static_cast<size_t>(W)));
@@ -432,6 +439,40 @@ TEST(Placement, ScaledMeasuresMoveTheLayersOffASlowWorker) {
 
 // A new placement's roles for a running cluster: the placed run their stage; the others
 // stand by for a stage they can hold, spread over the stages; one that holds none leaves.
+// A worker started with fixed layers takes part with exactly them or not at all, and
+// stands by only for a stage of exactly them.
+TEST(Placement, AWorkerOfFixedLayersTakesThemOrNone) {
+  PlacementProblem p = equal_layers(4);
+  add_worker(p, "a", 0.01, 0.001, 1000);
+  add_worker(p, "b", 0.01, 0.001, 1000);
+  add_worker(p, "f", 0.001, 0.0001, 1000);  // ten times as fast, started with layers 1-2 only
+  p.workers[2].fixed_layers = model::LayerRange{1, 3};
+  add_worker(p, "g", 0.5, 0.05, 1000);  // slow, layers 0-1 only: no stage has those
+  p.workers[3].fixed_layers = model::LayerRange{0, 2};
+  add_worker(p, "h", 0.5, 0.05, 1000);  // slow, layers 1-2 only: f's stage
+  p.workers[4].fixed_layers = model::LayerRange{1, 3};
+  const Placement placement = place(p);
+  ASSERT_EQ(placement.stages.size(), 3u);
+  EXPECT_EQ(placement.stages[1].worker, 2u);
+  EXPECT_EQ(placement.stages[1].layers.first, 1);
+  EXPECT_EQ(placement.stages[1].layers.last, 3);
+  // in 1 + a or b 10 + hop 1 + f 2 + hop 1 + b or a 10 + out 1 ms (f on every layer
+  // would take 6)
+  EXPECT_NEAR(placement.step_seconds, 0.026, 1e-12);
+  const std::vector<WorkerRole> roles = worker_roles(p, placement);
+  EXPECT_FALSE(roles[3].stage.has_value());  // no stage of layers 0-1
+  EXPECT_EQ(roles[4].stage, 1u);
+  EXPECT_TRUE(roles[4].standby);
+  // Its layers beyond its memory: told why; a alone serves.
+  p.workers[2].memory_bytes = 150;
+  const Placement without = place(p);
+  expect_stages(without, {{0, 0, 4}});
+  EXPECT_NE(without.excluded[2].find("serves only layers 1-2"), std::string::npos) << without.excluded[2];
+  // A fixed range that is no range of the model's is refused.
+  p.workers[2].fixed_layers = model::LayerRange{2, 5};
+  EXPECT_THROW(place(p), std::invalid_argument);
+}
+
 TEST(Placement, WorkersLeftOutStandByWhereTheyFit) {
   PlacementProblem p = equal_layers(4);
   add_worker(p, "a", 0.01, 0.001, 200);

@@ -116,6 +116,8 @@ struct LayerRange {
   int32_t first = 0;
   int32_t last = 0;  // exclusive
 };
+// "A-B", both inclusive, as --layers takes it.
+inline std::string to_string(LayerRange r) { return std::to_string(r.first) + "-" + std::to_string(r.last - 1); }
 
 // Told around each layer a forward pass computes (WeightResidency streams the weights
 // of a range larger than its memory budget by it).

@@ -40,6 +40,12 @@ CASE:
               a split without a replica: the requests fail, and --replan-on-loss 1
               places a alone on every layer, which serves the same tokens. b
               restarted is found by the watch and joins again; the same tokens.
+  place-fixed two workers started with fixed layers (0-1, 2-3) and a `--layers auto`
+              one that joins: mid-generation POST /cluster/replan {"place": true,
+              "memory": {f: 4 KiB}} (f holds layers 0-1 and now less than a layer):
+              f leaves, saying it serves only layers 0-1; the other fixed worker
+              keeps its layers or leaves, never other ones; every token as
+              undisturbed.
   slow-place  two `--layers auto` workers on a split without replicas, the same
               watch: stage 1's worker made slow mid-generation is no longer given
               layers: placed anew with its times scaled by how slow it shows, the
@@ -350,6 +356,30 @@ try:
         copies = split_of(port)[1]["standby_copies"]
         if copies["sequences"] <= 0 or copies["bytes"] <= 0:
             fail("/cluster standby_copies: %s" % copies)
+    elif case == "place-fixed":
+        f, b, a = ("tcp://127.0.0.1:%d" % free_port() for _ in range(3))
+        workers = [start_worker(f, "0-1", "worker-0.log"), start_worker(b, "2-3", "worker-1.log"),
+                   start_auto_worker(a, "worker-2.log")]
+        coord, port = start_coord([f, b])
+        expected = undisturbed(port, greedy_only=False)
+        status, text = request(port, "POST", "/cluster/workers", {"address": a})
+        if status != 200:
+            fail("join of %s: %d %s" % (a, status, text))
+        placed = []
+        streams = run_streams(port, False, lambda: placed.append(
+            request(port, "POST", "/cluster/replan", {"place": True, "memory": {f: 4096}})))
+        status, text = placed[0]
+        if status != 200:
+            fail("place: %d %s" % (status, text))
+        outcome = json.loads(text)["placement"]
+        check_same(streams, expected, "placed anew with %s (fixed layers 0-1) capped below a layer" % f)
+        held = split_of(port)[0]
+        if f in held or held.get(b, "2-3") != "2-3" or a not in held:
+            fail("after placing anew: %s" % held)
+        left = [o["what"] for o in outcome["others"] if o["address"] == f]
+        if not left or "serves only layers 0-1" not in left[0]:
+            fail("the reply does not say why %s left: %s" % (f, outcome))
+        print("placed anew: %s; %s %s" % (held, f, left[0]))
     elif case == "no-replica":
         addresses = ["tcp://127.0.0.1:%d" % free_port() for _ in range(2)]
         workers = [start_worker(addresses[0], "0-1", "worker-0.log"), start_worker(addresses[1], "2-3", "worker-1.log")]

@@ -14,7 +14,8 @@
   a bad objective is refused.
 - `--layers auto`: two workers that wait for their layers are placed and assigned by
   pico-coord (within the config's memory), load their ranges and serve: the greedy
-  tokens equal the single node's; a worker with a range beside one waiting is refused.
+  tokens equal the single node's; a worker with fixed layers beside one waiting is
+  placed with them (or left out), the waiting one takes the rest: the same tokens.
 """
 import glob
 import json
@@ -152,16 +153,25 @@ try:
         procs.fail("assigned ranges do not tile 0-5: %s" % ranges)
     if "placement for latency" not in auto.stderr:
         procs.fail("pico-coord does not log its placement:\n" + auto.stderr)
-    # One worker with a range beside one waiting for its layers: refused, saying so.
+    # One worker with fixed layers 0-2 beside one waiting for its layers: placed
+    # together, the fixed one with exactly its layers or left out; the same tokens.
     auto_c = free_port()
     p = subprocess.Popen([worker, "-m", model, "--layers", "auto", "--listen", "tcp://127.0.0.1:%d" % auto_c, "-t", "1"],
                          stdout=subprocess.DEVNULL, stderr=open(os.path.join(procs.tmp, "auto-c.log"), "w"), env=env)
     procs.procs.append(p)
     procs.wait_log("auto-c.log", "waits for its range", p)
     mixed = run([coord, "-m", model, "--worker", "tcp://127.0.0.1:%d" % auto_c, "--worker",
-                 "tcp://127.0.0.1:%d" % port_a, *prompt], expect_ok=False)
-    if "start every worker with --layers auto, or none" not in mixed.stderr:
-        procs.fail("a mixed auto / fixed cluster is not refused clearly:\n" + mixed.stderr)
+                 "tcp://127.0.0.1:%d" % port_a, *prompt])
+    if mixed.stdout != single:
+        procs.fail("a mixed auto / fixed cluster: %r, single node: %r\n%s" % (mixed.stdout, single, mixed.stderr))
+    m = procs.wait_log("auto-c.log", r"assigned layers (\d+)-(\d+)", p)
+    assigned = (int(m.group(1)), int(m.group(2)))
+    fixed_placed = "tcp://127.0.0.1:%d takes layers 0-2" % port_a in mixed.stderr
+    if assigned != ((3, 5) if fixed_placed else (0, 5)):
+        procs.fail("mixed cluster: the waiting worker took layers %s, the fixed one %s placed:\n%s" %
+                   (assigned, "is" if fixed_placed else "is not", mixed.stderr))
+    print("mixed cluster: the waiting worker takes layers %d-%d, the fixed one (0-2) %s" %
+          (assigned[0], assigned[1], "beside it" if fixed_placed else "left out"))
     print("ok")
 finally:
     procs.close()
