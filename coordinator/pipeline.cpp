@@ -10,9 +10,7 @@
 namespace pico::coordinator {
 
 namespace {
-std::string layers_text(const StageInfo& s) {
-  return std::to_string(s.layers.first) + "-" + std::to_string(s.layers.last - 1);
-}
+std::string layers_text(const StageInfo& s) { return model::to_string(s.layers); }
 }  // namespace
 
 void check_coverage(const std::vector<StageInfo>& stages, int32_t n_layer) {
@@ -169,11 +167,13 @@ void Pipeline::regroup(std::vector<std::unique_ptr<Stage>> moved, const protocol
   std::vector<Entry> entries;
   std::vector<bool> used(moved.size(), false);
   std::vector<bool> found(dropped.size(), false);
+  std::vector<std::pair<size_t, size_t>> leave;  // position, worker
   for (size_t i = 0; i < positions_.size(); ++i) {
     for (size_t k = 0; k < positions_[i].workers.size(); ++k) {
       const auto drop = std::find(dropped.begin(), dropped.end(), positions_[i].workers[k]->info().name);
       if (drop != dropped.end()) {
         found[static_cast<size_t>(drop - dropped.begin())] = true;
+        leave.emplace_back(i, k);
         continue;
       }
       Entry e{positions_[i].workers[k].get(), i, k, nullptr, k == positions_[i].current};
@@ -221,12 +221,10 @@ void Pipeline::regroup(std::vector<std::unique_ptr<Stage>> moved, const protocol
     ordered.push_back(e.replacement ? std::move(*e.replacement) : std::move(positions_[e.position].workers[e.worker]));
   }
   std::vector<std::unique_ptr<Stage>> leaving;
-  for (auto& position : positions_) {
-    for (auto& w : position.workers) {
-      if (!w || std::find(dropped.begin(), dropped.end(), w->info().name) == dropped.end()) continue;
-      spdlog::warn("worker {} leaves the pipeline", w->info().name);
-      if (w->up()) leaving.push_back(std::move(w));
-    }
+  for (const auto& [i, k] : leave) {
+    auto& w = positions_[i].workers[k];
+    spdlog::warn("worker {} leaves the pipeline", w->info().name);
+    if (w->up()) leaving.push_back(std::move(w));
   }
   leaving_ = std::move(leaving);
   positions_.clear();  // the lost dropped workers' connections with it

@@ -7,8 +7,7 @@ namespace pico::coordinator {
 namespace {
 
 std::string stage_name(const StageInfo& s) {
-  return "stage " + s.name + " (layers " + std::to_string(s.layers.first) + "-" + std::to_string(s.layers.last - 1) +
-         ")";
+  return "stage " + s.name + " (layers " + model::to_string(s.layers) + ")";
 }
 
 int64_t whole_pages(int64_t positions, int64_t page) {

@@ -77,9 +77,7 @@ void LocalStage::run(uint64_t step, std::span<const model::BatchToken> batch, co
   try {
     out = engine_.forward(batch, hidden, &argmax);
   } catch (const std::exception& e) {
-    throw StageError("local stage (layers " + std::to_string(info_.layers.first) + "-" +
-                         std::to_string(info_.layers.last - 1) + "): " + e.what(),
-                     step);
+    throw StageError("local stage (layers " + model::to_string(info_.layers) + "): " + e.what(), step);
   }
   stamp.compute_end = stamp.sent = protocol::steady_nanos();
   stamps.push_back(stamp);
@@ -433,9 +431,8 @@ void RemoteStage::rejoin() {
     const StageInfo now = info_;
     info_ = before;
     lost_reason_ = "came back serving " + protocol::to_string(now.identity) + ", layers " +
-                   std::to_string(now.layers.first) + "-" + std::to_string(now.layers.last - 1) +
-                   " (before: " + protocol::to_string(before.identity) + ", layers " +
-                   std::to_string(before.layers.first) + "-" + std::to_string(before.layers.last - 1) + ")";
+                   model::to_string(now.layers) + " (before: " + protocol::to_string(before.identity) + ", layers " +
+                   model::to_string(before.layers) + ")";
     fail(lost_reason_);
   }
   if (rejoin_check_) {

@@ -142,7 +142,7 @@ void Server::handle_assign(const std::string& peer, protocol::schema::Assign::Re
     done.setLastLayer(a.getLastLayer());
     reply(peer, b.encode());
   };
-  const std::string served = std::to_string(r.first) + "-" + std::to_string(r.last - 1);
+  const std::string served = model::to_string(r);
   if (wanted.first == r.first && wanted.last == r.last) {
     assigned();
   } else if (!movable_) {

@@ -35,7 +35,7 @@ json to_json(const ClusterView& view) {
       workers.push_back(std::move(j));
     }
     json stage = {{"stage", i},
-                  {"layers", std::to_string(st.layers.first) + "-" + std::to_string(st.layers.last - 1)},
+                  {"layers", model::to_string(st.layers)},
                   {"active", active},
                   {"replicas", st.workers.size() - 1},
                   {"workers", std::move(workers)}};
@@ -74,7 +74,7 @@ json to_json(const PlacementOutcome& o) {
   json stages = json::array(), others = json::array();
   for (const auto& st : o.stages) {
     stages.push_back({{"address", st.address},
-                      {"layers", std::to_string(st.layers.first) + "-" + std::to_string(st.layers.last - 1)},
+                      {"layers", model::to_string(st.layers)},
                       {"compute_ms", st.compute_seconds * 1e3},
                       {"send_ms", st.send_seconds * 1e3}});
   }
