@@ -56,7 +56,9 @@ CASE:
               copy (/metrics pico:resumed_sequences_total, pico:resumed_tokens_total)
               and replays only what came after; every token as undisturbed. The killed
               worker, restarted, stands by, is given copies, and resumes the sequences
-              from them when its replica is killed: the same tokens.
+              from them when its replica is stopped (SIGSTOP): the same tokens; the
+              stopped one, resumed, stands by again, is given copies and resumes from
+              them when the other is killed: the same tokens.
   slow        pico-coord --replan-when-slow 2 --slow-seconds 1: the undisturbed run
               moves nothing; then stage 1's active worker is made slow mid-generation
               (stopped 95 ms of every 100 ms, too short to be lost): the watch moves
@@ -322,8 +324,11 @@ try:
     elif case == "copies":
         addresses, layers, workers, coord, port = replicated_cluster(["--standby-copies", "0.2"])
         expected = undisturbed(port, greedy_only=False)
-        for victim_index, standby_index, what in ((2, 3, "stage 1's active worker killed"),
-                                                  (3, 2, "the restarted worker resumes from its copies")):
+        for victim_index, standby_index, stop, what in (
+                (2, 3, signal.SIGKILL, "stage 1's active worker killed"),
+                (3, 2, signal.SIGSTOP, "the restarted worker resumes from its copies (the other stopped)"),
+                (2, 3, signal.SIGKILL, "the stopped worker, back, resumes from its copies")):
+            last = victim_index == 2 and stop == signal.SIGKILL and what.startswith("the stopped")
             copies_before = metric(port, "pico:standby_copies_total")
             resumed_before = metric(port, "pico:resumed_sequences_total")
             resumed_tokens_before = metric(port, "pico:resumed_tokens_total")
@@ -335,7 +340,7 @@ try:
                     if time.time() > deadline:
                         fail("no standby copies within 30 s")
                     time.sleep(0.02)
-                workers[victim_index].send_signal(signal.SIGKILL)
+                workers[victim_index].send_signal(stop)
 
             streams = run_streams(port, False, disturb)
             check_same(streams, expected, what)
@@ -349,10 +354,13 @@ try:
             if resumed < 1 or resumed > 8 or resumed_tokens < resumed:
                 fail("%s: %d sequences resumed from copies, %d positions not replayed" %
                      (what, resumed, resumed_tokens))
-            if victim_index == 2:
+            if stop == signal.SIGKILL and not last:  # restarted: it stands by again
                 workers[2].wait()
                 workers[2] = start_worker(addresses[2], "2-3", "worker-2-again.log")
                 wait_log("coord.log", r"replica %s is back and stands by" % addresses[2], coord, timeout=30)
+            elif stop == signal.SIGSTOP:
+                workers[victim_index].send_signal(signal.SIGCONT)
+                wait_log("coord.log", r"replica %s is back and stands by" % addresses[victim_index], coord, timeout=30)
         copies = split_of(port)[1]["standby_copies"]
         if copies["sequences"] <= 0 or copies["bytes"] <= 0:
             fail("/cluster standby_copies: %s" % copies)
