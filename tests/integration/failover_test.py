@@ -271,6 +271,18 @@ def slow_down(victim, moved_log, coord):
         victim.send_signal(signal.SIGCONT)
 
 
+def place_while_streaming(port, memory):
+    """The 8 streams, with POST /cluster/replan {"place": true, "memory": memory} once
+    they are under way. Returns (streams, the reply's placement)."""
+    placed = []
+    streams = run_streams(port, False, lambda: placed.append(
+        request(port, "POST", "/cluster/replan", {"place": True, "memory": memory})))
+    status, text = placed[0]
+    if status != 200:
+        fail("place: %d %s" % (status, text))
+    return streams, json.loads(text)["placement"]
+
+
 def undisturbed(port, greedy_only):
     streams = run_streams(port, greedy_only)
     for i, s in enumerate(streams):
@@ -373,13 +385,7 @@ try:
         status, text = request(port, "POST", "/cluster/workers", {"address": a})
         if status != 200:
             fail("join of %s: %d %s" % (a, status, text))
-        placed = []
-        streams = run_streams(port, False, lambda: placed.append(
-            request(port, "POST", "/cluster/replan", {"place": True, "memory": {f: 4096}})))
-        status, text = placed[0]
-        if status != 200:
-            fail("place: %d %s" % (status, text))
-        outcome = json.loads(text)["placement"]
+        streams, outcome = place_while_streaming(port, {f: 4096})
         check_same(streams, expected, "placed anew with %s (fixed layers 0-1) capped below a layer" % f)
         held = split_of(port)[0]
         if f in held or held.get(b, "2-3") != "2-3" or a not in held:
@@ -529,13 +535,7 @@ try:
         print("dry run: %s" % outcome["why"])
         # Placed anew mid-generation with b allowed 4 KiB, less than any layer: a takes
         # every layer, b leaves the pipeline (the dry run kept no cap: it is given again).
-        placed = []
-        streams = run_streams(port, False, lambda: placed.append(
-            request(port, "POST", "/cluster/replan", {"place": True, "memory": {b: 4096}})))
-        status, text = placed[0]
-        if status != 200:
-            fail("place: %d %s" % (status, text))
-        outcome = json.loads(text)["placement"]
+        streams, outcome = place_while_streaming(port, {b: 4096})
         print("placed anew: %s" % json.dumps(outcome))
         if (not outcome["moved"] or [(st["address"], st["layers"]) for st in outcome["stages"]] != [(a, "0-3")] or
                 outcome["predicted_tokens_per_second_before"] is not None or
