@@ -162,11 +162,11 @@ std::vector<WorkerEntry> assign_auto_layers(std::vector<std::unique_ptr<RemoteSt
   problem.concurrency = settings.concurrency > 0 ? settings.concurrency : settings.parallel;
   const PlaceableWorkers placeable = add_placeable_workers(problem, measured, workers, identity);
   if (placeable.placed.empty()) throw PlacementError("no worker answered with a profile of this model");
-  // A worker that has its layers already (started with --layers A-B) keeps them: placed
-  // with exactly them or left out.
+  // A worker started with fixed layers (not --layers auto) keeps them: placed with
+  // exactly them or left out.
   for (size_t k = 0; k < placeable.placed.size(); ++k) {
     const StageInfo& info = connected[placeable.placed[k]]->info();
-    if (!waits_for_layers(info)) problem.workers[k].fixed_layers = info.layers;
+    if (!waits_for_layers(info) && !info.movable) problem.workers[k].fixed_layers = info.layers;
   }
   std::vector<RemoteStage*> stages;
   for (auto& stage : connected) stages.push_back(stage.get());
@@ -180,7 +180,8 @@ std::vector<WorkerEntry> assign_auto_layers(std::vector<std::unique_ptr<RemoteSt
     const size_t i = placeable.placed[stage.worker];
     WorkerEntry entry = workers[i];
     entry.layers = stage.layers;
-    if (waits_for_layers(connected[i]->info())) connected[i]->assign(stage.layers);
+    const model::LayerRange held = connected[i]->info().layers;
+    if (held.first != stage.layers.first || held.last != stage.layers.last) connected[i]->assign(stage.layers);
     spdlog::info("stage {}: {} takes layers {}-{} ({:.3f} ms compute a step)", s, entry.address, stage.layers.first,
                  stage.layers.last - 1, stage.compute_seconds * 1e3);
     ordered.push_back(std::move(entry));
