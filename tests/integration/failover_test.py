@@ -50,7 +50,7 @@ CASE:
               watch: stage 1's worker made slow mid-generation is no longer given
               layers: placed anew with its times scaled by how slow it shows, the
               other takes every layer and it stands by; every token as undisturbed.
-  copies      pico-coord --standby-copies 0.2: the state of every sequence is copied to
+  copies      pico-coord --standby-copies 0.05: the state of every sequence is copied to
               the standbys as it grows; stage 1's active worker killed once copies of
               the 8 streams' sequences were made: its replica resumes each from its
               copy (/metrics pico:resumed_sequences_total, pico:resumed_tokens_total)
@@ -334,7 +334,7 @@ try:
         if coord.poll() is not None:
             fail("pico-coord exited")
     elif case == "copies":
-        addresses, layers, workers, coord, port = replicated_cluster(["--standby-copies", "0.2"])
+        addresses, layers, workers, coord, port = replicated_cluster(["--standby-copies", "0.05"])
         expected = undisturbed(port, greedy_only=False)
         for victim_index, standby_index, stop, what in (
                 (2, 3, signal.SIGKILL, "stage 1's active worker killed"),
