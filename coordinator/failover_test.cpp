@@ -496,9 +496,15 @@ TEST(Replicas, StandbyCopiesFollowTheirSequences) {
   EXPECT_EQ(r.pipeline->copied_prefix(1), 0);
   // Active now, b keeps no copy records; a, lost, gets none and is not due any.
   EXPECT_FALSE(r.pipeline->copies_due(longer));
-  // a back (restarted): planned and given copies afresh.
+  // a back (restarted): planned and given copies afresh, once b answers snapshots (a
+  // failed snapshot ends the round, and nothing is recorded).
   r.a->is_up = true;
   r.a->on_restore = [&](int32_t, std::span<const uint8_t>) {};
+  r.b->on_snapshot = [](int32_t) -> std::optional<std::vector<uint8_t>> { throw StageError("b: no answer"); };
+  const uint64_t copies_before = r.pipeline->timings().standby_copies;
+  EXPECT_EQ(r.pipeline->copy_to_standbys(longer).sequences, 0u);
+  EXPECT_EQ(r.pipeline->timings().standby_copies, copies_before);
+  EXPECT_TRUE(r.pipeline->copies_due(longer));
   r.b->on_snapshot = [](int32_t seq) -> std::optional<std::vector<uint8_t>> {
     return std::vector<uint8_t>(static_cast<size_t>(seq));
   };

@@ -580,7 +580,8 @@ Pipeline::CopyRound Pipeline::copy_to_standbys(std::span<const SequenceLength> s
   const auto start = std::chrono::steady_clock::now();
   CopyRound round;
   const size_t n = positions_.size();
-  for (size_t i = 0; i < n; ++i) {
+  bool stopped = false;  // an active worker did not answer a snapshot
+  for (size_t i = 0; i < n && !stopped; ++i) {
     Position& p = positions_[i];
     // The live standbys and which sequences each lacks at its length.
     std::vector<size_t> standbys;
@@ -621,7 +622,8 @@ Pipeline::CopyRound Pipeline::copy_to_standbys(std::span<const SequenceLength> s
       } catch (const StageError& e) {
         spdlog::warn("stage {}: no snapshot of sequence {} from {} ({}); the copies stop here", i, seq.seq_id,
                      p.active().info().name, e.what());
-        return round;
+        stopped = true;
+        break;
       }
       if (!state) continue;  // not open there
       for (size_t k : lacking) {
