@@ -334,7 +334,7 @@ try:
         if coord.poll() is not None:
             fail("pico-coord exited")
     elif case == "copies":
-        addresses, layers, workers, coord, port = replicated_cluster(["--standby-copies", "0.05"])
+        addresses, layers, workers, coord, port = replicated_cluster(["--standby-copies", "0.05", "--cache-slots", "0"])
         expected = undisturbed(port, greedy_only=False)
         for victim_index, standby_index, stop, what in (
                 (2, 3, signal.SIGKILL, "stage 1's active worker killed"),
@@ -346,7 +346,8 @@ try:
             resumed_tokens_before = metric(port, "pico:resumed_tokens_total")
 
             def disturb():
-                # Once a round has copied this run's sequences (8 per stage with a standby).
+                # Once a round has copied this run's sequences (8 per stage with a standby;
+                # --cache-slots 0: no kept sequence of an earlier run is copied instead).
                 deadline = time.time() + 30
                 while metric(port, "pico:standby_copies_total") < copies_before + 16:
                     if time.time() > deadline:
