@@ -287,6 +287,11 @@ ClusterView ClusterControl::describe(Pipeline& pipeline) {
   view.standby_copy_bytes = timings.standby_copy_bytes;
   view.standby_copy_seconds = timings.standby_copy_seconds;
   view.slow_moves = slow_moves_;
+  view.spread = pipeline.spread();
+  for (const uint32_t lane : pipeline.lanes()) {
+    const auto steps = timings.lane_steps.find(lane);
+    view.lanes.push_back({lane, steps == timings.lane_steps.end() ? 0 : steps->second});
+  }
   for (size_t i = 0; i < pipeline.size(); ++i) {
     StageView stage;
     stage.layers = pipeline.stage(i).info().layers;
@@ -298,6 +303,7 @@ ClusterView ClusterControl::describe(Pipeline& pipeline) {
       w.name = info.name;
       w.up = workers[k]->up();
       w.active = k == pipeline.active_worker(i);
+      w.lane = pipeline.lane_of(i, k);
       w.backend = info.backend;
       w.isa = info.isa;
       w.device = info.device;

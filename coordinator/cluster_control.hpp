@@ -30,6 +30,7 @@ namespace pico::coordinator {
 struct WorkerView {
   std::string name;
   bool up = false, active = false;
+  std::optional<uint32_t> lane;  // the lane it runs in (nullopt: it stands by)
   std::string backend, isa, device;
   uint32_t threads = 0;
   uint64_t memory_bytes = 0;
@@ -75,6 +76,14 @@ struct ClusterView {
   // the seconds generation waited for them.
   uint64_t standby_copies = 0, standby_copy_bytes = 0;
   double standby_copy_seconds = 0;
+  // Replicas spread into lanes (Pipeline::set_spread), the lanes running, first first,
+  // and the steps each finished.
+  bool spread = false;
+  struct LaneView {
+    uint32_t id = 0;
+    uint64_t steps = 0;
+  };
+  std::vector<LaneView> lanes;
 };
 
 // A worker's profiled time per token for layers [first, last) (+ the head when `head`):

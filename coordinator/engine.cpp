@@ -298,9 +298,7 @@ void Engine::admit() {
   const bool admitted =
       std::any_of(active_.begin(), active_.end(), [](const auto& s) { return !s->sampler && !s->done; });
   if (admitted && !kept_.empty()) {
-    bool all_up = true;
-    for (size_t i = 0; i < pipeline_.size(); ++i) all_up = pipeline_.stage(i).up() && all_up;
-    if (!all_up) {
+    if (!pipeline_.lost_stage().empty()) {
       for (const auto& k : kept_) close_sequence(k.kv_id);
       kept_.clear();
     }
@@ -390,6 +388,7 @@ ChainGrant Engine::chain_grant(const std::vector<Seq*>& seqs) {
 void Engine::loop() {
   struct Inflight {
     uint64_t step = 0;  // the pipeline's id
+    uint32_t lane = 0;  // the pipeline's lane it runs on
     Clock::time_point submitted;
     int prefill = 0, decode = 0;
     std::vector<Seq*> seqs;   // with tokens in this step
@@ -397,6 +396,9 @@ void Engine::loop() {
     // Sequences that asked for prompt progress, with how much of their prompt is
     // evaluated once this step is.
     std::vector<std::pair<Seq*, int>> progress = {};
+    // Per sequence in seqs, the positions it holds once this step is done (empty for a
+    // chained step: not counted as held).
+    std::vector<int32_t> ends = {};
   };
   std::deque<Inflight> inflight;
   // A sequence leaves active_ once done and no step in flight holds its tokens (steps
@@ -415,16 +417,25 @@ void Engine::loop() {
   // A with_pipeline task that moves layers waits for the steps in flight to finish; no
   // step starts meanwhile, not even the next one of a token just sampled.
   bool draining = false;
-  auto fill = [&]() -> bool {
+  std::function<bool(uint32_t)> fill_lane;
+  std::function<bool()> fill;
+  fill = [&]() -> bool {
     if (draining) return true;
     // The last stage starts the next steps of a greedy chain itself.
     if (pipeline_.chain_running()) return true;
+    // Each lane of the pipeline (Pipeline::lanes) runs the steps of its own sequences.
+    for (const uint32_t lane : pipeline_.lanes()) {
+      if (!fill_lane(lane)) return false;
+    }
+    return true;
+  };
+  fill_lane = [&](uint32_t lane) -> bool {
     // Decoding sequences are split into one group per stage (up to max_inflight), so
     // that with several stages each works on its own group at once instead of all
     // stages taking turns on one batch; with one stage a single group is best.
     int decoding = 0;
     for (const auto& s : active_) {
-      if (!s->done && !s->cancelled && s->prefill_sent == s->request.prompt.size()) ++decoding;
+      if (s->lane == lane && !s->done && !s->cancelled && s->prefill_sent == s->request.prompt.size()) ++decoding;
     }
     const int groups = std::max(1, std::min(static_cast<int>(pipeline_.size()), options_.max_inflight));
     const int decode_group = (decoding + groups - 1) / groups;
@@ -433,11 +444,16 @@ void Engine::loop() {
     // whose prompts ended in different steps stay in different steps for good, and a
     // one-stage pipeline runs 8 streams as two batches of 4, reading the weights twice.
     auto decode_steps = [&] {
-      return static_cast<int>(std::count_if(inflight.begin(), inflight.end(), [](const Inflight& f) { return f.decode > 0; }));
+      return static_cast<int>(std::count_if(inflight.begin(), inflight.end(),
+                                            [&](const Inflight& f) { return f.lane == lane && f.decode > 0; }));
+    };
+    auto lane_steps = [&] {
+      return static_cast<int>(
+          std::count_if(inflight.begin(), inflight.end(), [&](const Inflight& f) { return f.lane == lane; }));
     };
 
-    // Fill the pipeline.
-    while (static_cast<int>(inflight.size()) < options_.max_inflight && !active_.empty()) {
+    // Fill the lane.
+    while (lane_steps() < options_.max_inflight && !active_.empty()) {
       std::vector<model::BatchToken> batch;
       std::vector<protocol::LogitsOutput> outputs;  // per batch row
       bool any_reduced = false;  // a row asked as arg max or hidden state
@@ -455,12 +471,13 @@ void Engine::loop() {
         }
       };
       std::vector<Seq*> seqs, wants;
+      std::vector<int32_t> ends;
       std::vector<std::pair<Seq*, int>> progress;
       int budget = options_.max_batch_tokens, prefill = 0, decode = 0;
       const int decode_room = decode_steps() < groups ? decode_group : 0;
       for (size_t k = 0; k < active_.size() && budget > 0; ++k) {
         Seq& s = *active_[(rr + k) % active_.size()];
-        if (s.done || s.awaiting || s.cancelled) continue;
+        if (s.lane != lane || s.done || s.awaiting || s.cancelled) continue;
         const auto& prompt = s.request.prompt;
         if (s.replay_sent < s.replay.size()) {
           // After a failover: what the lost KV held, as a prefill, before anything new.
@@ -475,6 +492,7 @@ void Engine::loop() {
             output(s, logits);
           }
           seqs.push_back(&s);
+          ends.push_back(s.n_past);
           budget -= static_cast<int>(n);
           prefill += static_cast<int>(n);
           if (s.replay_sent == s.replay.size()) {
@@ -497,6 +515,7 @@ void Engine::loop() {
             output(s, wanted, last);
           }
           seqs.push_back(&s);
+          ends.push_back(s.n_past);
           if (s.request.return_progress) progress.emplace_back(&s, static_cast<int>(s.prefill_sent));
           budget -= static_cast<int>(n);
           prefill += static_cast<int>(n);
@@ -510,6 +529,7 @@ void Engine::loop() {
           mark_checkpoint(s, batch.back(), false);
           output(s, true);
           seqs.push_back(&s);
+          ends.push_back(s.n_past);
           wants.push_back(&s);
           s.pending.reset();
           s.awaiting = true;
@@ -527,19 +547,22 @@ void Engine::loop() {
       uint64_t step_id = 0;
       try {
         step_id = pipeline_.submit(batch,
-                         any_reduced ? std::span<const protocol::LogitsOutput>(outputs)
-                                    : std::span<const protocol::LogitsOutput>(),
-                         chain);
+                                   any_reduced ? std::span<const protocol::LogitsOutput>(outputs)
+                                               : std::span<const protocol::LogitsOutput>(),
+                                   chain, lane);
       } catch (const std::exception& e) {
         spdlog::error("pipeline: {}", e.what());
         inflight.clear();
-        if (recover(e.what())) continue;  // replicas took over: the replay goes out now
+        // Replicas took over: the replay goes out now, on the lanes there are now.
+        if (recover(e.what())) return fill();
         stats_stale = false;
         check_stages(false);
         return false;
       }
       for (Seq* sp : seqs) ++sp->steps_inflight;
-      inflight.push_back({step_id, Clock::now(), prefill, decode, std::move(seqs), std::move(wants), std::move(progress)});
+      inflight.push_back(
+          {step_id, lane, Clock::now(), prefill, decode, std::move(seqs), std::move(wants), std::move(progress),
+           std::move(ends)});
     }
     return true;
   };
@@ -611,14 +634,24 @@ void Engine::loop() {
     }
     const auto now = Clock::now();
     if (!out.traces.empty()) layer_trace_.publish(out, static_cast<int32_t>(pipeline_.stage(0).info().identity.n_layer));
-    const Inflight step = std::move(inflight.front());
-    inflight.pop_front();
+    // Steps of different lanes finish in any order; within a lane, in the order submitted.
+    const auto finished =
+        std::find_if(inflight.begin(), inflight.end(), [&](const Inflight& f) { return f.step == out.step; });
+    if (finished == inflight.end()) {
+      spdlog::error("pipeline: an answer to step {}, which is not in flight", out.step);
+      fail_all("the pipeline answered a step not in flight");
+      inflight.clear();
+      continue;
+    }
+    const Inflight step = std::move(*finished);
+    inflight.erase(finished);
     for (Seq* sp : step.seqs) --sp->steps_inflight;
+    for (size_t k = 0; k < step.ends.size(); ++k) step.seqs[k]->held = std::max(step.seqs[k]->held, step.ends[k]);
     // A greedy chain: the last stage already sent the next step, with these rows' arg
     // maxes, and it is in flight now.
     if (out.chained) {
       for (Seq* sp : step.seqs) ++sp->steps_inflight;
-      inflight.push_back({out.step + 1, now, 0, step.decode, step.seqs, step.wants});
+      inflight.push_back({out.step + 1, step.lane, now, 0, step.decode, step.seqs, step.wants});
     }
     {
       // Wall time of this step not already counted for the step before it, split by tokens.

@@ -142,8 +142,9 @@ struct EngineMetrics {
   uint64_t prompt_tokens_cached = 0;  // reused from a kept sequence's KV
   uint64_t generated_tokens = 0;
   uint64_t replayed_tokens = 0;  // positions computed again after a failover (Pipeline::fail_over)
-  // Sequences that resumed from a standby's copy after a failover, and the positions
-  // that were not computed again thanks to it (Pipeline::copy_to_standbys).
+  // Sequences that resumed after a failover from a standby's copy (Pipeline::
+  // copy_to_standbys) or on the workers of their lane that kept them, and the positions
+  // that were not computed again thanks to it.
   uint64_t resumed_sequences = 0, resumed_tokens = 0;
   double prefill_seconds = 0.0, decode_seconds = 0.0;
   int active = 0, queued = 0;
@@ -246,7 +247,11 @@ class Engine {
     std::vector<int32_t> tokens;  // one per position held
     uint64_t last_used = 0;
     std::vector<int32_t> checkpoints;  // positions its recurrent state can go back to
+    uint32_t lane = 0;                 // the pipeline's lane that holds it
   };
+  // The running lane with the fewest unfinished sequences (the first such): where a
+  // sequence that continues no kept one goes.
+  uint32_t quietest_lane() const;
   // Marks `row` for a checkpoint when the policy wants one after it, and records it.
   void mark_checkpoint(Seq& s, model::BatchToken& row, bool prompt_end);
   // on_prompt_progress with `processed` of its prompt's tokens evaluated (return_progress only).

@@ -40,6 +40,7 @@ inline bool returns_hidden(Pooling pooling, size_t index, size_t n) {
 struct Engine::Seq {
   int32_t id = 0;     // the request's (Handle::id)
   int32_t kv_id = 0;  // the sequence's on the stages (a kept one's when its prefix is reused)
+  uint32_t lane = 0;  // the pipeline's lane that holds it (Pipeline::lanes)
   OnlineRequest request;
   std::shared_ptr<const OnlineRequest> settings;  // request without its prompt, for /slots
   bool has_new_line = false;                      // a newline among the text released so far
@@ -53,6 +54,9 @@ struct Engine::Seq {
   std::vector<int32_t> kv_tokens;    // the token of each position sent (n_past of them)
   std::vector<int32_t> checkpoints;  // positions its stages checkpointed (as they evict them)
   int steps_inflight = 0;            // steps in flight holding tokens of this sequence
+  // Positions every stage of its lane holds for it: those of the steps that came back
+  // (for a replay on the same workers, Pipeline::kept_its_workers).
+  int32_t held = 0;
   // After a failover: the tokens its lost KV held, sent again from position 0 (the
   // last one asking for logits when its step was waiting for them); batch invariance
   // makes the replayed KV and logits bit-identical to the lost ones.

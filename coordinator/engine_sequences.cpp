@@ -20,8 +20,11 @@ namespace pico::coordinator {
 void Engine::check_stages(bool idle) {
   std::string lost;
   auto find_lost = [&] {
-    for (size_t i = 0; i < pipeline_.size() && lost.empty(); ++i) {
-      if (!pipeline_.stage(i).up()) lost = "stage " + std::to_string(i) + " (" + pipeline_.stage(i).info().name + ")";
+    for (const uint32_t lane : pipeline_.lanes()) {
+      for (size_t i = 0; i < pipeline_.size() && lost.empty(); ++i) {
+        Stage& s = pipeline_.stage(i, lane);
+        if (!s.up()) lost = "stage " + std::to_string(i) + " (" + s.info().name + ")";
+      }
     }
   };
   find_lost();
@@ -69,6 +72,18 @@ void Engine::check_stages(bool idle) {
   lost_stage_ = std::move(lost);
 }
 
+uint32_t Engine::quietest_lane() const {
+  const std::vector<uint32_t> lanes = pipeline_.lanes();
+  uint32_t best = lanes.front();
+  long fewest = -1;
+  for (const uint32_t lane : lanes) {
+    const long n = std::count_if(active_.begin(), active_.end(),
+                                 [&](const auto& s) { return s->lane == lane && !s->done && s->sampler; });
+    if (fewest < 0 || n < fewest) best = lane, fewest = n;
+  }
+  return best;
+}
+
 void Engine::release_kv(Seq& s) {
   if (s.kv_released) return;
   s.kv_released = true;
@@ -76,7 +91,7 @@ void Engine::release_kv(Seq& s) {
     // Keep its KV for a later request with a common prefix (every step of it is done).
     // The stages may hold one position more (a chained step past the end): a reuse cuts
     // it, as it cuts any position after the common prefix.
-    kept_.push_back({s.kv_id, std::move(s.kv_tokens), ++use_tick_, std::move(s.checkpoints)});
+    kept_.push_back({s.kv_id, std::move(s.kv_tokens), ++use_tick_, std::move(s.checkpoints), s.lane});
     evict_kept();
   } else {
     close_sequence(s.kv_id);
@@ -125,8 +140,10 @@ void Engine::reuse_prefix(Seq& s) {
   const auto& prompt = s.request.prompt;
   auto best = kept_.end();
   size_t best_len = 0;
+  const std::vector<uint32_t> lanes = pipeline_.lanes();
   if (s.request.cache_prompt) {
     for (auto it = kept_.begin(); it != kept_.end(); ++it) {
+      if (std::find(lanes.begin(), lanes.end(), it->lane) == lanes.end()) continue;  // its lane ended
       const size_t limit = std::min(it->tokens.size(), prompt.size() - 1);
       size_t n = 0;
       while (n < limit && it->tokens[n] == prompt[n]) ++n;
@@ -143,12 +160,15 @@ void Engine::reuse_prefix(Seq& s) {
   }
   if (best == kept_.end()) {
     s.kv_id = next_kv_id_++;
+    s.lane = quietest_lane();
+    s.held = 0;
     return;
   }
   // No truncate message: each stage cuts the sequence when its next token arrives at
   // position best_len (StageEngine::forward). A message sent to every stage directly
   // could reach a later stage after that token, which comes through the stages before.
   s.kv_id = best->kv_id;
+  s.lane = best->lane;  // where its KV is
   pipeline_.cut_copies(s.kv_id, static_cast<int32_t>(best_len));
   // The stages drop the checkpoints after the one they go back to.
   for (int32_t c : best->checkpoints) {
@@ -157,6 +177,7 @@ void Engine::reuse_prefix(Seq& s) {
   kept_.erase(best);
   s.n_cached = static_cast<int>(best_len);
   s.n_past = static_cast<int32_t>(best_len);
+  s.held = s.n_past;
   s.prefill_sent = best_len;
   s.kv_tokens.assign(prompt.begin(), prompt.begin() + static_cast<std::ptrdiff_t>(best_len));
 }
@@ -232,6 +253,8 @@ void Engine::replay_all() {
   for (const auto& k : kept_) close_sequence(k.kv_id);
   kept_.clear();
   size_t replayed = 0, tokens = 0, resumed = 0, resumed_tokens = 0;
+  const std::vector<uint32_t> lanes = pipeline_.lanes();
+  std::vector<Seq*> moved;  // from a lane that ended
   for (auto& sp : active_) {
     Seq& s = *sp;
     s.steps_inflight = 0;  // every step in flight is gone
@@ -266,10 +289,12 @@ void Engine::replay_all() {
       again.insert(again.end(), s.replay.begin() + static_cast<std::ptrdiff_t>(s.replay_sent), s.replay.end());
       logits = s.replay_logits;
     }
-    // A row that wants logits is sent again, however far the copy goes.
+    // A row that wants logits is sent again, however far the copy goes. A lane that kept
+    // its workers holds what its steps that came back computed; a sequence whose lane
+    // ended starts again on another.
     const auto room = static_cast<int32_t>(again.size()) - (logits ? 1 : 0);
-    const int32_t from =
-        options_.recurrent || s.kv_released ? 0 : std::clamp(pipeline_.copied_prefix(s.kv_id), 0, room);
+    const int32_t held = pipeline_.kept_its_workers(s.lane) ? s.held : pipeline_.copied_prefix(s.kv_id, s.lane);
+    const int32_t from = options_.recurrent || s.kv_released ? 0 : std::clamp(held, 0, room);
     if (from > 0) {
       pipeline_.close_on_replaced(s.kv_id);
       // Every active worker holds it up to `from` at least; a standby's copy beyond may
@@ -284,6 +309,7 @@ void Engine::replay_all() {
     s.kv_tokens.assign(again.begin(), again.begin() + from);
     s.checkpoints.clear();
     s.n_past = from;
+    s.held = from;
     s.awaiting = false;
     s.replay.assign(again.begin() + from, again.end());
     s.replay_sent = 0;
@@ -292,9 +318,18 @@ void Engine::replay_all() {
     tokens += s.replay.size();
   }
   pipeline_.forget_taken_over();
-  spdlog::warn("failover: {} sequences replay {} tokens on the new chain ({} of them from a standby's copy, "
-               "{} tokens not replayed)",
-               replayed, tokens, resumed, resumed_tokens);
+  // Onto the quietest lanes, one at a time (the embedding requests' lanes are set below).
+  for (auto& sp : active_) {
+    if (!sp->done && std::find(lanes.begin(), lanes.end(), sp->lane) == lanes.end() &&
+        std::find(moved.begin(), moved.end(), sp.get()) == moved.end()) {
+      moved.push_back(sp.get());
+    }
+  }
+  for (Seq* s : moved) s->lane = 0;  // counted by quietest_lane as on no lane
+  for (Seq* s : moved) s->lane = quietest_lane();
+  spdlog::warn("failover: {} sequences replay {} tokens on the new chain ({} of them from a standby's copy or "
+               "their lane's workers, {} tokens not replayed; {} moved to another lane)",
+               replayed, tokens, resumed, resumed_tokens, moved.size());
   std::lock_guard lock(mutex_);
   metrics_.replayed_tokens += tokens;
   metrics_.resumed_sequences += resumed;
@@ -306,9 +341,9 @@ std::vector<SequenceLength> Engine::sequence_lengths() const {
   if (options_.recurrent) return out;
   for (const auto& sp : active_) {
     if (sp->kv_released || sp->request.embedding) continue;
-    out.push_back({sp->kv_id, static_cast<int32_t>(sp->kv_tokens.size())});
+    out.push_back({sp->kv_id, static_cast<int32_t>(sp->kv_tokens.size()), sp->lane});
   }
-  for (const Kept& k : kept_) out.push_back({k.kv_id, static_cast<int32_t>(k.tokens.size())});
+  for (const Kept& k : kept_) out.push_back({k.kv_id, static_cast<int32_t>(k.tokens.size()), k.lane});
   return out;
 }
 
@@ -438,7 +473,7 @@ std::future<Engine::SlotFileResult> Engine::slot_file(SlotAction action, int32_t
                                            : "no idle slot " + std::to_string(slot) + " (GET /slots lists them)");
         }
         if (action == SlotAction::save) {
-          for (size_t i = 0; i < p.size(); ++i) out->bytes += p.stage(i).save_slot(slot, name, kept->tokens);
+          for (size_t i = 0; i < p.size(); ++i) out->bytes += p.stage(i, kept->lane).save_slot(slot, name, kept->tokens);
           out->slot = slot;
           out->tokens = kept->tokens.size();
           kept->last_used = ++use_tick_;
@@ -449,10 +484,11 @@ std::future<Engine::SlotFileResult> Engine::slot_file(SlotAction action, int32_t
           kept_.erase(kept);
         } else {
           const int32_t kv_id = next_kv_id_++;
+          const uint32_t lane = quietest_lane();
           std::vector<int32_t> tokens;
           try {
             for (size_t i = 0; i < p.size(); ++i) {
-              Stage::SlotRead read = p.stage(i).restore_slot(kv_id, name);
+              Stage::SlotRead read = p.stage(i, lane).restore_slot(kv_id, name);
               out->bytes += read.bytes;
               std::vector<int32_t> held = std::move(read.tokens);
               if (i > 0 && held != tokens) {
@@ -480,7 +516,7 @@ std::future<Engine::SlotFileResult> Engine::slot_file(SlotAction action, int32_t
           // hybrid model's restored slot is continued from its end only.
           std::vector<int32_t> checkpoints;
           if (options_.recurrent) checkpoints.push_back(static_cast<int32_t>(tokens.size()));
-          kept_.push_back({kv_id, std::move(tokens), ++use_tick_, std::move(checkpoints)});
+          kept_.push_back({kv_id, std::move(tokens), ++use_tick_, std::move(checkpoints), lane});
           evict_kept();
         }
         out->ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();

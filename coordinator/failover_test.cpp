@@ -185,6 +185,11 @@ TEST(Replicas, NoLiveReplicaChangesNothing) {
   EXPECT_EQ(q.first->plans, 1);
 }
 
+void answer_step(FakeStage* last, uint64_t step, std::span<const model::BatchToken> batch,
+                 std::map<int32_t, std::vector<int32_t>>& kv, size_t& computed);
+std::vector<std::string> run_six(Pipeline& pipeline, SchedulerOptions options, std::function<void(Engine&)> meanwhile,
+                                 EngineMetrics* metrics);
+
 // A fake model over the replicated pipeline. Each worker of stage 1 holds its own KV
 // (the tokens of each sequence's positions, which must arrive without a gap, as a
 // worker refuses a gap, and are cut where a token comes below them, as a worker cuts
@@ -214,30 +219,7 @@ struct FakeModel {
         r.a->answers.push_front([]() -> StepOutput { throw StageError("worker w1a: connection lost"); });
         return;
       }
-      StepOutput o;
-      o.step = step;
-      o.n_vocab = 4;
-      std::vector<float> values;
-      for (const auto& t : batch) {
-        auto& held = kv[last][t.seq_id];
-        if (t.pos > static_cast<int32_t>(held.size())) {
-          last->answers.push_back([step]() -> StepOutput { throw StageError("worker: a position gap", step); });
-          return;
-        }
-        held.resize(static_cast<size_t>(t.pos));
-        held.push_back(t.token);
-        ++computed[last];
-        if (!t.logits) continue;
-        uint32_t h = 2166136261u;
-        for (int32_t tok : held) h = (h ^ static_cast<uint32_t>(tok)) * 16777619u;
-        o.seq_ids.push_back(t.seq_id);
-        o.positions.push_back(t.pos);
-        const float lean = static_cast<float>(h % 7) - 3.0f;
-        values.insert(values.end(), {lean, -30.0f, -30.0f, -lean});
-      }
-      o.logits = std::move(values);
-      auto shared = std::make_shared<StepOutput>(std::move(o));
-      last->answers.push_back([shared] { return std::move(*shared); });
+      answer_step(last, step, batch, kv[last], computed[last]);
     };
     // Stage 1's state as its snapshots carry it: the tokens held, 4 bytes each.
     for (FakeStage* w : {r.a, r.b}) {
@@ -263,48 +245,84 @@ struct FakeModel {
   }
   std::atomic<int> snapshots = 0;
   bool fail_snapshots = false;
-  // Runs 6 requests (3 greedy, 3 seeded at temperature 1) to the end; their tokens,
-  // or "error: ..." for a failed one.
   std::vector<std::string> run(SchedulerOptions options, std::function<void(Engine&)> meanwhile = {}) {
-    const auto tok = tiny_tokenizer();
-    Engine engine(*r.pipeline, *tok, options);
-    std::mutex mutex;
-    std::condition_variable cv;
-    std::vector<std::string> out(6);
-    int ended = 0;
-    for (int i = 0; i < 6; ++i) {
-      OnlineRequest q;
-      q.prompt = std::vector<int32_t>(static_cast<size_t>(3 + i), 3);
-      q.prompt[0] = static_cast<int32_t>(i % 2) * 3;
-      q.max_tokens = 24;
-      q.ignore_eos = true;
-      q.sampling = sample::SamplingParams::greedy();
-      if (i % 2) {
-        q.sampling.temperature = 1.0f;
-        q.sampling.seed = static_cast<uint32_t>(40 + i);
-      }
-      Callbacks cb;
-      cb.on_sampled = [&, i](int32_t id, std::span<const float>) { out[static_cast<size_t>(i)] += std::to_string(id); };
-      cb.on_done = [&](const std::string&, const Usage&) {
-        std::lock_guard lock(mutex);
-        ++ended;
-        cv.notify_all();
-      };
-      cb.on_error = [&, i](const std::string& message) {
-        std::lock_guard lock(mutex);
-        out[static_cast<size_t>(i)] = "error: " + message;
-        ++ended;
-        cv.notify_all();
-      };
-      engine.submit(std::move(q), std::move(cb));
-    }
-    if (meanwhile) meanwhile(engine);
-    std::unique_lock lock(mutex);
-    EXPECT_TRUE(cv.wait_for(lock, std::chrono::seconds(20), [&] { return ended == 6; }));
-    metrics = engine.metrics();
-    return out;
+    return run_six(*r.pipeline, options, std::move(meanwhile), &metrics);
   }
 };
+
+// The fake model's answer to a step, queued at the last worker `last`, which holds
+// the sequences `kv`: each token at its position (a gap is refused; a token below what
+// is held cuts the rest, as a worker does); a row's logits hash every token held.
+void answer_step(FakeStage* last, uint64_t step, std::span<const model::BatchToken> batch,
+                 std::map<int32_t, std::vector<int32_t>>& kv, size_t& computed) {
+  StepOutput o;
+  o.step = step;
+  o.n_vocab = 4;
+  std::vector<float> values;
+  for (const auto& t : batch) {
+    auto& held = kv[t.seq_id];
+    if (t.pos > static_cast<int32_t>(held.size())) {
+      last->answers.push_back([step]() -> StepOutput { throw StageError("worker: a position gap", step); });
+      return;
+    }
+    held.resize(static_cast<size_t>(t.pos));
+    held.push_back(t.token);
+    ++computed;
+    if (!t.logits) continue;
+    uint32_t h = 2166136261u;
+    for (int32_t tok : held) h = (h ^ static_cast<uint32_t>(tok)) * 16777619u;
+    o.seq_ids.push_back(t.seq_id);
+    o.positions.push_back(t.pos);
+    const float lean = static_cast<float>(h % 7) - 3.0f;
+    values.insert(values.end(), {lean, -30.0f, -30.0f, -lean});
+  }
+  o.logits = std::move(values);
+  auto shared = std::make_shared<StepOutput>(std::move(o));
+  last->answers.push_back([shared] { return std::move(*shared); });
+}
+
+// Runs 6 requests (3 greedy, 3 seeded at temperature 1) to the end; their tokens,
+// or "error: ..." for a failed one.
+std::vector<std::string> run_six(Pipeline& pipeline, SchedulerOptions options, std::function<void(Engine&)> meanwhile,
+                                 EngineMetrics* metrics) {
+  const auto tok = tiny_tokenizer();
+  Engine engine(pipeline, *tok, options);
+  std::mutex mutex;
+  std::condition_variable cv;
+  std::vector<std::string> out(6);
+  int ended = 0;
+  for (int i = 0; i < 6; ++i) {
+    OnlineRequest q;
+    q.prompt = std::vector<int32_t>(static_cast<size_t>(3 + i), 3);
+    q.prompt[0] = static_cast<int32_t>(i % 2) * 3;
+    q.max_tokens = 24;
+    q.ignore_eos = true;
+    q.sampling = sample::SamplingParams::greedy();
+    if (i % 2) {
+      q.sampling.temperature = 1.0f;
+      q.sampling.seed = static_cast<uint32_t>(40 + i);
+    }
+    Callbacks cb;
+    cb.on_sampled = [&, i](int32_t id, std::span<const float>) { out[static_cast<size_t>(i)] += std::to_string(id); };
+    cb.on_done = [&](const std::string&, const Usage&) {
+      std::lock_guard lock(mutex);
+      ++ended;
+      cv.notify_all();
+    };
+    cb.on_error = [&, i](const std::string& message) {
+      std::lock_guard lock(mutex);
+      out[static_cast<size_t>(i)] = "error: " + message;
+      ++ended;
+      cv.notify_all();
+    };
+    engine.submit(std::move(q), std::move(cb));
+  }
+  if (meanwhile) meanwhile(engine);
+  std::unique_lock lock(mutex);
+  EXPECT_TRUE(cv.wait_for(lock, std::chrono::seconds(20), [&] { return ended == 6; }));
+  *metrics = engine.metrics();
+  return out;
+}
 
 SchedulerOptions small_steps() {
   SchedulerOptions o;
@@ -688,6 +706,200 @@ TEST(SlowPosition, PredictedStepLiesBetweenTheProfilesMeasures) {
   // A decode slower than its batch's tokens: never below one token's time.
   info.profile->layers[1] = {0.200, {0.001, 0.001}};
   EXPECT_DOUBLE_EQ(*predicted_step_seconds(info, {1, 2}, false, 22), 0.200);
+}
+
+
+// Two workers at each of two positions, plus `standbys` more at position 1; with
+// spread on, w0a-w1a and w0b-w1b are lanes. The fake model's answers (answer_step)
+// come from the last worker of the lane a step was given to.
+struct SpreadModel {
+  FakeStage *w0a = nullptr, *w0b = nullptr, *w1a = nullptr, *w1b = nullptr;
+  std::vector<FakeStage*> spare;  // at position 1
+  std::unique_ptr<Pipeline> pipeline;
+  std::map<FakeStage*, std::map<int32_t, std::vector<int32_t>>> kv;
+  std::map<FakeStage*, size_t> computed;  // positions each last worker computed
+  std::map<FakeStage*, int> steps;        // steps each first worker was given
+  EngineMetrics metrics;
+  std::atomic<int> submits = 0;
+  int kill_at = 0;  // the submit at which `victim` is lost
+  FakeStage* victim = nullptr;
+  explicit SpreadModel(bool spread = true, int standbys = 0) {
+    std::vector<std::unique_ptr<Stage>> stages;
+    auto add = [&](model::LayerRange layers, const char* name) {
+      stages.push_back(std::make_unique<FakeStage>(layers, fake_identity(), 0, name));
+      return static_cast<FakeStage*>(stages.back().get());
+    };
+    w0a = add({0, 2}, "w0a");
+    w0b = add({0, 2}, "w0b");
+    w1a = add({2, 4}, "w1a");
+    w1b = add({2, 4}, "w1b");
+    for (int k = 0; k < standbys; ++k) spare.push_back(add({2, 4}, k == 0 ? "w1c" : "w1d"));
+    pipeline = std::make_unique<Pipeline>(std::move(stages), fake_identity());
+    pipeline->set_spread(spread);
+    for (FakeStage* first : {w0a, w0b}) {
+      first->on_submit = [this, first](uint64_t step, std::span<const model::BatchToken> batch) {
+        ++steps[first];
+        auto* last = static_cast<FakeStage*>(first->next);
+        if (++submits == kill_at) {
+          victim->is_up = false;
+          victim->comes_back = false;
+          victim->answers.push_front([this]() -> StepOutput {
+            throw StageError("worker " + victim->info().name + ": connection lost");
+          });
+          return;
+        }
+        answer_step(last, step, batch, kv[last], computed[last]);
+      };
+    }
+  }
+};
+
+TEST(Lanes, StandbysAtEveryPositionFormALane) {
+  SpreadModel m;
+  m.w0a->on_submit = m.w0b->on_submit = nullptr;  // the test answers
+  const std::vector<uint32_t> lanes = m.pipeline->lanes();
+  ASSERT_EQ(lanes.size(), 2u);
+  EXPECT_EQ(&m.pipeline->stage(1), m.w1a);
+  EXPECT_EQ(&m.pipeline->stage(1, lanes[1]), m.w1b);
+  EXPECT_EQ(m.pipeline->lane_of(0, 1), lanes[1]);
+  // Each lane a chain of its own, the last stage chaining to its lane's first.
+  EXPECT_EQ(m.w0a->next, m.w1a);
+  EXPECT_EQ(m.w0b->next, m.w1b);
+  EXPECT_EQ(m.w1b->next, nullptr);
+  EXPECT_EQ(m.w1a->chain_to, m.w0a);
+  EXPECT_EQ(m.w1b->chain_to, m.w0b);
+  // Steps go to their lane; lanes answer in any order, each in the order submitted.
+  const uint64_t s1 = m.pipeline->submit(kBatch, {}, {}, lanes[0]);
+  const uint64_t s2 = m.pipeline->submit(kBatch, {}, {}, lanes[1]);
+  const uint64_t s3 = m.pipeline->submit(kBatch, {}, {}, lanes[1]);
+  EXPECT_EQ(m.w0a->submitted, std::vector<uint64_t>{s1});
+  EXPECT_EQ(m.w0b->submitted, (std::vector<uint64_t>{s2, s3}));
+  EXPECT_EQ(m.pipeline->in_flight(lanes[1]), 2u);
+  EXPECT_THROW(m.pipeline->submit(kBatch, {}, {}, 999), std::logic_error);
+  auto answer = [](FakeStage* last, uint64_t step) {
+    last->answers.push_back([step] {
+      StepOutput o;
+      o.step = step;
+      return o;
+    });
+  };
+  answer(m.w1b, s2);
+  EXPECT_EQ(m.pipeline->wait(1000).step, s2);
+  answer(m.w1a, s1);
+  answer(m.w1b, s3);
+  std::vector<uint64_t> got{m.pipeline->wait(1000).step, m.pipeline->wait(1000).step};
+  std::sort(got.begin(), got.end());
+  EXPECT_EQ(got, (std::vector<uint64_t>{s1, s3}));
+  // A lane that answers nothing within the timeout is an error, while the other answers.
+  const uint64_t s4 = m.pipeline->submit(kBatch, {}, {}, lanes[0]);
+  m.pipeline->submit(kBatch, {}, {}, lanes[1]);
+  answer(m.w1a, s4);
+  EXPECT_EQ(m.pipeline->wait(200).step, s4);
+  EXPECT_THROW(m.pipeline->wait(200), StageError);
+  EXPECT_EQ(m.pipeline->in_flight(lanes[1]), 0u);  // abandoned
+  // A close reaches every lane.
+  m.pipeline->close(9);
+  for (FakeStage* w : {m.w0a, m.w0b, m.w1a, m.w1b}) EXPECT_EQ(w->closes, std::vector<int32_t>{9}) << w->info().name;
+  // Spread off: one lane.
+  m.pipeline->set_spread(false);
+  EXPECT_EQ(m.pipeline->lanes(), std::vector<uint32_t>{lanes[0]});
+  EXPECT_FALSE(m.pipeline->lane_of(1, 1).has_value());
+}
+
+TEST(Lanes, ALaneThatLosesAWorkerTakesAStandbyOrEnds) {
+  {
+    // No standby: the lane ends, its live worker stands by and hears the replay's closes.
+    SpreadModel m;
+    const std::vector<uint32_t> lanes = m.pipeline->lanes();
+    m.w1b->is_up = false;
+    m.w1b->comes_back = false;
+    EXPECT_THROW(m.pipeline->submit(kBatch, {}, {}, lanes[0]), StageError);  // not waited for
+    EXPECT_TRUE(m.pipeline->fail_over());
+    EXPECT_EQ(m.pipeline->lanes(), std::vector<uint32_t>{lanes[0]});
+    EXPECT_EQ(m.pipeline->lost_stage(), "");
+    EXPECT_EQ(m.pipeline->copied_prefix(5, lanes[1]), 0);
+    m.pipeline->close(7);
+    EXPECT_EQ(m.w0b->closes, std::vector<int32_t>{7});
+    EXPECT_EQ(m.w1b->closes, std::vector<int32_t>{7});  // told when it rejoins
+    // Back, it forms a lane again, under a new id.
+    m.w1b->comes_back = true;
+    m.pipeline->rejoin_standbys();
+    const std::vector<uint32_t> again = m.pipeline->lanes();
+    ASSERT_EQ(again.size(), 2u);
+    EXPECT_NE(again[1], lanes[1]);
+    EXPECT_EQ(&m.pipeline->stage(1, again[1]), m.w1b);
+    EXPECT_EQ(m.w0b->next, m.w1b);
+    // The first lane losing its worker: the second becomes the first.
+    m.w0a->is_up = false;
+    EXPECT_TRUE(m.pipeline->fail_over());
+    EXPECT_EQ(m.pipeline->lanes(), std::vector<uint32_t>{again[1]});
+    EXPECT_EQ(&m.pipeline->stage(0), m.w0b);
+    EXPECT_EQ(&m.pipeline->stage(1), m.w1b);
+    // The last lane losing a worker with no live standby: nothing changes.
+    m.w1a->is_up = false;
+    m.w1b->is_up = false;
+    EXPECT_FALSE(m.pipeline->fail_over());
+    EXPECT_EQ(m.pipeline->lanes(), std::vector<uint32_t>{again[1]});
+  }
+  {
+    // A standby at that position takes the lost worker's place in its lane.
+    SpreadModel m(true, 1);
+    const std::vector<uint32_t> lanes = m.pipeline->lanes();
+    ASSERT_EQ(lanes.size(), 2u);
+    EXPECT_FALSE(m.pipeline->lane_of(1, 4).has_value());  // w1c stands by
+    m.w1b->is_up = false;
+    EXPECT_TRUE(m.pipeline->fail_over());
+    EXPECT_EQ(m.pipeline->lanes(), lanes);
+    EXPECT_EQ(&m.pipeline->stage(1, lanes[1]), m.spare[0]);
+    EXPECT_EQ(m.w0b->next, m.spare[0]);
+    EXPECT_EQ(&m.pipeline->stage(1), m.w1a);
+    EXPECT_EQ(m.pipeline->timings().failovers, 1u);
+    m.pipeline->forget_taken_over();
+  }
+}
+
+// The engine spreads its requests over the lanes, and a lane that loses a worker ends
+// mid-run: its sequences replay on the other lane. Every token is as in the undisturbed
+// run on one chain.
+TEST(Lanes, RequestsSpreadOverTheLanesAndSurviveALaneEnding) {
+  FakeModel calm;
+  const std::vector<std::string> expected = calm.run(small_steps());
+  {
+    SpreadModel m;
+    EXPECT_EQ(run_six(*m.pipeline, small_steps(), {}, &m.metrics), expected);
+    EXPECT_GT(m.steps[m.w0a], 0);
+    EXPECT_GT(m.steps[m.w0b], 0);
+    // Three sequences on each lane: each last worker computed about half.
+    EXPECT_GT(m.computed[m.w1a], 0u);
+    EXPECT_GT(m.computed[m.w1b], 0u);
+    EXPECT_EQ(m.kv[m.w1a].size() + m.kv[m.w1b].size(), 6u);
+    EXPECT_EQ(m.kv[m.w1a].size(), 3u);
+  }
+  for (int lane : {0, 1}) {
+    for (int kill_at : {3, 12, 30}) {
+      SpreadModel m;
+      m.victim = lane == 0 ? m.w1a : m.w1b;
+      m.kill_at = kill_at;
+      EXPECT_EQ(run_six(*m.pipeline, small_steps(), {}, &m.metrics), expected)
+          << "lane " << lane << " lost at submit " << kill_at;
+      EXPECT_EQ(m.pipeline->lanes().size(), 1u);
+      EXPECT_EQ(m.pipeline->timings().failovers, 1u);
+      EXPECT_GT(m.metrics.replayed_tokens, 0u);
+      // The other lane's sequences resume on its own workers from what they hold (once
+      // a step of theirs came back), under the same ids.
+      if (kill_at > 3) {
+        EXPECT_GE(m.metrics.resumed_sequences, 1u) << "lane " << lane << " lost at submit " << kill_at;
+        EXPECT_LE(m.metrics.resumed_sequences, 3u);
+        EXPECT_GT(m.metrics.resumed_tokens, 0u);
+      }
+    }
+  }
+  {
+    // Spread off: one chain, as before.
+    SpreadModel m(false);
+    EXPECT_EQ(run_six(*m.pipeline, small_steps(), {}, &m.metrics), expected);
+    EXPECT_EQ(m.steps[m.w0b], 0);
+  }
 }
 
 }  // namespace

@@ -27,8 +27,9 @@ class FakeStage final : public Stage {
   }
   const StageInfo& info() const override { return info_; }
   StageInfo& info_for_test() { return info_; }
-  void plan(Stage*, Stage* chain, size_t, size_t) override {
+  void plan(Stage* to, Stage* chain, size_t, size_t) override {
     ++plans;
+    next = to;
     chain_to = chain;
     plan_order.push_back(info_.name);
     if (on_plan) on_plan();
@@ -72,6 +73,7 @@ class FakeStage final : public Stage {
   std::vector<uint64_t> submitted;
   std::vector<std::vector<protocol::LogitsOutput>> submitted_outputs;
   std::vector<ChainGrant> grants;
+  Stage* next = nullptr;      // where its output goes (the last plan's)
   Stage* chain_to = nullptr;
   std::function<void(uint64_t, std::span<const model::BatchToken>)> on_submit;
   std::vector<int32_t> closes;

@@ -103,6 +103,12 @@ int main(int argc, char** argv) {
                  "workers anew (those started with fixed --layers keep them) so that requests are served again "
                  "(default: never)")
       ->check(CLI::Range(0.1, 3600.0));
+  std::string replicas = "spread";
+  app.add_option("--replicas", replicas,
+                 "What workers given the same layers do: spread (default: while every stage has one standing by, "
+                 "those form one more chain through the layers, and requests are spread over the chains) or standby "
+                 "(one chain runs; the others wait to take a lost worker's place)")
+      ->check(CLI::IsMember({"spread", "standby"}));
   double standby_copies = 0;
   app.add_option("--standby-copies", standby_copies,
                  "HTTP API: every SECONDS, copy the state of each sequence that changed to the live standbys of its "
@@ -327,6 +333,7 @@ int main(int argc, char** argv) {
       if (own_keys) remote_options->curve = net::Curve{*own_keys, {}};
     }
     Pipeline pipeline(std::move(stages), identity);
+    pipeline.set_spread(replicas == "spread");
 
     // ctx x parallel sequences sized so that no stage can run out of KV.
     std::vector<StageInfo> infos;  // replicas too: each must hold what a failover gives it

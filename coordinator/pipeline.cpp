@@ -74,7 +74,8 @@ void Pipeline::line_up(std::vector<std::unique_ptr<Stage>> stages, const protoco
   }
   check_coverage(infos, static_cast<int32_t>(expected.n_layer));
   positions_ = std::move(positions);
-  inflight_.clear();
+  lanes_.clear();
+  lanes_.push_back({next_lane_++, {}, std::chrono::steady_clock::now()});
   {
     // The totals start again with the positions (each as many as there are positions).
     std::lock_guard lock(timings_mutex_);
@@ -88,7 +89,11 @@ void Pipeline::line_up(std::vector<std::unique_ptr<Stage>> stages, const protoco
                  info.isa.empty() ? "" : info.isa + ", ", info.backend.empty() ? "" : info.backend + ", ",
                  info.device.empty() ? "" : info.device + ", ", info.threads);
     for (size_t k = 1; k < positions_[i].workers.size(); ++k) {
-      spdlog::info("stage {}: {} stands by as a replica", i, positions_[i].workers[k]->info().name);
+      if (const auto lane = lane_of(i, k)) {
+        spdlog::info("stage {}: {} runs these layers in lane {}", i, positions_[i].workers[k]->info().name, *lane);
+      } else {
+        spdlog::info("stage {}: {} stands by as a replica", i, positions_[i].workers[k]->info().name);
+      }
     }
   }
 }
@@ -104,20 +109,27 @@ std::vector<Stage*> Pipeline::all_stages() {
 std::optional<size_t> Pipeline::live_replica(size_t i) {
   Position& p = positions_[i];
   for (size_t k = 0; k < p.workers.size(); ++k) {
-    if (k != p.current && p.workers[k]->up()) return k;
+    if (!p.runs(k) && p.workers[k]->up()) return k;
   }
   return std::nullopt;
 }
 
-void Pipeline::switch_to(size_t i, size_t k) {
+void Pipeline::switch_to(size_t i, size_t k, size_t lane) {
   Position& p = positions_[i];
+  const size_t old = p.worker_of(lane);
   p.holds_closed.resize(p.workers.size());
-  p.holds_closed[p.current] = true;  // the caller's replay closes its sequences there too
+  p.holds_closed[old] = true;  // the caller's replay closes its sequences there too
   // What it holds as a standby is the replay's start; active, it keeps no copy records.
-  taken_over_.resize(positions_.size());
-  taken_over_[i] = std::move(copies_of(i, k));
+  auto& taken = taken_over_[lanes_[lane].id];
+  taken.resize(positions_.size());
+  taken[i] = std::move(copies_of(i, k));
   p.copies[k].clear();
-  p.current = k;
+  if (lane == 0) {
+    p.current = k;
+  } else {
+    p.spread[lane - 1] = k;
+    return;  // the timings and recent steps are the first lane's
+  }
   std::lock_guard lock(timings_mutex_);
   describe(timings_.stages[i], p.active().info());
   p.active_since = std::chrono::steady_clock::now();
@@ -126,27 +138,153 @@ void Pipeline::switch_to(size_t i, size_t k) {
 }
 
 bool Pipeline::fail_over() {
-  // First whether every lost worker has a live replica: otherwise nothing changes.
-  std::vector<std::pair<size_t, size_t>> swaps;  // position, replica
-  for (size_t i = 0; i < positions_.size(); ++i) {
-    if (positions_[i].active().up()) continue;
-    const auto live = live_replica(i);
-    if (!live) return false;
-    swaps.emplace_back(i, *live);
+  // First whether every lost worker has a live standby, or its lane can end with
+  // another lane going on: otherwise nothing changes.
+  struct Swap {
+    size_t position, worker, lane;
+  };
+  std::vector<Swap> swaps;
+  std::vector<size_t> ending;  // lane indices, ascending
+  std::vector<std::vector<size_t>> claimed(positions_.size());  // standbys already given a lane
+  for (size_t j = 0; j < lanes_.size(); ++j) {
+    std::vector<Swap> lane_swaps;
+    bool ends = false;
+    for (size_t i = 0; i < positions_.size() && !ends; ++i) {
+      const Position& p = positions_[i];
+      if (p.workers[p.worker_of(j)]->up()) continue;
+      std::optional<size_t> live;
+      for (size_t k = 0; k < p.workers.size() && !live; ++k) {
+        const bool taken = std::find(claimed[i].begin(), claimed[i].end(), k) != claimed[i].end();
+        if (!p.runs(k) && !taken && p.workers[k]->up()) live = k;
+      }
+      if (!live) ends = true;
+      else lane_swaps.push_back({i, *live, j});
+    }
+    if (ends) {
+      ending.push_back(j);
+      continue;
+    }
+    for (const Swap& w : lane_swaps) {
+      claimed[w.position].push_back(w.worker);
+      swaps.push_back(w);
+    }
   }
-  if (swaps.empty()) return false;
-  for (const auto& [i, k] : swaps) {
-    Position& p = positions_[i];
-    spdlog::warn("stage {}: worker {} is lost; its replica {} takes layers {}", i, p.active().info().name,
-                 p.workers[k]->info().name, layers_text(p.workers[k]->info()));
-    switch_to(i, k);
+  if (ending.size() == lanes_.size() || (swaps.empty() && ending.empty())) return false;
+  for (const Swap& w : swaps) {
+    Position& p = positions_[w.position];
+    spdlog::warn("stage {}: worker {} is lost; its replica {} takes layers {}{}", w.position,
+                 p.workers[p.worker_of(w.lane)]->info().name, p.workers[w.worker]->info().name,
+                 layers_text(p.workers[w.worker]->info()),
+                 lanes_.size() > 1 ? " in lane " + std::to_string(lanes_[w.lane].id) : std::string());
+    switch_to(w.position, w.worker, w.lane);
     std::lock_guard lock(timings_mutex_);
     ++timings_.failovers;
   }
-  inflight_.clear();
+  for (size_t e = ending.size(); e-- > 0;) {
+    spdlog::warn("lane {} lost a worker that no standby can replace: it ends, its sequences replay on another lane",
+                 lanes_[ending[e]].id);
+    end_lane(ending[e]);
+    std::lock_guard lock(timings_mutex_);
+    ++timings_.failovers;
+  }
+  abandon_steps();
   plan_all();
   return true;
 }
+
+void Pipeline::abandon_steps() {
+  for (Lane& l : lanes_) l.inflight.clear();
+}
+
+void Pipeline::end_lane(size_t lane) {
+  for (size_t i = 0; i < positions_.size(); ++i) {
+    Position& p = positions_[i];
+    p.holds_closed.resize(p.workers.size());
+    p.holds_closed[p.worker_of(lane)] = true;  // it holds the lane's sequences until the replay's closes
+    if (lane == 0) {
+      p.current = p.spread.front();
+      p.spread.erase(p.spread.begin());
+      std::lock_guard lock(timings_mutex_);
+      describe(timings_.stages[i], p.active().info());
+      p.active_since = std::chrono::steady_clock::now();
+      p.recent.clear();
+      p.recent_next = 0;
+    } else {
+      p.spread.erase(p.spread.begin() + static_cast<std::ptrdiff_t>(lane - 1));
+    }
+  }
+  taken_over_.erase(lanes_[lane].id);
+  lanes_.erase(lanes_.begin() + static_cast<std::ptrdiff_t>(lane));
+}
+
+bool Pipeline::form_lanes() {
+  if (!spread_ || !chains_possible_) return false;
+  bool formed = false;
+  while (true) {
+    std::vector<size_t> picked;
+    for (size_t i = 0; i < positions_.size(); ++i) {
+      const auto live = live_replica(i);
+      if (!live) return formed;
+      picked.push_back(*live);
+    }
+    lanes_.push_back({next_lane_++, {}, std::chrono::steady_clock::now()});
+    std::string names;
+    for (size_t i = 0; i < positions_.size(); ++i) {
+      forget_copies(i, picked[i]);  // its copies are of sequences of other lanes
+      positions_[i].spread.push_back(picked[i]);
+      names += (i ? ", " : "") + positions_[i].workers[picked[i]]->info().name;
+    }
+    spdlog::info("lane {}: {} run the layers as a chain of their own", lanes_.back().id, names);
+    formed = true;
+  }
+}
+
+void Pipeline::set_spread(bool spread) {
+  spread_ = spread;
+  if (spread) {
+    const size_t before = lanes_.size();
+    if (form_lanes()) {
+      for (size_t j = before; j < lanes_.size(); ++j) plan_lane(j);
+    }
+    return;
+  }
+  while (lanes_.size() > 1) end_lane(lanes_.size() - 1);
+}
+
+std::vector<uint32_t> Pipeline::lanes() const {
+  std::vector<uint32_t> ids;
+  for (const Lane& l : lanes_) ids.push_back(l.id);
+  return ids;
+}
+
+size_t Pipeline::lane_index(uint32_t id) const {
+  if (id == 0) return 0;
+  for (size_t j = 0; j < lanes_.size(); ++j) {
+    if (lanes_[j].id == id) return j;
+  }
+  throw std::logic_error("lane " + std::to_string(id) + " is not running");
+}
+
+Stage& Pipeline::stage(size_t i, uint32_t lane) {
+  const Position& p = positions_.at(i);
+  size_t j = 0;
+  try {
+    j = lane_index(lane);
+  } catch (const std::logic_error& e) {
+    throw std::out_of_range(e.what());
+  }
+  return *p.workers[p.worker_of(j)];
+}
+
+std::optional<uint32_t> Pipeline::lane_of(size_t i, size_t k) const {
+  const Position& p = positions_.at(i);
+  for (size_t j = 0; j < lanes_.size(); ++j) {
+    if (p.worker_of(j) == k) return lanes_[j].id;
+  }
+  return std::nullopt;
+}
+
+size_t Pipeline::in_flight(uint32_t lane) const { return lanes_.at(lane_index(lane)).inflight.size(); }
 
 std::vector<Stage*> Pipeline::workers(size_t i) {
   std::vector<Stage*> out;
@@ -220,6 +358,12 @@ void Pipeline::regroup(std::vector<std::unique_ptr<Stage>> moved, const protocol
   for (const Entry& e : entries) {
     ordered.push_back(e.replacement ? std::move(*e.replacement) : std::move(positions_[e.position].workers[e.worker]));
   }
+  // Workers of the later lanes hold those lanes' sequences: the replay's closes reach
+  // them wherever they stand next.
+  std::vector<const Stage*> ran_lanes;
+  for (const auto& p : positions_) {
+    for (size_t k : p.spread) ran_lanes.push_back(p.workers[k].get());
+  }
   std::vector<std::unique_ptr<Stage>> leaving;
   for (const auto& [i, k] : leave) {
     auto& w = positions_[i].workers[k];
@@ -229,7 +373,14 @@ void Pipeline::regroup(std::vector<std::unique_ptr<Stage>> moved, const protocol
   leaving_ = std::move(leaving);
   positions_.clear();  // the lost dropped workers' connections with it
   line_up(std::move(ordered), expected);
-  taken_over_.assign(positions_.size(), std::map<int32_t, int32_t>());  // the replay starts at 0
+  taken_over_.clear();  // every lane is new: the replay starts at 0
+  for (auto& p : positions_) {
+    p.holds_closed.resize(p.workers.size());
+    for (size_t k = 0; k < p.workers.size(); ++k) {
+      const bool ran = std::find(ran_lanes.begin(), ran_lanes.end(), p.workers[k].get()) != ran_lanes.end();
+      if (ran && !p.runs(k)) p.holds_closed[k] = true;
+    }
+  }
 }
 
 size_t Pipeline::add_replica(std::unique_ptr<Stage> stage, const protocol::ModelIdentity& expected) {
@@ -248,6 +399,10 @@ size_t Pipeline::add_replica(std::unique_ptr<Stage> stage, const protocol::Model
     }
     spdlog::info("stage {}: {} joins as a replica (layers {})", i, info.name, layers_text(info));
     positions_[i].workers.push_back(std::move(stage));
+    const size_t before = lanes_.size();
+    if (form_lanes()) {
+      for (size_t j = before; j < lanes_.size(); ++j) plan_lane(j);
+    }
     return i;
   }
   throw StageError("worker " + info.name + " serves layers " + layers_text(info) +
@@ -263,9 +418,11 @@ bool Pipeline::hand_over(size_t i, size_t k, std::span<const int32_t> sequences)
   Stage& to = *p.workers[k];
   if (!from.up() || !to.up()) throw StageError("worker " + (from.up() ? to : from).info().name + " is not up");
   const size_t old = p.current;
+  const auto lane = lane_of(i, k);
+  if (lane) end_lane(lane_index(*lane));
   // Planned first: a worker's first plan from this session drops whatever it holds.
   switch_to(i, k);
-  inflight_.clear();
+  abandon_steps();
   plan_all();
   uint64_t moved = 0, bytes = 0;
   try {
@@ -280,16 +437,16 @@ bool Pipeline::hand_over(size_t i, size_t k, std::span<const int32_t> sequences)
   } catch (const StageError& e) {
     spdlog::warn("stage {}: handing the sequences over from {} to {} failed ({}); they are replayed", i,
                  from.info().name, to.info().name, e.what());
-    taken_over_[i] = std::map<int32_t, int32_t>();  // restored or not, the replay starts at 0
+    taken_over_[lanes_[0].id][i] = std::map<int32_t, int32_t>();  // restored or not, the replay starts at 0
     return false;  // switch_to left the old worker the replay's closes
   }
   p.holds_closed[old] = false;  // it has none of them now
-  taken_over_[i].reset();  // nothing replays
+  taken_over_[lanes_[0].id][i].reset();  // nothing replays
   spdlog::info("stage {}: worker {} takes layers {} from {} with the state of {} sequence(s) ({:.1f} MiB)", i,
                to.info().name, layers_text(to.info()), from.info().name, moved, static_cast<double>(bytes) / (1 << 20));
   std::lock_guard lock(timings_mutex_);
   timings_.handed_over_sequences += moved;
-  return true;
+  return !lane;  // the sequences of the lane that ended replay
 }
 
 bool Pipeline::activate(size_t i, size_t k) {
@@ -299,8 +456,9 @@ bool Pipeline::activate(size_t i, size_t k) {
   if (!p.workers[k]->up()) throw StageError("worker " + p.workers[k]->info().name + " is not up");
   spdlog::info("stage {}: worker {} takes layers {} from {}", i, p.workers[k]->info().name,
                layers_text(p.workers[k]->info()), p.active().info().name);
+  if (const auto lane = lane_of(i, k)) end_lane(lane_index(*lane));
   switch_to(i, k);
-  inflight_.clear();
+  abandon_steps();
   plan_all();
   return true;
 }
@@ -309,7 +467,7 @@ void Pipeline::rejoin_standbys() {
   for (auto& p : positions_) {
     for (size_t k = 0; k < p.workers.size(); ++k) {
       Stage& s = *p.workers[k];
-      if (k == p.current || s.up()) continue;
+      if (p.runs(k) || s.up()) continue;
       // Restarted, it holds none of its copies; only hung, it hears their closes.
       forget_copies(static_cast<size_t>(&p - positions_.data()), k);
       try {
@@ -321,90 +479,114 @@ void Pipeline::rejoin_standbys() {
       }
     }
   }
+  const size_t before = lanes_.size();
+  if (form_lanes()) {
+    for (size_t j = before; j < lanes_.size(); ++j) plan_lane(j);
+  }
 }
 
 void Pipeline::plan_all() {
   chains_possible_ =
       std::all_of(positions_.begin(), positions_.end(), [](const Position& p) { return p.active().remote(); });
+  form_lanes();
+  for (size_t j = 0; j < lanes_.size(); ++j) plan_lane(j);
+}
+
+void Pipeline::plan_lane(size_t lane) {
   // Last stage first: each stage then knows its predecessor's key (Plan.acceptKeys)
   // before the predecessor connects to it, since a CURVE server that refuses a key
   // once is not asked again by that connection.
   const size_t n = positions_.size();
+  auto worker = [&](size_t i) -> Stage& { return *positions_[i].workers[positions_[i].worker_of(lane)]; };
   for (size_t i = n; i-- > 0;) {
     const bool last = i + 1 == n;
-    positions_[i].active().plan(last ? nullptr : &positions_[i + 1].active(),
-                                last && chains_possible_ ? &positions_.front().active() : nullptr, i, n);
+    worker(i).plan(last ? nullptr : &worker(i + 1), last && chains_possible_ ? &worker(0) : nullptr, i, n);
   }
 }
 
 bool Pipeline::chain_running() const {
-  return std::any_of(inflight_.begin(), inflight_.end(),
-                     [](const Inflight& f) { return f.chain_steps > 0 || f.chained; });
+  return std::any_of(lanes_.begin(), lanes_.end(), [](const Lane& l) {
+    return std::any_of(l.inflight.begin(), l.inflight.end(),
+                       [](const Inflight& f) { return f.chain_steps > 0 || f.chained; });
+  });
 }
 
 uint64_t Pipeline::submit(std::span<const model::BatchToken> batch, std::span<const protocol::LogitsOutput> outputs,
-                          const ChainGrant& chain) {
+                          const ChainGrant& chain, uint32_t lane) {
   if (chain_running()) throw std::logic_error("a step submitted while a greedy chain runs");
   // A stage lost since the last step (even while idle) gets its chance to rejoin first:
   // a worker restarted while nothing ran serves the next request.
   rejoin_lost();
+  const size_t j = lane_index(lane);
   const uint64_t step = next_step_++;
   const ChainGrant grant = chains_possible_ ? chain : ChainGrant{};
   next_step_ += grant.steps;  // the ids of the steps the last stage may start
   try {
-    positions_.front().active().submit(step, batch, outputs, grant);
+    positions_.front().workers[positions_.front().worker_of(j)]->submit(step, batch, outputs, grant);
   } catch (const StageError&) {
-    inflight_.clear();
+    abandon_steps();
     throw;
   }
-  inflight_.push_back({step, batch.size(), grant.steps, false});
+  Lane& l = lanes_[j];
+  if (l.inflight.empty()) l.answered = std::chrono::steady_clock::now();
+  l.inflight.push_back({step, batch.size(), grant.steps, false});
   return step;
 }
 
 void Pipeline::rejoin_lost() {
   bool rejoined = false;
-  for (size_t i = 0; i < positions_.size(); ++i) {
-    Stage& s = positions_[i].active();
-    if (s.up()) continue;
-    if (live_replica(i)) {
-      // A live replica takes over (fail_over) rather than waiting for this one.
-      inflight_.clear();
-      throw StageError("worker " + s.info().name + " (stage " + std::to_string(i) + ") is lost");
+  for (size_t j = 0; j < lanes_.size(); ++j) {
+    for (size_t i = 0; i < positions_.size(); ++i) {
+      Stage& s = *positions_[i].workers[positions_[i].worker_of(j)];
+      if (s.up()) continue;
+      if (live_replica(i) || lanes_.size() > 1) {
+        // A live replica takes over (fail_over), or the lane ends, rather than waiting for this one.
+        abandon_steps();
+        throw StageError("worker " + s.info().name + " (stage " + std::to_string(i) + ") is lost");
+      }
+      try {
+        s.rejoin();
+      } catch (const StageError&) {
+        abandon_steps();
+        throw;
+      }
+      if (j == 0) {
+        // A restarted worker may run on another backend or device.
+        std::lock_guard lock(timings_mutex_);
+        describe(timings_.stages[i], s.info());
+      }
+      rejoined = true;
     }
-    try {
-      s.rejoin();
-    } catch (const StageError&) {
-      inflight_.clear();
-      throw;
-    }
-    {
-      // A restarted worker may run on another backend or device.
-      std::lock_guard lock(timings_mutex_);
-      describe(timings_.stages[i], s.info());
-    }
-    rejoined = true;
   }
   if (rejoined) {
     // Every stage connects afresh to the next; nothing is in flight at this point.
-    inflight_.clear();
+    abandon_steps();
     plan_all();
   }
 }
 
 std::string Pipeline::lost_stage() {
-  for (auto& p : positions_) {
-    if (!p.active().up()) return p.active().info().name;
+  for (size_t j = 0; j < lanes_.size(); ++j) {
+    for (auto& p : positions_) {
+      Stage& s = *p.workers[p.worker_of(j)];
+      if (!s.up()) return s.info().name;
+    }
   }
   return {};
 }
 
 StepOutput Pipeline::wait(int timeout_ms) {
   const uint64_t wait_start = protocol::steady_nanos();
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  const auto called = std::chrono::steady_clock::now();
+  const auto timeout = std::chrono::milliseconds(timeout_ms);
+  const size_t n = positions_.size();
+  auto worker = [&](size_t i, size_t j) -> Stage& { return *positions_[i].workers[positions_[i].worker_of(j)]; };
   // An answer to a step in flight, or to one abandoned earlier (dropped).
   auto current = [&](uint64_t step) {
-    for (const auto& f : inflight_) {
-      if (f.step == step) return true;
+    for (const Lane& l : lanes_) {
+      for (const auto& f : l.inflight) {
+        if (f.step == step) return true;
+      }
     }
     return false;
   };
@@ -412,26 +594,43 @@ StepOutput Pipeline::wait(int timeout_ms) {
     while (true) {
       try {
         // Errors and lost connections of the stages before the last one.
-        for (size_t i = 0; i + 1 < positions_.size(); ++i) {
-          if (positions_[i].active().poll(0)) throw StageError("stage " + std::to_string(i) + " answered with logits");
+        for (size_t j = 0; j < lanes_.size(); ++j) {
+          for (size_t i = 0; i + 1 < n; ++i) {
+            if (worker(i, j).poll(0)) throw StageError("stage " + std::to_string(i) + " answered with logits");
+          }
         }
-        if (auto out = positions_.back().active().poll(20)) {
-          if (inflight_.empty() || out->step != inflight_.front().step) {
+        // One lane waits on its last stage; several look at each in turn, waiting on
+        // all their sockets at once in between, starting after the lane that answered
+        // last (a lane always ready would otherwise starve the others).
+        const bool several = lanes_.size() > 1;
+        for (size_t t = 0; t < lanes_.size(); ++t) {
+          const size_t j = (poll_from_ + t) % lanes_.size();
+          Lane& lane = lanes_[j];
+          auto out = worker(n - 1, j).poll(several ? 0 : 20);
+          if (!out) continue;
+          if (lane.inflight.empty() || out->step != lane.inflight.front().step) {
             if (current(out->step)) throw StageError("step " + std::to_string(out->step) + " finished out of order");
             continue;  // late logits of an abandoned step
           }
-          const Inflight done = inflight_.front();
+          const Inflight done = lane.inflight.front();
           if (out->chained && done.chain_steps == 0) {
             throw StageError("the last stage chained step " + std::to_string(out->step) + " without a grant");
           }
-          account(*out, done.tokens, wait_start);
-          inflight_.pop_front();
+          account(*out, done.tokens, wait_start, j);
+          lane.inflight.pop_front();
+          poll_from_ = j + 1;
+          lane.answered = std::chrono::steady_clock::now();
           // Submitted after any failover, so after the caller closed what the replaced
           // workers held: later sequences never reached them.
           for (auto& p : positions_) p.holds_closed.clear();
           // The step the last stage started is the next to finish.
-          if (out->chained) inflight_.push_front({done.step + 1, done.tokens, done.chain_steps - 1, true});
+          if (out->chained) lane.inflight.push_front({done.step + 1, done.tokens, done.chain_steps - 1, true});
           return std::move(*out);
+        }
+        if (several) {
+          std::vector<Stage*> lasts;
+          for (size_t j = 0; j < lanes_.size(); ++j) lasts.push_back(&worker(n - 1, j));
+          wait_readable(lasts, 20);
         }
       } catch (const StageError& e) {
         if (e.step() == 0) throw;
@@ -439,34 +638,44 @@ StepOutput Pipeline::wait(int timeout_ms) {
         // A stage that answered about one step is alive; a step refused because a stage
         // further down is gone (unavailable) shows as that stage being lost.
         if (!lost_stage().empty()) throw;
-        std::erase_if(inflight_, [&](const Inflight& f) { return f.step == e.step(); });
+        for (Lane& l : lanes_) std::erase_if(l.inflight, [&](const Inflight& f) { return f.step == e.step(); });
         throw StepRefused(e);
       }
-      if (std::chrono::steady_clock::now() >= deadline) {
-        throw StageError("no logits within " + std::to_string(timeout_ms) + " ms");
+      // A lane with steps in flight and no answer for timeout_ms (since this call at the
+      // earliest) is stuck.
+      const auto now = std::chrono::steady_clock::now();
+      const bool none = std::all_of(lanes_.begin(), lanes_.end(), [](const Lane& l) { return l.inflight.empty(); });
+      if (none && now - called >= timeout) throw StageError("no logits within " + std::to_string(timeout_ms) + " ms");
+      for (const Lane& l : lanes_) {
+        if (l.inflight.empty() || now - std::max(l.answered, called) < timeout) continue;
+        throw StageError("no logits within " + std::to_string(timeout_ms) + " ms" +
+                         (lanes_.size() > 1 ? " (lane " + std::to_string(l.id) + ")" : std::string()));
       }
     }
   } catch (const StepRefused&) {
     throw;
   } catch (const StageError&) {
-    inflight_.clear();
+    abandon_steps();
     throw;
   }
 }
 
-void Pipeline::account(const StepOutput& out, size_t tokens, uint64_t wait_start) {
+void Pipeline::account(const StepOutput& out, size_t tokens, uint64_t wait_start, size_t lane) {
   auto seconds = [](int64_t nanos) { return nanos > 0 ? static_cast<double>(nanos) * 1e-9 : 0.0; };
   std::lock_guard lock(timings_mutex_);
   // Everything in the coordinator's clock: a stage's stamp minus its clock offset. A
   // chained step was sent by the last stage.
-  int64_t prev_sent = static_cast<int64_t>(out.sent_nanos) - (out.sent_by_last ? positions_.back().active().clock_offset_nanos() : 0);
+  const Position& last = positions_.back();
+  int64_t prev_sent = static_cast<int64_t>(out.sent_nanos) -
+                      (out.sent_by_last ? last.workers[last.worker_of(lane)]->clock_offset_nanos() : 0);
   if (out.sent_by_last) ++timings_.chained_steps;
+  ++timings_.lane_steps[lanes_[lane].id];
   bool prev_remote = true;  // the coordinator is not the stage's process
   const auto now = std::chrono::steady_clock::now();
   for (const StageStamp& st : out.stamps) {
     if (st.stage >= positions_.size()) continue;
     Position& position = positions_[st.stage];
-    Stage& stage = position.active();
+    Stage& stage = *position.workers[position.worker_of(lane)];
     StageTimingTotals& t = timings_.stages[st.stage];
     const int64_t offset = stage.clock_offset_nanos();
     auto local = [&](uint64_t stamp) { return static_cast<int64_t>(stamp) - offset; };
@@ -482,7 +691,9 @@ void Pipeline::account(const StepOutput& out, size_t tokens, uint64_t wait_start
     }
     ++t.batches;
     t.tokens += tokens;
-    if (position.recent.size() < kRecentSteps) {
+    if (lane != 0) {
+      // The recent steps are the first lane's worker's (the slow watch's).
+    } else if (position.recent.size() < kRecentSteps) {
       position.recent.push_back({now, tokens, compute});
     } else {
       position.recent[position.recent_next] = {now, tokens, compute};
@@ -491,7 +702,7 @@ void Pipeline::account(const StepOutput& out, size_t tokens, uint64_t wait_start
     prev_sent = local(st.sent);
     prev_remote = stage.remote();
   }
-  if (!out.stamps.empty() && positions_.back().active().remote()) {
+  if (!out.stamps.empty() && last.workers[last.worker_of(lane)]->remote()) {
     timings_.logits_transfer_seconds +=
         seconds(static_cast<int64_t>(out.received_nanos) - std::max(prev_sent, static_cast<int64_t>(wait_start)));
   }
@@ -532,7 +743,7 @@ void Pipeline::close(int32_t seq_id) {
     for (size_t k = 0; k < p.workers.size(); ++k) {
       Stage& s = *p.workers[k];
       const bool copy = k < p.copies.size() && p.copies[k].erase(seq_id) > 0;
-      if (k != p.current && !copy && !(k < p.holds_closed.size() && p.holds_closed[k])) continue;
+      if (!p.runs(k) && !copy && !(k < p.holds_closed.size() && p.holds_closed[k])) continue;
       try {
         s.close(seq_id);
       } catch (const StageError& e) {
@@ -565,7 +776,7 @@ void Pipeline::forget_copies(size_t i, size_t k) {
 bool Pipeline::copies_due(std::span<const SequenceLength> sequences) {
   for (size_t i = 0; i < positions_.size(); ++i) {
     for (size_t k = 0; k < positions_[i].workers.size(); ++k) {
-      if (k == positions_[i].current || !positions_[i].workers[k]->up()) continue;
+      if (positions_[i].runs(k) || !positions_[i].workers[k]->up()) continue;
       const auto& copies = copies_of(i, k);
       for (const SequenceLength& s : sequences) {
         const auto held = copies.find(s.seq_id);
@@ -586,7 +797,7 @@ Pipeline::CopyRound Pipeline::copy_to_standbys(std::span<const SequenceLength> s
     // The live standbys and which sequences each lacks at its length.
     std::vector<size_t> standbys;
     for (size_t k = 0; k < p.workers.size(); ++k) {
-      if (k == p.current) continue;
+      if (p.runs(k)) continue;
       if (!p.workers[k]->up()) {
         forget_copies(i, k);
         continue;
@@ -616,12 +827,19 @@ Pipeline::CopyRound Pipeline::copy_to_standbys(std::span<const SequenceLength> s
         if (held == copies.end() || held->second != seq.length) lacking.push_back(k);
       }
       if (lacking.empty()) continue;
+      size_t lane = 0;
+      try {
+        lane = lane_index(seq.lane);
+      } catch (const std::logic_error&) {
+        continue;  // its lane ended: it replays
+      }
+      Stage& source = *p.workers[p.worker_of(lane)];
       std::optional<std::vector<uint8_t>> state;
       try {
-        state = p.active().snapshot(seq.seq_id);
+        state = source.snapshot(seq.seq_id);
       } catch (const StageError& e) {
         spdlog::warn("stage {}: no snapshot of sequence {} from {} ({}); the copies stop here", i, seq.seq_id,
-                     p.active().info().name, e.what());
+                     source.info().name, e.what());
         stopped = true;
         break;
       }
@@ -669,9 +887,17 @@ void Pipeline::cut_copies(int32_t seq_id, int32_t length) {
   }
 }
 
-int32_t Pipeline::copied_prefix(int32_t seq_id) const {
+int32_t Pipeline::copied_prefix(int32_t seq_id, uint32_t lane) const {
+  size_t j = 0;
+  try {
+    j = lane_index(lane);
+  } catch (const std::logic_error&) {
+    return 0;  // the lane ended
+  }
+  const auto positions = taken_over_.find(lanes_[j].id);
+  if (positions == taken_over_.end()) return 0;
   std::optional<int32_t> prefix;
-  for (const auto& taken : taken_over_) {
+  for (const auto& taken : positions->second) {
     if (!taken) continue;
     const auto held = taken->find(seq_id);
     const int32_t n = held == taken->end() ? 0 : held->second;
@@ -680,12 +906,22 @@ int32_t Pipeline::copied_prefix(int32_t seq_id) const {
   return prefix.value_or(0);
 }
 
+bool Pipeline::kept_its_workers(uint32_t lane) const {
+  size_t j = 0;
+  try {
+    j = lane_index(lane);
+  } catch (const std::logic_error&) {
+    return false;  // the lane ended
+  }
+  return !taken_over_.contains(lanes_[j].id);
+}
+
 void Pipeline::forget_taken_over() { taken_over_.clear(); }
 
 void Pipeline::close_on_replaced(int32_t seq_id) {
   for (auto& p : positions_) {
     for (size_t k = 0; k < p.workers.size() && k < p.holds_closed.size(); ++k) {
-      if (k == p.current || !p.holds_closed[k]) continue;
+      if (p.runs(k) || !p.holds_closed[k]) continue;
       try {
         p.workers[k]->close(seq_id);
       } catch (const StageError& e) {

@@ -8,8 +8,17 @@
 // first of them is active, the others stand by. fail_over() puts a live replica in
 // place of a lost active worker and plans every stage again; the caller then replays
 // its sequences (every step in flight is gone, and the replica holds none of them).
+//
+// Lanes (set_spread): while every position has a live worker standing by, those
+// workers form one more chain through the layers, a lane, that runs steps of its own
+// beside the first one; each sequence lives on one lane (the caller says which in
+// submit). A lane that loses a worker takes a standby in its place, or, when its
+// position has none, ends: its other workers stand by again, and its sequences replay
+// on another lane. The first lane is the one the single-chain calls (stage(i),
+// activate, hand_over, copies, recent_steps) work on.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <deque>
 #include <map>
@@ -45,12 +54,14 @@ struct PipelineTimings {
   // their bytes, and the time the rounds took (generation waits meanwhile).
   uint64_t standby_copies = 0, standby_copy_bytes = 0;
   double standby_copy_seconds = 0;
+  std::map<uint32_t, uint64_t> lane_steps;  // finished steps per lane id (Pipeline::lanes)
 };
 
-// A sequence and the positions it holds on every active worker (Pipeline::copy_to_standbys).
+// A sequence and the positions it holds on every worker of its lane (Pipeline::copy_to_standbys).
 struct SequenceLength {
   int32_t seq_id = 0;
   int32_t length = 0;
+  uint32_t lane = 0;  // Pipeline::lanes(); 0: the first lane
 };
 
 // One finished step at a position, on its active worker: its compute time (the
@@ -79,9 +90,23 @@ class Pipeline {
   // layers. A stage whose layers are those of an earlier one is its replica.
   Pipeline(std::vector<std::unique_ptr<Stage>> stages, const protocol::ModelIdentity& expected);
 
-  // Positions (one per layer range) and the worker active at each.
+  // Positions (one per layer range) and the worker active at each (in the first lane).
   size_t size() const { return positions_.size(); }
   Stage& stage(size_t i) { return positions_.at(i).active(); }
+  // Lanes: with spread on, every set of live standbys, one at each position, forms a
+  // lane of its own (planned as a chain at once); off, the lanes after the first end
+  // (the caller replays their sequences: lanes() no longer has them). Only while no
+  // step is in flight. Spreading needs remote workers: with a local stage there is one lane.
+  void set_spread(bool spread);
+  bool spread() const { return spread_; }
+  // The lanes' ids, the first lane first. An id is never used again once its lane ended,
+  // so a sequence whose lane is not among them replays on another.
+  std::vector<uint32_t> lanes() const;
+  // The worker of lane `lane` at position i (0: the first lane). Throws std::out_of_range
+  // for a lane that is not running.
+  Stage& stage(size_t i, uint32_t lane);
+  // The lane worker k of position i runs in (nullopt: it stands by).
+  std::optional<uint32_t> lane_of(size_t i, size_t k) const;
   // Every worker: the active ones and the replicas standing by (sizing, rejoin checks).
   std::vector<Stage*> all_stages();
   // Workers standing by at position i (live or not).
@@ -91,6 +116,8 @@ class Pipeline {
   // worker was replaced and every active worker is now up (the caller replays its
   // sequences); false when nothing was lost or a lost one has no live replica (then
   // nothing changed). Only while no step is in flight (after wait() or submit() threw).
+  // With lanes: a lane whose lost worker has no live standby ends, when another lane
+  // goes on (true; that lane's sequences replay on another); false when none would.
   bool fail_over();
   // Tries to get back lost replicas standing by (RemoteStage::rejoin; never throws).
   void rejoin_standbys();
@@ -104,6 +131,7 @@ class Pipeline {
   // Makes worker k of position i the active one (it must be up) and plans every stage
   // again; the steps in flight are abandoned and the caller replays its sequences, as
   // after fail_over(). False when it was active already. Throws StageError otherwise.
+  // A worker k running in a later lane leaves it first (that lane ends).
   bool activate(size_t i, size_t k);
   // As activate() (worker k, up, not the active one, becomes active; every stage is
   // planned again), but the sequences' state moves from the worker active before (up)
@@ -111,7 +139,8 @@ class Pipeline {
   // worker), so that the caller replays nothing: every other stage keeps its state.
   // False when a snapshot or restore failed: worker k is active all the same, and the
   // caller replays (its closes reach both workers). Throws StageError, changing
-  // nothing, when k is no replica or either worker is not up.
+  // nothing, when k is no replica or either worker is not up. A worker k running in a
+  // later lane leaves it first: that lane ends, and the result is false (its sequences replay).
   bool hand_over(size_t i, size_t k, std::span<const int32_t> sequences);
   // Standby copies, so that a replica taking a lost worker's place replays only what
   // came after the copy: the state of each sequence given (with the positions every
@@ -131,11 +160,17 @@ class Pipeline {
   // copies stay valid up to there.
   void cut_copies(int32_t seq_id, int32_t length);
   // After workers took positions over (fail_over, activate) and before the caller's
-  // replay: the positions of seq_id that every worker now active holds, as copied
-  // while it stood by (the replay may start there under the same id; each stage cuts
-  // the sequence on arrival), 0 when one of them has no copy. forget_taken_over() once
-  // the replay is planned. A regroup leaves 0 everywhere.
-  int32_t copied_prefix(int32_t seq_id) const;
+  // replay: the positions of seq_id that every worker now active in its lane holds, as
+  // copied while it stood by (the replay may start there under the same id; each stage
+  // cuts the sequence on arrival), 0 when one of them has no copy or no worker of that
+  // lane changed. forget_taken_over() once the replay is planned. A regroup leaves 0
+  // everywhere.
+  int32_t copied_prefix(int32_t seq_id, uint32_t lane = 0) const;
+  // In the same window: lane `lane` runs with the workers it had (none taken over, and
+  // it did not end), which hold each of its sequences as far as its steps that came
+  // back (the replay may start there; each stage cuts on arrival what an abandoned
+  // step added).
+  bool kept_its_workers(uint32_t lane) const;
   void forget_taken_over();
   // Closes seq_id only on the workers that were replaced (a lost one when it rejoins):
   // a sequence that resumes from a copy keeps its id, and they hold a stale state of it.
@@ -154,15 +189,20 @@ class Pipeline {
   void regroup(std::vector<std::unique_ptr<Stage>> moved, const protocol::ModelIdentity& expected,
                const std::vector<std::string>& dropped = {});
 
-  // Starts a step; returns its id. outputs: per batch row, what the last stage returns
-  // for it when it wants logits (empty: full rows; see Stage::submit). chain: the last
-  // stage may start up to chain.steps steps after it itself (ChainGrant; ignored unless
-  // chains_possible()); their ids follow this one's. Throws StageError when a stage is
-  // lost (and did not rejoin just now), std::logic_error while a chain runs.
+  // Starts a step on lane `lane` (0: the first); returns its id. outputs: per batch
+  // row, what the last stage returns for it when it wants logits (empty: full rows; see
+  // Stage::submit). chain: the last stage may start up to chain.steps steps after it
+  // itself (ChainGrant; ignored unless chains_possible()); their ids follow this one's.
+  // Throws StageError when a stage is lost (and did not rejoin just now),
+  // std::logic_error while a chain runs or for a lane that is not running.
   uint64_t submit(std::span<const model::BatchToken> batch, std::span<const protocol::LogitsOutput> outputs = {},
-                  const ChainGrant& chain = {});
-  // The next finished step (steps finish in the order submitted; a chained one right
-  // after the step it follows, which says so: StepOutput::chained). Throws StepRefused
+                  const ChainGrant& chain = {}, uint32_t lane = 0);
+  // Steps of lane `lane` in flight.
+  size_t in_flight(uint32_t lane) const;
+  // The next finished step of any lane (within a lane, steps finish in the order
+  // submitted; a chained one right after the step it follows, which says so:
+  // StepOutput::chained). A lane with steps in flight that answers nothing within
+  // timeout_ms counts as an error too. Throws StepRefused
   // when a stage that is still up refused one step in flight (only that one is dropped;
   // StepRefused::step() names it); StageError on any other error, a lost stage, or no
   // answer within timeout_ms: the steps in flight are then abandoned (their late
@@ -173,7 +213,7 @@ class Pipeline {
   // that is still lost, at once when a replica of it is up (fail_over() is then the
   // way on). Only while no step is in flight.
   void rejoin_lost();
-  // The first stage that is not up (its name), or empty when all are.
+  // The first stage that is not up in any lane (its name), or empty when all are.
   std::string lost_stage();
   // Every stage is remote, so the last can send chained steps to the first.
   bool chains_possible() const { return chains_possible_; }
@@ -192,14 +232,24 @@ class Pipeline {
 
  private:
   void plan_all();
+  void plan_lane(size_t lane);
+  // With spread on and remote workers: new lanes from the live standbys, one at each
+  // position, while there are some (not planned; true when one formed).
+  bool form_lanes();
+  // Lane `lane` (an index) ends: its workers stand by again, holding the closes of the
+  // replay (its sequences replay on another lane).
+  void end_lane(size_t lane);
+  size_t lane_index(uint32_t id) const;  // throws std::logic_error for a lane not running
+  void abandon_steps();
   // Positions from workers in pipeline order (a worker with an earlier one's range is
   // its replica), checked against the model; sets the timings' stages and logs them.
   void line_up(std::vector<std::unique_ptr<Stage>> stages, const protocol::ModelIdentity& expected);
-  // A live worker of position i other than the active one (the first such).
+  // A live worker of position i that stands by (in no lane; the first such).
   std::optional<size_t> live_replica(size_t i);
-  // Makes worker k of position i active; the one it replaces gets the replay's closes.
-  void switch_to(size_t i, size_t k);
-  void account(const StepOutput& out, size_t tokens, uint64_t wait_start);
+  // Makes worker k of position i the one of lane `lane` (an index); the one it replaces
+  // gets the replay's closes.
+  void switch_to(size_t i, size_t k, size_t lane = 0);
+  void account(const StepOutput& out, size_t tokens, uint64_t wait_start, size_t lane);
   // The standby copies worker k of position i holds (seq id -> positions).
   std::map<int32_t, int32_t>& copies_of(size_t i, size_t k);
   // Worker k of position i holds no copy we know of: each is closed there (a lost
@@ -209,6 +259,7 @@ class Pipeline {
   struct Position {
     std::vector<std::unique_ptr<Stage>> workers;  // the same layers; workers[current] runs them
     size_t current = 0;
+    std::vector<size_t> spread;  // the worker of each lane after the first, in lane order
     // Replaced (lost, maybe only hung, or moved away from), it may still hold sequences:
     // the closes of the caller's replay reach it (a lost one when it rejoins); none after
     // the first step on the replica.
@@ -220,12 +271,14 @@ class Pipeline {
     std::vector<StageStepTime> recent;
     size_t recent_next = 0;
     Stage& active() const { return *workers[current]; }
+    size_t worker_of(size_t lane) const { return lane == 0 ? current : spread.at(lane - 1); }
+    bool runs(size_t k) const { return k == current || std::find(spread.begin(), spread.end(), k) != spread.end(); }
   };
   std::vector<Position> positions_;
   std::vector<std::unique_ptr<Stage>> leaving_;  // left the pipeline while up: closes reach them
-  // Per position, since the last forget_taken_over(): the copies the worker that took it
-  // over held (nullopt: its worker did not change).
-  std::vector<std::optional<std::map<int32_t, int32_t>>> taken_over_;
+  // Per lane id, per position, since the last forget_taken_over(): the copies the worker
+  // that took it over held (nullopt: its worker did not change).
+  std::map<uint32_t, std::vector<std::optional<std::map<int32_t, int32_t>>>> taken_over_;
   uint64_t next_step_ = 1;
   struct Inflight {
     uint64_t step = 0;
@@ -234,7 +287,15 @@ class Pipeline {
     bool chained = false;      // started by the last stage
   };
   bool chains_possible_ = false;
-  std::deque<Inflight> inflight_;
+  bool spread_ = false;
+  struct Lane {
+    uint32_t id = 0;
+    std::deque<Inflight> inflight;
+    std::chrono::steady_clock::time_point answered;  // its last answer, or its first step after none in flight
+  };
+  std::vector<Lane> lanes_;  // lanes_[0] runs each position's current worker, lanes_[j] its spread[j - 1]
+  uint32_t next_lane_ = 1;
+  size_t poll_from_ = 0;  // the lane wait() looks at first (modulo the lanes)
   mutable std::mutex timings_mutex_;
   PipelineTimings timings_;
 };

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <random>
+#include <thread>
 #include <utility>
 
 #include "model/memory_room.hpp"
@@ -750,6 +751,24 @@ Stage::SlotRead RemoteStage::slot_file(bool save, int32_t seq_id, const std::str
   for (const int32_t t : done.getTokens()) read.tokens.push_back(t);
   read.bytes = done.getBytes();
   return read;
+}
+
+void wait_readable(std::span<Stage* const> stages, int timeout_ms) {
+  std::vector<zmq::pollitem_t> items;
+  for (Stage* s : stages) {
+    auto* remote = dynamic_cast<RemoteStage*>(s);
+    if (!remote) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(std::min(timeout_ms, 1)));
+      return;
+    }
+    items.push_back({remote->socket().handle(), 0, ZMQ_POLLIN, 0});
+  }
+  try {
+    // At most 50 ms, as RemoteStage::receive: a lost connection shows at the next poll.
+    zmq::poll(items.data(), items.size(), std::chrono::milliseconds(std::clamp(timeout_ms, 0, 50)));
+  } catch (const zmq::error_t& e) {
+    spdlog::debug("waiting on the stages' sockets: {}", e.what());
+  }
 }
 
 }  // namespace pico::coordinator

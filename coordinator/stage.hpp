@@ -286,6 +286,8 @@ class RemoteStage final : public Stage {
                                                       uint64_t probe_bytes, std::string* error);
   // The worker's CURVE public key (empty: an open link).
   std::string public_key() const { return options_.curve ? options_.curve->server_key : std::string(); }
+  // For waiting on several workers at once (wait_readable).
+  zmq::socket_t& socket() { return socket_; }
 
  private:
   // slotSave (save) or slotRestore, answered by slotDone: the file's tokens and bytes.
@@ -321,5 +323,10 @@ class RemoteStage final : public Stage {
   std::vector<int32_t> pending_closes_;
   bool planned_ = false;  // a plan was acknowledged: this session owned the worker
 };
+
+// Waits up to timeout_ms until any of the stages may have a message to poll (remote
+// ones: on their sockets at once; with any other stage, a millisecond, as it polls
+// at no cost). Never throws: poll() then says what came.
+void wait_readable(std::span<Stage* const> stages, int timeout_ms);
 
 }  // namespace pico::coordinator

@@ -30,6 +30,7 @@ json to_json(const ClusterView& view) {
                 {"isa", w.isa},               {"device", w.device},
                 {"threads", w.threads},       {"memory_bytes", w.memory_bytes},
                 {"round_trip_ms", w.round_trip_seconds * 1e3}};
+      j["lane"] = w.lane ? json(*w.lane) : json(nullptr);
       j["decode_ms"] = w.decode_seconds ? json(*w.decode_seconds * 1e3) : json(nullptr);
       j["batch_ms_per_token"] = w.batch_seconds_per_token ? json(*w.batch_seconds_per_token * 1e3) : json(nullptr);
       workers.push_back(std::move(j));
@@ -54,7 +55,11 @@ json to_json(const ClusterView& view) {
     }
     stages.push_back(std::move(stage));
   }
+  json lanes = json::array();
+  for (const auto& lane : view.lanes) lanes.push_back({{"id", lane.id}, {"steps", lane.steps}});
   return {{"stages", std::move(stages)},
+          {"replicas", view.spread ? "spread" : "standby"},
+          {"lanes", std::move(lanes)},
           {"failovers", view.failovers},
           {"slow_moves", view.slow_moves},
           {"handed_over_sequences", view.handed_over_sequences},

@@ -420,10 +420,11 @@ awaitable<void> metrics(Session& s) {
          "Seconds generation waited while states were copied to standbys.",
          m.timings.standby_copy_seconds);
   metric("pico:resumed_sequences_total", "counter",
-         "Sequences that resumed from a standby's copy after a failover (replaying only what came after it).",
+         "Sequences that resumed after a failover from a standby's copy, or on the workers of their lane that "
+         "kept them, replaying only what came after.",
          static_cast<double>(m.resumed_sequences));
   metric("pico:resumed_tokens_total", "counter",
-         "Positions not computed again after a failover thanks to standby copies.",
+         "Positions not computed again after a failover (standby copies, lanes that kept their workers).",
          static_cast<double>(m.resumed_tokens));
   metric("pico:checkpoints", "gauge", "Recurrent-state checkpoints the sequences hold (hybrid models).",
          static_cast<double>(m.checkpoints));
