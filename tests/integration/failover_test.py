@@ -59,6 +59,13 @@ CASE:
               from them when its replica is stopped (SIGSTOP): the same tokens; the
               stopped one, resumed, stands by again, is given copies and resumes from
               them when the other is killed: the same tokens.
+  spread      two workers at each stage, replicas spread (pico-coord's default): the
+              spare ones form a second lane, 8 streams give exactly the tokens of one
+              chain (a run with replicas standing by) and both lanes run steps
+              (/cluster lanes); the second lane's stage-1 worker killed mid-generation:
+              its lane ends, its sequences replay on the first, every token as
+              undisturbed; restarted, it forms a lane again; then the first lane's
+              stage-1 worker killed: the same tokens.
   slow        pico-coord --replan-when-slow 2 --slow-seconds 1: the undisturbed run
               moves nothing; then stage 1's active worker is made slow mid-generation
               (stopped 95 ms of every 100 ms, too short to be lost): the watch moves
@@ -96,12 +103,14 @@ def start_worker(address, layers, log):
     return p
 
 
-def start_coord(addresses, extra=()):
-    args = [COORD, "-m", MODEL, "--port", "0", "-c", "512", "--parallel", "8", *extra]
+def start_coord(addresses, extra=(), replicas="standby", log="coord.log"):
+    """pico-coord over the workers; replicas stand by unless replicas="spread" (the
+    cases of standing by name it: the default spreads them)."""
+    args = [COORD, "-m", MODEL, "--port", "0", "-c", "512", "--parallel", "8", "--replicas", replicas, *extra]
     for a in addresses:
         args += ["--worker", a]
-    p = start(args, "coord.log")
-    return p, int(wait_log("coord.log", r"listening on http://[^:]+:(\d+)", p).group(1))
+    p = start(args, log)
+    return p, int(wait_log(log, r"listening on http://[^:]+:(\d+)", p).group(1))
 
 
 def start_auto_worker(address, log):
@@ -647,6 +656,54 @@ try:
         print(re.search(r"stage 1: worker .* is slow: [^\n]*", read_log("coord.log")).group(0))
         print("handed over: %d sequences; replayed: %d tokens" % (
             metric(port, "pico:handed_over_sequences_total"), metric(port, "pico:replayed_tokens_total")))
+    elif case == "spread":
+        addresses = ["tcp://127.0.0.1:%d" % free_port() for _ in range(4)]
+        layers = ["0-1", "0-1", "2-3", "2-3"]
+        workers = [start_worker(a, l, "worker-%d.log" % i) for i, (a, l) in enumerate(zip(addresses, layers))]
+        coord, port = start_coord(addresses, log="coord-standby.log")
+        expected = undisturbed(port, greedy_only=False)  # one chain
+        coord.terminate()
+        coord.wait()
+        coord, port = start_coord(addresses, replicas="spread")
+        lane = wait_log("coord.log", r"lane (\d+): %s, %s run the layers as a chain of their own" %
+                        (addresses[1], addresses[3]), coord).group(1)
+
+        def lanes():
+            view = split_of(port)[1]
+            at = {w["address"]: w["lane"] for st in view["stages"] for w in st["workers"]}
+            return view["lanes"], at
+
+        running, at = lanes()
+        if len(running) != 2 or at[addresses[1]] != int(lane) or at[addresses[3]] != int(lane) or \
+                at[addresses[0]] != at[addresses[2]] or at[addresses[0]] == int(lane):
+            fail("/cluster lanes after the start: %s, workers %s" % (running, at))
+        check_same(run_streams(port, False), expected, "spread over two lanes")
+        running, at = lanes()
+        if any(x["steps"] <= 0 for x in running):
+            fail("a lane ran no step: %s" % running)
+        print("lanes: %s" % running)
+        # The second lane's stage-1 worker killed: the lane ends.
+        streams = run_streams(port, False, lambda: workers[3].send_signal(signal.SIGKILL))
+        check_same(streams, expected, "the second lane's stage-1 worker killed")
+        wait_log("coord.log", r"lane %s lost a worker that no standby can replace" % lane, coord)
+        running, at = lanes()
+        if len(running) != 1 or at[addresses[1]] is not None:
+            fail("/cluster lanes after the kill: %s, workers %s" % (running, at))
+        # Restarted, it forms a lane again (a new one) with the worker standing by.
+        workers[3].wait()
+        workers[3] = start_worker(addresses[3], "2-3", "worker-3-again.log")
+        deadline = time.time() + 30
+        while len(lanes()[0]) != 2:
+            if time.time() > deadline:
+                fail("no second lane within 30 s of the restart: %s" % (lanes(),))
+            time.sleep(0.1)
+        check_same(run_streams(port, False, lambda: workers[2].send_signal(signal.SIGKILL)), expected,
+                   "the first lane's stage-1 worker killed")
+        running, at = lanes()
+        if len(running) != 1 or at[addresses[3]] is None or at[addresses[2]] is not None:
+            fail("/cluster lanes after the second kill: %s, workers %s" % (running, at))
+        print("replayed: %d tokens; failovers: %d" % (metric(port, "pico:replayed_tokens_total"),
+                                                     metric(port, "pico:failovers_total")))
     else:
         print("unknown case", case)
         raise SystemExit(2)
