@@ -225,7 +225,9 @@ void ClusterControl::check_slow() {
                spdlog::warn("{}", why);
                moved_off_[slow_worker] = std::chrono::steady_clock::now();
                ++slow_moves_;
-               return move_stage(p, i, k);
+               // Standing by, it forms no lane again while it is slow.
+               const bool lane_ended = p.keep_out_of_lanes(slow_worker);
+               return move_stage(p, i, k) || lane_ended;
              },
              true)
       .get();
@@ -437,6 +439,8 @@ ClusterView ClusterControl::replan(const std::optional<std::string>& drain, bool
                  size_t best = workers.size();
                  for (size_t k = 0; k < workers.size(); ++k) {
                    if (k == current || (drain && workers[k]->info().name == *drain) || !workers[k]->up()) continue;
+                   // A worker of another lane serves already: only a drain takes it (its lane ends).
+                   if (!drain && p.lane_of(i, k)) continue;
                    if (best == workers.size() || time_of(k) < time_of(best)) best = k;
                  }
                  if (drain) {
@@ -452,7 +456,9 @@ ClusterView ClusterControl::replan(const std::optional<std::string>& drain, bool
                  }
                }
                if (!drained_found) throw StageError("no worker " + *drain + " in the pipeline");
-               bool replay = false;
+               // A drained worker leaves its lane (that lane's sequences replay) and forms none again.
+               bool replay = drain && p.keep_out_of_lanes(*drain);
+               any = replay;
                for (const auto& [i, k] : moves) {
                  any = true;
                  replay = move_stage(p, i, k) || replay;

@@ -858,6 +858,29 @@ TEST(Lanes, ALaneThatLosesAWorkerTakesAStandbyOrEnds) {
   }
 }
 
+// A drained (or slow) worker leaves its lane and forms none again until it is lost and
+// back; the first lane's worker is only kept out (moving it is the caller's).
+TEST(Lanes, AWorkerKeptOutOfTheLanesFormsNoneAgain) {
+  SpreadModel m;
+  const std::vector<uint32_t> lanes = m.pipeline->lanes();
+  EXPECT_TRUE(m.pipeline->keep_out_of_lanes("w1b"));
+  EXPECT_EQ(m.pipeline->lanes(), std::vector<uint32_t>{lanes[0]});
+  m.pipeline->rejoin_standbys();
+  m.pipeline->set_spread(true);
+  EXPECT_EQ(m.pipeline->lanes().size(), 1u);
+  m.pipeline->close(4);
+  EXPECT_EQ(m.w1b->closes, std::vector<int32_t>{4});  // it held that lane's sequences
+  // Lost and back (restarted, maybe mended): it forms a lane again.
+  m.w1b->is_up = false;
+  m.pipeline->rejoin_standbys();
+  EXPECT_EQ(m.pipeline->lanes().size(), 2u);
+  EXPECT_EQ(m.w0b->next, m.w1b);
+  // The first lane's worker: no lane ends.
+  EXPECT_FALSE(m.pipeline->keep_out_of_lanes("w1a"));
+  EXPECT_EQ(m.pipeline->lanes().size(), 2u);
+  EXPECT_FALSE(m.pipeline->keep_out_of_lanes("nobody"));
+}
+
 // The engine spreads its requests over the lanes, and a lane that loses a worker ends
 // mid-run: its sequences replay on the other lane. Every token is as in the undisturbed
 // run on one chain.

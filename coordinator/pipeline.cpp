@@ -217,13 +217,33 @@ void Pipeline::end_lane(size_t lane) {
   lanes_.erase(lanes_.begin() + static_cast<std::ptrdiff_t>(lane));
 }
 
+bool Pipeline::keep_out_of_lanes(const std::string& name) {
+  if (std::find(kept_out_.begin(), kept_out_.end(), name) == kept_out_.end()) kept_out_.push_back(name);
+  for (size_t i = 0; i < positions_.size(); ++i) {
+    for (size_t k = 0; k < positions_[i].workers.size(); ++k) {
+      if (positions_[i].workers[k]->info().name != name) continue;
+      const auto lane = lane_of(i, k);
+      if (!lane || lane_index(*lane) == 0) continue;
+      spdlog::info("lane {} ends: worker {} is kept out of the lanes", *lane, name);
+      end_lane(lane_index(*lane));
+      return true;
+    }
+  }
+  return false;
+}
+
 bool Pipeline::form_lanes() {
   if (!spread_ || !chains_possible_) return false;
   bool formed = false;
   while (true) {
     std::vector<size_t> picked;
     for (size_t i = 0; i < positions_.size(); ++i) {
-      const auto live = live_replica(i);
+      const Position& p = positions_[i];
+      std::optional<size_t> live;
+      for (size_t k = 0; k < p.workers.size() && !live; ++k) {
+        const bool out = std::find(kept_out_.begin(), kept_out_.end(), p.workers[k]->info().name) != kept_out_.end();
+        if (!p.runs(k) && !out && p.workers[k]->up()) live = k;
+      }
       if (!live) return formed;
       picked.push_back(*live);
     }
@@ -371,6 +391,7 @@ void Pipeline::regroup(std::vector<std::unique_ptr<Stage>> moved, const protocol
     if (w->up()) leaving.push_back(std::move(w));
   }
   leaving_ = std::move(leaving);
+  kept_out_.clear();  // a new line-up: every worker may form a lane
   positions_.clear();  // the lost dropped workers' connections with it
   line_up(std::move(ordered), expected);
   taken_over_.clear();  // every lane is new: the replay starts at 0
@@ -391,6 +412,7 @@ size_t Pipeline::add_replica(std::unique_ptr<Stage> stage, const protocol::Model
   }
   // Back after it left: this connection replaces the one that took the closes.
   std::erase_if(leaving_, [&](const std::unique_ptr<Stage>& w) { return w->info().name == info.name; });
+  std::erase(kept_out_, info.name);
   for (size_t i = 0; i < positions_.size(); ++i) {
     const auto& l = positions_[i].active().info().layers;
     if (l.first != info.layers.first || l.last != info.layers.last) continue;
@@ -473,6 +495,7 @@ void Pipeline::rejoin_standbys() {
       try {
         s.rejoin();  // sends the closes it missed
         if (k < p.holds_closed.size()) p.holds_closed[k] = false;
+        std::erase(kept_out_, s.info().name);  // restarted (maybe mended): it may form a lane again
         spdlog::info("replica {} is back and stands by", s.info().name);
       } catch (const StageError& e) {
         spdlog::debug("replica {}: {}", s.info().name, e.what());

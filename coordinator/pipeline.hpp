@@ -107,6 +107,11 @@ class Pipeline {
   Stage& stage(size_t i, uint32_t lane);
   // The lane worker k of position i runs in (nullopt: it stands by).
   std::optional<uint32_t> lane_of(size_t i, size_t k) const;
+  // Keeps the worker named out of the lanes (one drained, or moved off as slow): a lane
+  // after the first that it runs in ends (true: the caller replays), and no lane forms
+  // with it until it is lost and back, joins again, or a regroup. Only while no step is
+  // in flight.
+  bool keep_out_of_lanes(const std::string& name);
   // Every worker: the active ones and the replicas standing by (sizing, rejoin checks).
   std::vector<Stage*> all_stages();
   // Workers standing by at position i (live or not).
@@ -295,6 +300,7 @@ class Pipeline {
   };
   std::vector<Lane> lanes_;  // lanes_[0] runs each position's current worker, lanes_[j] its spread[j - 1]
   uint32_t next_lane_ = 1;
+  std::vector<std::string> kept_out_;  // keep_out_of_lanes
   size_t poll_from_ = 0;  // the lane wait() looks at first (modulo the lanes)
   mutable std::mutex timings_mutex_;
   PipelineTimings timings_;

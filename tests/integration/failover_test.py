@@ -65,7 +65,8 @@ CASE:
               (/cluster lanes); the second lane's stage-1 worker killed mid-generation:
               its lane ends, its sequences replay on the first, every token as
               undisturbed; restarted, it forms a lane again; then the first lane's
-              stage-1 worker killed: the same tokens.
+              stage-1 worker killed: the same tokens; then the lane's stage-0 worker
+              drained mid-generation: the same tokens, and it forms no lane again.
   slow        pico-coord --replan-when-slow 2 --slow-seconds 1: the undisturbed run
               moves nothing; then stage 1's active worker is made slow mid-generation
               (stopped 95 ms of every 100 ms, too short to be lost): the watch moves
@@ -702,6 +703,17 @@ try:
         running, at = lanes()
         if len(running) != 1 or at[addresses[3]] is None or at[addresses[2]] is not None:
             fail("/cluster lanes after the second kill: %s, workers %s" % (running, at))
+        # The lane's stage-0 worker drained mid-generation: the one standing by takes its
+        # layers with the sequences' state; the drained one forms no lane again.
+        replanned = []
+        streams = run_streams(port, False, lambda: replanned.append(
+            request(port, "POST", "/cluster/replan", {"drain": addresses[1]})))
+        check_same(streams, expected, "the lane's stage-0 worker drained")
+        if replanned[0][0] != 200:
+            fail("drain: %d %s" % replanned[0])
+        running, at = lanes()
+        if len(running) != 1 or at[addresses[1]] is not None or at[addresses[0]] != running[0]["id"]:
+            fail("/cluster lanes after the drain: %s, workers %s" % (running, at))
         print("replayed: %d tokens; failovers: %d" % (metric(port, "pico:replayed_tokens_total"),
                                                      metric(port, "pico:failovers_total")))
     else:
