@@ -318,7 +318,7 @@ void Engine::replay_all() {
     tokens += s.replay.size();
   }
   pipeline_.forget_taken_over();
-  // Onto the quietest lanes, one at a time (the embedding requests' lanes are set below).
+  // The sequences whose lane ended (embedding requests too) onto the quietest lanes, one at a time.
   for (auto& sp : active_) {
     if (!sp->done && std::find(lanes.begin(), lanes.end(), sp->lane) == lanes.end() &&
         std::find(moved.begin(), moved.end(), sp.get()) == moved.end()) {
