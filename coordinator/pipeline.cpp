@@ -259,13 +259,17 @@ bool Pipeline::form_lanes() {
   }
 }
 
+void Pipeline::add_lanes() {
+  const size_t before = lanes_.size();
+  if (form_lanes()) {
+    for (size_t j = before; j < lanes_.size(); ++j) plan_lane(j);
+  }
+}
+
 void Pipeline::set_spread(bool spread) {
   spread_ = spread;
   if (spread) {
-    const size_t before = lanes_.size();
-    if (form_lanes()) {
-      for (size_t j = before; j < lanes_.size(); ++j) plan_lane(j);
-    }
+    add_lanes();
     return;
   }
   while (lanes_.size() > 1) end_lane(lanes_.size() - 1);
@@ -277,23 +281,24 @@ std::vector<uint32_t> Pipeline::lanes() const {
   return ids;
 }
 
-size_t Pipeline::lane_index(uint32_t id) const {
+std::optional<size_t> Pipeline::find_lane(uint32_t id) const {
   if (id == 0) return 0;
   for (size_t j = 0; j < lanes_.size(); ++j) {
     if (lanes_[j].id == id) return j;
   }
+  return std::nullopt;
+}
+
+size_t Pipeline::lane_index(uint32_t id) const {
+  if (const auto j = find_lane(id)) return *j;
   throw std::logic_error("lane " + std::to_string(id) + " is not running");
 }
 
 Stage& Pipeline::stage(size_t i, uint32_t lane) {
   const Position& p = positions_.at(i);
-  size_t j = 0;
-  try {
-    j = lane_index(lane);
-  } catch (const std::logic_error& e) {
-    throw std::out_of_range(e.what());
-  }
-  return *p.workers[p.worker_of(j)];
+  const auto j = find_lane(lane);
+  if (!j) throw std::out_of_range("lane " + std::to_string(lane) + " is not running");
+  return *p.workers[p.worker_of(*j)];
 }
 
 std::optional<uint32_t> Pipeline::lane_of(size_t i, size_t k) const {
@@ -421,10 +426,7 @@ size_t Pipeline::add_replica(std::unique_ptr<Stage> stage, const protocol::Model
     }
     spdlog::info("stage {}: {} joins as a replica (layers {})", i, info.name, layers_text(info));
     positions_[i].workers.push_back(std::move(stage));
-    const size_t before = lanes_.size();
-    if (form_lanes()) {
-      for (size_t j = before; j < lanes_.size(); ++j) plan_lane(j);
-    }
+    add_lanes();
     return i;
   }
   throw StageError("worker " + info.name + " serves layers " + layers_text(info) +
@@ -502,10 +504,7 @@ void Pipeline::rejoin_standbys() {
       }
     }
   }
-  const size_t before = lanes_.size();
-  if (form_lanes()) {
-    for (size_t j = before; j < lanes_.size(); ++j) plan_lane(j);
-  }
+  add_lanes();
 }
 
 void Pipeline::plan_all() {
@@ -850,13 +849,9 @@ Pipeline::CopyRound Pipeline::copy_to_standbys(std::span<const SequenceLength> s
         if (held == copies.end() || held->second != seq.length) lacking.push_back(k);
       }
       if (lacking.empty()) continue;
-      size_t lane = 0;
-      try {
-        lane = lane_index(seq.lane);
-      } catch (const std::logic_error&) {
-        continue;  // its lane ended: it replays
-      }
-      Stage& source = *p.workers[p.worker_of(lane)];
+      const auto lane = find_lane(seq.lane);
+      if (!lane) continue;  // its lane ended: it replays
+      Stage& source = *p.workers[p.worker_of(*lane)];
       std::optional<std::vector<uint8_t>> state;
       try {
         state = source.snapshot(seq.seq_id);
@@ -911,13 +906,9 @@ void Pipeline::cut_copies(int32_t seq_id, int32_t length) {
 }
 
 int32_t Pipeline::copied_prefix(int32_t seq_id, uint32_t lane) const {
-  size_t j = 0;
-  try {
-    j = lane_index(lane);
-  } catch (const std::logic_error&) {
-    return 0;  // the lane ended
-  }
-  const auto positions = taken_over_.find(lanes_[j].id);
+  const auto j = find_lane(lane);
+  if (!j) return 0;  // the lane ended
+  const auto positions = taken_over_.find(lanes_[*j].id);
   if (positions == taken_over_.end()) return 0;
   std::optional<int32_t> prefix;
   for (const auto& taken : positions->second) {
@@ -930,13 +921,8 @@ int32_t Pipeline::copied_prefix(int32_t seq_id, uint32_t lane) const {
 }
 
 bool Pipeline::kept_its_workers(uint32_t lane) const {
-  size_t j = 0;
-  try {
-    j = lane_index(lane);
-  } catch (const std::logic_error&) {
-    return false;  // the lane ended
-  }
-  return !taken_over_.contains(lanes_[j].id);
+  const auto j = find_lane(lane);
+  return j && !taken_over_.contains(lanes_[*j].id);  // not an ended lane
 }
 
 void Pipeline::forget_taken_over() { taken_over_.clear(); }

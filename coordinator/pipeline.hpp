@@ -244,6 +244,9 @@ class Pipeline {
   // Lane `lane` (an index) ends: its workers stand by again, holding the closes of the
   // replay (its sequences replay on another lane).
   void end_lane(size_t lane);
+  // form_lanes, then each new lane planned.
+  void add_lanes();
+  std::optional<size_t> find_lane(uint32_t id) const;  // its index; nullopt for a lane not running (0: the first)
   size_t lane_index(uint32_t id) const;  // throws std::logic_error for a lane not running
   void abandon_steps();
   // Positions from workers in pipeline order (a worker with an earlier one's range is
