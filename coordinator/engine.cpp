@@ -409,6 +409,18 @@ void Engine::loop() {
     std::lock_guard lock(mutex_);
     running_ = static_cast<int64_t>(active_.size());
   };
+  // After a pipeline error: the steps it abandoned. LanesLost names the lanes whose
+  // steps alone are gone (returned); any other error abandons every step (empty).
+  auto forget_steps = [&](const std::exception& e) {
+    const auto* lanes_lost = dynamic_cast<const LanesLost*>(&e);
+    if (!lanes_lost) {
+      inflight.clear();
+      return std::vector<uint32_t>{};
+    }
+    const std::vector<uint32_t>& lost = lanes_lost->lanes();
+    std::erase_if(inflight, [&](const Inflight& f) { return std::find(lost.begin(), lost.end(), f.lane) != lost.end(); });
+    return lost;
+  };
   size_t rr = 0;
   auto last_done = Clock::now();
   bool stats_stale = options_.stage_stats;
@@ -552,9 +564,9 @@ void Engine::loop() {
                                    chain, lane);
       } catch (const std::exception& e) {
         spdlog::error("pipeline: {}", e.what());
-        inflight.clear();
+        const std::vector<uint32_t> lost = forget_steps(e);
         // Replicas took over: the replay goes out now, on the lanes there are now.
-        if (recover(e.what())) return fill();
+        if (recover(e.what(), lost)) return fill();
         stats_stale = false;
         check_stages(false);
         return false;
@@ -625,8 +637,8 @@ void Engine::loop() {
       continue;
     } catch (const std::exception& e) {
       spdlog::error("pipeline: {}", e.what());
-      inflight.clear();
-      if (!recover(e.what())) {
+      const std::vector<uint32_t> lost = forget_steps(e);
+      if (!recover(e.what(), lost)) {
         stats_stale = false;
         check_stages(false);
       }

@@ -276,9 +276,12 @@ class Engine {
   void fail_all(const std::string& message);
   // After a pipeline error (every step in flight abandoned): when replicas took the
   // place of every lost worker (Pipeline::fail_over), replays every active sequence
-  // there and returns true; otherwise fails every request (fail_all).
-  bool recover(const std::string& message);
-  void replay_all();
+  // there and returns true; otherwise fails every request (fail_all). `lanes` (after
+  // LanesLost: only those lanes' steps were abandoned): only those lanes are mended
+  // and only their sequences replay; the other lanes run on.
+  bool recover(const std::string& message, std::span<const uint32_t> lanes = {});
+  // Every active sequence, or only those of `lanes`, replays (see recover).
+  void replay_all(std::span<const uint32_t> lanes = {});
   // Runs the with_pipeline tasks due (the draining ones only when nothing is in
   // flight); true while a draining one waits.
   bool run_pipeline_tasks(bool nothing_in_flight);

@@ -228,36 +228,55 @@ void Engine::fail_all(const std::string& message) {
   running_ = 0;
 }
 
-bool Engine::recover(const std::string& what) {
-  bool replaced = false;
+bool Engine::recover(const std::string& what, std::span<const uint32_t> lanes) {
+  bool replaced = false, failed = false;
   try {
-    replaced = pipeline_.fail_over();
+    replaced = pipeline_.fail_over(lanes);
   } catch (const std::exception& e) {
     spdlog::error("failover: {}", e.what());
+    failed = true;
   }
-  if (!replaced) {
+  // Only some lanes' steps abandoned: those lanes replay even with nothing replaced
+  // (their workers are up again, and hold what their steps that came back computed).
+  if (failed || (!replaced && lanes.empty())) {
     fail_all(what);
     return false;
   }
-  replay_all();
+  replay_all(lanes);
   return true;
 }
 
-void Engine::replay_all() {
+void Engine::replay_all(std::span<const uint32_t> only) {
   // The surviving stages hold the sequences up to wherever the abandoned steps got. A
   // worker that took a position over holds a sequence as far as its standby copy
   // (Pipeline::copied_prefix): the sequence replays from there under its id (each
   // stage cuts it on arrival there; the replaced worker closes it). Otherwise the
   // sequence starts again from position 0, under a new id (the old one is closed
   // everywhere, a lost worker told when it rejoins). Nothing kept is trusted.
-  for (const auto& k : kept_) close_sequence(k.kv_id);
-  kept_.clear();
+  // With `only`, the other lanes' sequences (and kept ones) run on untouched.
+  auto replays = [&](uint32_t lane) { return only.empty() || std::find(only.begin(), only.end(), lane) != only.end(); };
+  std::erase_if(kept_, [&](const Kept& k) {
+    if (!replays(k.lane)) return false;
+    close_sequence(k.kv_id);
+    return true;
+  });
   size_t replayed = 0, tokens = 0, resumed = 0, resumed_tokens = 0;
   const std::vector<uint32_t> lanes = pipeline_.lanes();
-  std::vector<Seq*> moved;  // from a lane that ended
+  // The sequences whose lane ended (embedding requests too) go onto the quietest lanes,
+  // one at a time, first: where they go decides what they resume from.
+  std::vector<Seq*> moved;
+  for (auto& sp : active_) {
+    if (!sp->done && replays(sp->lane) && std::find(lanes.begin(), lanes.end(), sp->lane) == lanes.end()) {
+      moved.push_back(sp.get());
+    }
+  }
+  for (Seq* s : moved) s->lane = 0;  // counted by quietest_lane as on no lane
+  for (Seq* s : moved) s->lane = quietest_lane();
   for (auto& sp : active_) {
     Seq& s = *sp;
-    s.steps_inflight = 0;  // every step in flight is gone
+    const bool lane_ended = std::find(moved.begin(), moved.end(), sp.get()) != moved.end();
+    if (!replays(s.lane) && !lane_ended) continue;
+    s.steps_inflight = 0;  // every step of its lane in flight is gone
     if ((s.done || s.cancelled || s.request.embedding) && !s.kv_released) close_sequence(s.kv_id);
     if (s.done) {
       s.kv_released = true;
@@ -291,9 +310,11 @@ void Engine::replay_all() {
     }
     // A row that wants logits is sent again, however far the copy goes. A lane that kept
     // its workers holds what its steps that came back computed; a sequence whose lane
-    // ended starts again on another.
+    // ended goes on from the copies its new lane's workers hold (Pipeline::adopt_copies).
     const auto room = static_cast<int32_t>(again.size()) - (logits ? 1 : 0);
-    const int32_t held = pipeline_.kept_its_workers(s.lane) ? s.held : pipeline_.copied_prefix(s.kv_id, s.lane);
+    const int32_t held = lane_ended                           ? pipeline_.adopt_copies(s.kv_id, s.lane)
+                         : pipeline_.kept_its_workers(s.lane) ? s.held
+                                                              : pipeline_.copied_prefix(s.kv_id, s.lane);
     const int32_t from = options_.recurrent || s.kv_released ? 0 : std::clamp(held, 0, room);
     if (from > 0) {
       pipeline_.close_on_replaced(s.kv_id);
@@ -318,17 +339,8 @@ void Engine::replay_all() {
     tokens += s.replay.size();
   }
   pipeline_.forget_taken_over();
-  // The sequences whose lane ended (embedding requests too) onto the quietest lanes, one at a time.
-  for (auto& sp : active_) {
-    if (!sp->done && std::find(lanes.begin(), lanes.end(), sp->lane) == lanes.end() &&
-        std::find(moved.begin(), moved.end(), sp.get()) == moved.end()) {
-      moved.push_back(sp.get());
-    }
-  }
-  for (Seq* s : moved) s->lane = 0;  // counted by quietest_lane as on no lane
-  for (Seq* s : moved) s->lane = quietest_lane();
-  spdlog::warn("failover: {} sequences replay {} tokens on the new chain ({} of them from a standby's copy or "
-               "their lane's workers, {} tokens not replayed; {} moved to another lane)",
+  spdlog::warn("failover: {} sequences replay {} tokens on the new chain ({} of them from copies or their "
+               "lane's workers, {} tokens not replayed; {} moved to another lane)",
                replayed, tokens, resumed, resumed_tokens, moved.size());
   std::lock_guard lock(mutex_);
   metrics_.replayed_tokens += tokens;

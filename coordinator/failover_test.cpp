@@ -723,6 +723,9 @@ struct SpreadModel {
   std::atomic<int> submits = 0;
   int kill_at = 0;  // the submit at which `victim` is lost
   FakeStage* victim = nullptr;
+  // The submit at which the engine thread waits until `resume` (as FakeModel's).
+  int pause_at = 0;
+  std::atomic<bool> resume = false;
   explicit SpreadModel(bool spread = true, int standbys = 0) {
     std::vector<std::unique_ptr<Stage>> stages;
     auto add = [&](model::LayerRange layers, const char* name) {
@@ -740,15 +743,44 @@ struct SpreadModel {
       first->on_submit = [this, first](uint64_t step, std::span<const model::BatchToken> batch) {
         ++steps[first];
         auto* last = static_cast<FakeStage*>(first->next);
-        if (++submits == kill_at) {
+        const int submit = ++submits;
+        if (submit == pause_at) {
+          while (!resume) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        }
+        // The first worker's KV too, cut and extended as a worker does.
+        for (const auto& t : batch) {
+          auto& held = kv[first][t.seq_id];
+          held.resize(std::min(held.size(), static_cast<size_t>(t.pos)));
+          held.push_back(t.token);
+        }
+        if (submit == kill_at) {
           victim->is_up = false;
           victim->comes_back = false;
           victim->answers.push_front([this]() -> StepOutput {
             throw StageError("worker " + victim->info().name + ": connection lost");
           });
-          return;
+          if (last == victim) return;  // a step of the other lane is answered
         }
         answer_step(last, step, batch, kv[last], computed[last]);
+      };
+    }
+    // Each worker's state as its snapshots carry it (the tokens held, 4 bytes each); its
+    // first plan from this session drops what it held.
+    for (FakeStage* w : {w0a, w0b, w1a, w1b}) {
+      w->on_snapshot = [this, w](int32_t seq) -> std::optional<std::vector<uint8_t>> {
+        const auto held = kv[w].find(seq);
+        if (held == kv[w].end()) return std::nullopt;
+        std::vector<uint8_t> bytes(held->second.size() * sizeof(int32_t));
+        std::memcpy(bytes.data(), held->second.data(), bytes.size());
+        return bytes;
+      };
+      w->on_restore = [this, w](int32_t seq, std::span<const uint8_t> state) {
+        std::vector<int32_t>& held = kv[w][seq];
+        held.resize(state.size() / sizeof(int32_t));
+        std::memcpy(held.data(), state.data(), state.size());
+      };
+      w->on_plan = [this, w] {
+        if (w->plans == 1) kv[w].clear();
       };
     }
   }
@@ -811,11 +843,32 @@ TEST(Lanes, ALaneThatLosesAWorkerTakesAStandbyOrEnds) {
     // No standby: the lane ends, its live worker stands by and hears the replay's closes.
     SpreadModel m;
     const std::vector<uint32_t> lanes = m.pipeline->lanes();
+    const uint64_t first = m.pipeline->submit(kBatch, {}, {}, lanes[0]);
+    m.pipeline->submit(kBatch, {}, {}, lanes[1]);
+    auto later = std::move(m.w1a->answers);  // the first lane's answer comes after the loss
+    m.w1a->answers.clear();
     m.w1b->is_up = false;
     m.w1b->comes_back = false;
-    EXPECT_THROW(m.pipeline->submit(kBatch, {}, {}, lanes[0]), StageError);  // not waited for
-    EXPECT_TRUE(m.pipeline->fail_over());
+    m.w1b->answers.push_front([]() -> StepOutput { throw StageError("worker w1b: connection lost"); });
+    // Only the lost lane's steps are abandoned; the first lane's is still in flight.
+    try {
+      m.pipeline->wait(1000);
+      ADD_FAILURE() << "a lost worker went unnoticed";
+    } catch (const LanesLost& e) {
+      EXPECT_EQ(e.lanes(), std::vector<uint32_t>{lanes[1]});
+    }
+    EXPECT_EQ(m.pipeline->in_flight(lanes[0]), 1u);
+    EXPECT_EQ(m.pipeline->in_flight(lanes[1]), 0u);
+    // A submit looks at its own lane's workers only.
+    EXPECT_THROW(m.pipeline->submit(kBatch, {}, {}, lanes[1]), LanesLost);
+    EXPECT_EQ(m.pipeline->in_flight(lanes[0]), 1u);
+    // Mending that lane alone: the first lane is not planned again, and its step answers.
+    const int plans = m.w0a->plans + m.w1a->plans;
+    EXPECT_TRUE(m.pipeline->fail_over(std::vector<uint32_t>{lanes[1]}));
+    EXPECT_EQ(m.w0a->plans + m.w1a->plans, plans);
     EXPECT_EQ(m.pipeline->lanes(), std::vector<uint32_t>{lanes[0]});
+    m.w1a->answers = std::move(later);
+    EXPECT_EQ(m.pipeline->wait(1000).step, first);
     EXPECT_EQ(m.pipeline->lost_stage(), "");
     EXPECT_EQ(m.pipeline->copied_prefix(5, lanes[1]), 0);
     m.pipeline->close(7);
@@ -855,6 +908,47 @@ TEST(Lanes, ALaneThatLosesAWorkerTakesAStandbyOrEnds) {
     EXPECT_EQ(&m.pipeline->stage(1), m.w1a);
     EXPECT_EQ(m.pipeline->timings().failovers, 1u);
     m.pipeline->forget_taken_over();
+  }
+}
+
+// Standby copies with lanes: each lane's sequences are copied to the other lane's
+// workers mid-run; then a worker of one lane dies, the lane ends, and its sequences go
+// on in the other lane from those copies, under the same ids. Every token is as
+// undisturbed, and each worker of the lane left holds every sequence as the other.
+TEST(Lanes, ASequenceWhoseLaneEndsGoesOnFromTheOtherLanesCopies) {
+  FakeModel calm;
+  const std::vector<std::string> expected = calm.run(small_steps());
+  for (int lane : {0, 1}) {
+    SpreadModel m;
+    m.victim = lane == 0 ? m.w1a : m.w1b;
+    m.pause_at = 12;
+    m.kill_at = 24;
+    Pipeline::CopyRound copied;
+    bool due_after = true;
+    const auto got = run_six(*m.pipeline, small_steps(), [&](Engine& engine) {
+      while (m.submits < m.pause_at) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      auto done = engine.with_pipeline(
+          [&](Pipeline& p) {
+            copied = p.copy_to_standbys(engine.sequence_lengths());
+            due_after = p.copies_due(engine.sequence_lengths());
+            return false;
+          },
+          true);
+      m.resume = true;
+      done.get();
+    }, &m.metrics);
+    EXPECT_EQ(got, expected) << "lane " << lane << " lost";
+    EXPECT_FALSE(due_after);
+    // Every request was running: each copied to the other lane's two workers.
+    EXPECT_EQ(copied.sequences, 12u);
+    EXPECT_EQ(m.pipeline->lanes().size(), 1u);
+    // The lost lane's three sequences went on from the copies, nothing else replayed.
+    EXPECT_EQ(m.metrics.resumed_sequences, 3u) << "lane " << lane << " lost";
+    EXPECT_GT(m.metrics.resumed_tokens, 0u);
+    FakeStage* first = lane == 0 ? m.w0b : m.w0a;
+    FakeStage* last = lane == 0 ? m.w1b : m.w1a;
+    EXPECT_EQ(m.kv[first], m.kv[last]);
+    EXPECT_EQ(m.kv[last].size(), 6u);  // the same ids to the end
   }
 }
 
@@ -908,13 +1002,9 @@ TEST(Lanes, RequestsSpreadOverTheLanesAndSurviveALaneEnding) {
       EXPECT_EQ(m.pipeline->lanes().size(), 1u);
       EXPECT_EQ(m.pipeline->timings().failovers, 1u);
       EXPECT_GT(m.metrics.replayed_tokens, 0u);
-      // The other lane's sequences resume on its own workers from what they hold (once
-      // a step of theirs came back), under the same ids.
-      if (kill_at > 3) {
-        EXPECT_GE(m.metrics.resumed_sequences, 1u) << "lane " << lane << " lost at submit " << kill_at;
-        EXPECT_LE(m.metrics.resumed_sequences, 3u);
-        EXPECT_GT(m.metrics.resumed_tokens, 0u);
-      }
+      // The other lane's sequences went on with their steps in flight: none of them
+      // replayed or resumed (the lost lane's start again on it, from position 0).
+      EXPECT_EQ(m.metrics.resumed_sequences, 0u) << "lane " << lane << " lost at submit " << kill_at;
     }
   }
   {

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <limits>
 #include <optional>
 #include <stdexcept>
 
@@ -119,6 +120,7 @@ void Pipeline::switch_to(size_t i, size_t k, size_t lane) {
   const size_t old = p.worker_of(lane);
   p.holds_closed.resize(p.workers.size());
   p.holds_closed[old] = true;  // the caller's replay closes its sequences there too
+  holds_closed_until_ = next_step_;
   // What it holds as a standby is the replay's start; active, it keeps no copy records.
   auto& taken = taken_over_[lanes_[lane].id];
   taken.resize(positions_.size());
@@ -137,7 +139,7 @@ void Pipeline::switch_to(size_t i, size_t k, size_t lane) {
   p.recent_next = 0;
 }
 
-bool Pipeline::fail_over() {
+bool Pipeline::fail_over(std::span<const uint32_t> only) {
   // First whether every lost worker has a live standby, or its lane can end with
   // another lane going on: otherwise nothing changes.
   struct Swap {
@@ -147,6 +149,7 @@ bool Pipeline::fail_over() {
   std::vector<size_t> ending;  // lane indices, ascending
   std::vector<std::vector<size_t>> claimed(positions_.size());  // standbys already given a lane
   for (size_t j = 0; j < lanes_.size(); ++j) {
+    if (!only.empty() && std::find(only.begin(), only.end(), lanes_[j].id) == only.end()) continue;
     std::vector<Swap> lane_swaps;
     bool ends = false;
     for (size_t i = 0; i < positions_.size() && !ends; ++i) {
@@ -170,6 +173,7 @@ bool Pipeline::fail_over() {
     }
   }
   if (ending.size() == lanes_.size() || (swaps.empty() && ending.empty())) return false;
+  std::vector<uint32_t> swapped;  // ids of the lanes that took a standby
   for (const Swap& w : swaps) {
     Position& p = positions_[w.position];
     spdlog::warn("stage {}: worker {} is lost; its replica {} takes layers {}{}", w.position,
@@ -177,6 +181,7 @@ bool Pipeline::fail_over() {
                  layers_text(p.workers[w.worker]->info()),
                  lanes_.size() > 1 ? " in lane " + std::to_string(lanes_[w.lane].id) : std::string());
     switch_to(w.position, w.worker, w.lane);
+    if (std::find(swapped.begin(), swapped.end(), lanes_[w.lane].id) == swapped.end()) swapped.push_back(lanes_[w.lane].id);
     std::lock_guard lock(timings_mutex_);
     ++timings_.failovers;
   }
@@ -187,9 +192,31 @@ bool Pipeline::fail_over() {
     std::lock_guard lock(timings_mutex_);
     ++timings_.failovers;
   }
-  abandon_steps();
-  plan_all();
+  if (only.empty()) {
+    abandon_steps();
+    plan_all();
+    return true;
+  }
+  // The other lanes run on: their workers keep their plans (and their steps in flight).
+  for (const uint32_t id : swapped) {
+    const size_t j = lane_index(id);
+    lanes_[j].inflight.clear();
+    plan_lane(j);
+  }
+  add_lanes();
   return true;
+}
+
+std::vector<uint32_t> Pipeline::lanes_with_a_lost_worker() {
+  std::vector<uint32_t> lost;
+  for (size_t j = 0; j < lanes_.size(); ++j) {
+    for (auto& p : positions_) {
+      if (p.workers[p.worker_of(j)]->up()) continue;
+      lost.push_back(lanes_[j].id);
+      break;
+    }
+  }
+  return lost;
 }
 
 void Pipeline::abandon_steps() {
@@ -201,6 +228,7 @@ void Pipeline::end_lane(size_t lane) {
     Position& p = positions_[i];
     p.holds_closed.resize(p.workers.size());
     p.holds_closed[p.worker_of(lane)] = true;  // it holds the lane's sequences until the replay's closes
+    holds_closed_until_ = next_step_;
     if (lane == 0) {
       p.current = p.spread.front();
       p.spread.erase(p.spread.begin());
@@ -250,7 +278,7 @@ bool Pipeline::form_lanes() {
     lanes_.push_back({next_lane_++, {}, std::chrono::steady_clock::now()});
     std::string names;
     for (size_t i = 0; i < positions_.size(); ++i) {
-      forget_copies(i, picked[i]);  // its copies are of sequences of other lanes
+      // Its copies stay: they are of sequences of other lanes, which it takes over if theirs ends.
       positions_[i].spread.push_back(picked[i]);
       names += (i ? ", " : "") + positions_[i].workers[picked[i]]->info().name;
     }
@@ -405,6 +433,7 @@ void Pipeline::regroup(std::vector<std::unique_ptr<Stage>> moved, const protocol
     for (size_t k = 0; k < p.workers.size(); ++k) {
       const bool ran = std::find(ran_lanes.begin(), ran_lanes.end(), p.workers[k].get()) != ran_lanes.end();
       if (ran && !p.runs(k)) p.holds_closed[k] = true;
+      holds_closed_until_ = next_step_;
     }
   }
 }
@@ -538,14 +567,29 @@ uint64_t Pipeline::submit(std::span<const model::BatchToken> batch, std::span<co
   if (chain_running()) throw std::logic_error("a step submitted while a greedy chain runs");
   // A stage lost since the last step (even while idle) gets its chance to rejoin first:
   // a worker restarted while nothing ran serves the next request.
-  rejoin_lost();
   const size_t j = lane_index(lane);
+  // With several lanes a loss costs only its lane's steps: this lane's workers are
+  // looked at here, the other lanes' by wait().
+  const bool several = lanes_.size() > 1;
+  auto lose_this_lane = [&](const StageError& e) {
+    lanes_[j].inflight.clear();
+    throw LanesLost(e, {lanes_[j].id});
+  };
+  if (several) {
+    for (size_t i = 0; i < positions_.size(); ++i) {
+      Stage& s = *positions_[i].workers[positions_[i].worker_of(j)];
+      if (!s.up()) lose_this_lane(StageError("worker " + s.info().name + " (stage " + std::to_string(i) + ") is lost"));
+    }
+  } else {
+    rejoin_lost();
+  }
   const uint64_t step = next_step_++;
   const ChainGrant grant = chains_possible_ ? chain : ChainGrant{};
   next_step_ += grant.steps;  // the ids of the steps the last stage may start
   try {
     positions_.front().workers[positions_.front().worker_of(j)]->submit(step, batch, outputs, grant);
-  } catch (const StageError&) {
+  } catch (const StageError& e) {
+    if (several) lose_this_lane(e);
     abandon_steps();
     throw;
   }
@@ -642,9 +686,12 @@ StepOutput Pipeline::wait(int timeout_ms) {
           lane.inflight.pop_front();
           poll_from_ = j + 1;
           lane.answered = std::chrono::steady_clock::now();
-          // Submitted after any failover, so after the caller closed what the replaced
-          // workers held: later sequences never reached them.
-          for (auto& p : positions_) p.holds_closed.clear();
+          // Submitted after the last failover, so after the caller closed what the
+          // replaced workers held: later sequences never reached them. (Another lane's
+          // step may have been in flight across the failover.)
+          if (done.step >= holds_closed_until_) {
+            for (auto& p : positions_) p.holds_closed.clear();
+          }
           // The step the last stage started is the next to finish.
           if (out->chained) lane.inflight.push_front({done.step + 1, done.tokens, done.chain_steps - 1, true});
           return std::move(*out);
@@ -676,7 +723,17 @@ StepOutput Pipeline::wait(int timeout_ms) {
     }
   } catch (const StepRefused&) {
     throw;
-  } catch (const StageError&) {
+  } catch (const StageError& e) {
+    if (lanes_.size() > 1) {
+      // Some lanes lost a worker, the others go on with their steps in flight.
+      const std::vector<uint32_t> lost = lanes_with_a_lost_worker();
+      if (!lost.empty() && lost.size() < lanes_.size()) {
+        for (Lane& l : lanes_) {
+          if (std::find(lost.begin(), lost.end(), l.id) != lost.end()) l.inflight.clear();
+        }
+        throw LanesLost(e, lost);
+      }
+    }
     abandon_steps();
     throw;
   }
@@ -798,15 +855,21 @@ void Pipeline::forget_copies(size_t i, size_t k) {
 bool Pipeline::copies_due(std::span<const SequenceLength> sequences) {
   for (size_t i = 0; i < positions_.size(); ++i) {
     for (size_t k = 0; k < positions_[i].workers.size(); ++k) {
-      if (positions_[i].runs(k) || !positions_[i].workers[k]->up()) continue;
+      if (!positions_[i].workers[k]->up()) continue;
       const auto& copies = copies_of(i, k);
       for (const SequenceLength& s : sequences) {
+        if (!copies_to(i, k, s.lane)) continue;
         const auto held = copies.find(s.seq_id);
         if (s.length > 0 && (held == copies.end() || held->second != s.length)) return true;
       }
     }
   }
   return false;
+}
+
+bool Pipeline::copies_to(size_t i, size_t k, uint32_t lane) const {
+  const auto j = find_lane(lane);
+  return j && positions_[i].worker_of(*j) != k;
 }
 
 Pipeline::CopyRound Pipeline::copy_to_standbys(std::span<const SequenceLength> sequences) {
@@ -816,20 +879,24 @@ Pipeline::CopyRound Pipeline::copy_to_standbys(std::span<const SequenceLength> s
   bool stopped = false;  // an active worker did not answer a snapshot
   for (size_t i = 0; i < n && !stopped; ++i) {
     Position& p = positions_[i];
-    // The live standbys and which sequences each lacks at its length.
+    // The live workers that may take copies (the standbys and the other lanes' workers)
+    // and which sequences each lacks at its length.
     std::vector<size_t> standbys;
     for (size_t k = 0; k < p.workers.size(); ++k) {
-      if (p.runs(k)) continue;
       if (!p.workers[k]->up()) {
-        forget_copies(i, k);
+        if (!p.runs(k)) forget_copies(i, k);
         continue;
       }
       standbys.push_back(k);
     }
-    if (standbys.empty()) continue;
-    // Planned as the stage they would run (no step reaches them): a worker's first plan
-    // from this session drops what it holds, so it must come before the restores.
+    // A standby is planned as the stage it would run (no step reaches it): a worker's
+    // first plan from this session drops what it holds, so it must come before the
+    // restores. A lane's worker is planned already.
     for (auto it = standbys.begin(); it != standbys.end();) {
+      if (p.runs(*it)) {
+        ++it;
+        continue;
+      }
       try {
         p.workers[*it]->plan(i + 1 < n ? &positions_[i + 1].active() : nullptr, nullptr, i, n);
         ++it;
@@ -840,10 +907,12 @@ Pipeline::CopyRound Pipeline::copy_to_standbys(std::span<const SequenceLength> s
         it = standbys.erase(it);
       }
     }
+    if (standbys.empty()) continue;
     for (const SequenceLength& seq : sequences) {
       if (seq.length <= 0) continue;
       std::vector<size_t> lacking;
       for (size_t k : standbys) {
+        if (!copies_to(i, k, seq.lane)) continue;  // it runs the sequence
         const auto& copies = copies_of(i, k);
         const auto held = copies.find(seq.seq_id);
         if (held == copies.end() || held->second != seq.length) lacking.push_back(k);
@@ -918,6 +987,19 @@ int32_t Pipeline::copied_prefix(int32_t seq_id, uint32_t lane) const {
     prefix = prefix ? std::min(*prefix, n) : n;
   }
   return prefix.value_or(0);
+}
+
+int32_t Pipeline::adopt_copies(int32_t seq_id, uint32_t lane) {
+  const auto j = find_lane(lane);
+  if (!j) return 0;
+  int32_t prefix = std::numeric_limits<int32_t>::max();
+  for (size_t i = 0; i < positions_.size(); ++i) {
+    auto& copies = copies_of(i, positions_[i].worker_of(*j));
+    const auto held = copies.find(seq_id);
+    prefix = std::min(prefix, held == copies.end() ? 0 : held->second);
+    if (held != copies.end()) copies.erase(held);  // the lane's own sequence from now on
+  }
+  return positions_.empty() ? 0 : prefix;
 }
 
 bool Pipeline::kept_its_workers(uint32_t lane) const {

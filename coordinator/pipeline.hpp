@@ -84,6 +84,18 @@ class StepRefused : public StageError {
   explicit StepRefused(const StageError& e) : StageError(e.what(), e.step()) {}
 };
 
+// With several lanes: a worker of some lanes is lost while every other lane goes on.
+// Only the steps in flight of the lanes named are abandoned; the other lanes' steps are
+// still in flight and answer as usual (fail_over(lanes()) then mends those lanes alone).
+class LanesLost : public StageError {
+ public:
+  LanesLost(const StageError& e, std::vector<uint32_t> lanes) : StageError(e.what(), e.step()), lanes_(std::move(lanes)) {}
+  const std::vector<uint32_t>& lanes() const { return lanes_; }
+
+ private:
+  std::vector<uint32_t> lanes_;
+};
+
 class Pipeline {
  public:
   // Throws StageError when the stages do not form the model `expected` with n_layer
@@ -123,7 +135,9 @@ class Pipeline {
   // nothing changed). Only while no step is in flight (after wait() or submit() threw).
   // With lanes: a lane whose lost worker has no live standby ends, when another lane
   // goes on (true; that lane's sequences replay on another); false when none would.
-  bool fail_over();
+  // `only` (after LanesLost): just those lanes are mended, and only they may have no
+  // step in flight; the others keep theirs and are not planned again.
+  bool fail_over(std::span<const uint32_t> only = {});
   // Tries to get back lost replicas standing by (RemoteStage::rejoin; never throws).
   void rejoin_standbys();
   // The workers at position i (the active one is workers(i)[active_worker(i)]).
@@ -149,10 +163,11 @@ class Pipeline {
   bool hand_over(size_t i, size_t k, std::span<const int32_t> sequences);
   // Standby copies, so that a replica taking a lost worker's place replays only what
   // came after the copy: the state of each sequence given (with the positions every
-  // active worker holds for it) is copied from the active worker of each position to
-  // its live standbys (snapshot, restore; each standby is planned first, which makes it
-  // this session's and keeps what it is given), skipping a standby that holds a
-  // sequence at that length already. Only while no step is in flight. A standby that
+  // worker of its lane holds for it) is copied from its lane's worker at each position
+  // to the other live workers there (snapshot, restore): the standbys (each planned
+  // first, which makes it this session's and keeps what it is given) and the workers
+  // of the other lanes (which take the sequence over when its lane ends:
+  // adopt_copies), skipping a worker that holds a sequence at that length already. Only while no step is in flight. A standby that
   // fails is skipped (its copy of that sequence forgotten, and closed there); a failed
   // snapshot ends the round (the active worker is lost: the next step finds it).
   struct CopyRound {
@@ -176,6 +191,10 @@ class Pipeline {
   // back (the replay may start there; each stage cuts on arrival what an abandoned
   // step added).
   bool kept_its_workers(uint32_t lane) const;
+  // For a sequence whose lane ended and that now goes on in lane `lane`: the positions
+  // of seq_id that every worker of that lane holds as a copy (0 when one has none). The
+  // replay may start there under the same id. Those copies become the lane's own.
+  int32_t adopt_copies(int32_t seq_id, uint32_t lane);
   void forget_taken_over();
   // Closes seq_id only on the workers that were replaced (a lost one when it rejoins):
   // a sequence that resumes from a copy keeps its id, and they hold a stale state of it.
@@ -199,7 +218,9 @@ class Pipeline {
   // Stage::submit). chain: the last stage may start up to chain.steps steps after it
   // itself (ChainGrant; ignored unless chains_possible()); their ids follow this one's.
   // Throws StageError when a stage is lost (and did not rejoin just now),
-  // std::logic_error while a chain runs or for a lane that is not running.
+  // std::logic_error while a chain runs or for a lane that is not running. With several
+  // lanes only this lane's workers are looked at, and a lost one throws LanesLost for
+  // this lane (the others' losses are wait()'s to find).
   uint64_t submit(std::span<const model::BatchToken> batch, std::span<const protocol::LogitsOutput> outputs = {},
                   const ChainGrant& chain = {}, uint32_t lane = 0);
   // Steps of lane `lane` in flight.
@@ -211,7 +232,8 @@ class Pipeline {
   // when a stage that is still up refused one step in flight (only that one is dropped;
   // StepRefused::step() names it); StageError on any other error, a lost stage, or no
   // answer within timeout_ms: the steps in flight are then abandoned (their late
-  // answers are dropped).
+  // answers are dropped). With several lanes, when only some have a lost worker:
+  // LanesLost, and only their steps are abandoned.
   StepOutput wait(int timeout_ms);
   // Tries to get every lost stage back (RemoteStage::rejoin) and, when one came back,
   // plans every stage again; submit() does this first. Throws StageError naming a stage
@@ -249,6 +271,8 @@ class Pipeline {
   std::optional<size_t> find_lane(uint32_t id) const;  // its index; nullopt for a lane not running (0: the first)
   size_t lane_index(uint32_t id) const;  // throws std::logic_error for a lane not running
   void abandon_steps();
+  // The running lanes with a worker that is not up (their ids).
+  std::vector<uint32_t> lanes_with_a_lost_worker();
   // Positions from workers in pipeline order (a worker with an earlier one's range is
   // its replica), checked against the model; sets the timings' stages and logs them.
   void line_up(std::vector<std::unique_ptr<Stage>> stages, const protocol::ModelIdentity& expected);
@@ -258,6 +282,9 @@ class Pipeline {
   // gets the replay's closes.
   void switch_to(size_t i, size_t k, size_t lane = 0);
   void account(const StepOutput& out, size_t tokens, uint64_t wait_start, size_t lane);
+  // Whether worker k of position i takes copies of the sequences of lane `lane` (it is
+  // not that lane's worker there, and the lane runs).
+  bool copies_to(size_t i, size_t k, uint32_t lane) const;
   // The standby copies worker k of position i holds (seq id -> positions).
   std::map<int32_t, int32_t>& copies_of(size_t i, size_t k);
   // Worker k of position i holds no copy we know of: each is closed there (a lost
@@ -272,7 +299,7 @@ class Pipeline {
     // the closes of the caller's replay reach it (a lost one when it rejoins); none after
     // the first step on the replica.
     std::vector<bool> holds_closed;
-    // Per worker standing by: the sequences copied to it, with the positions copied.
+    // Per worker: the sequences copied to it (a standby's, or another lane's), with the positions copied.
     std::vector<std::map<int32_t, int32_t>> copies;
     std::chrono::steady_clock::time_point active_since = std::chrono::steady_clock::now();
     // The active worker's last kRecentSteps steps, a ring (guarded by timings_mutex_).
@@ -288,6 +315,9 @@ class Pipeline {
   // that took it over held (nullopt: its worker did not change).
   std::map<uint32_t, std::vector<std::optional<std::map<int32_t, int32_t>>>> taken_over_;
   uint64_t next_step_ = 1;
+  // The first step submitted after a worker was last given holds_closed: its answer
+  // means the caller's replay (and its closes) went out.
+  uint64_t holds_closed_until_ = 0;
   struct Inflight {
     uint64_t step = 0;
     size_t tokens = 0;
