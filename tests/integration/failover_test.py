@@ -67,6 +67,14 @@ CASE:
               undisturbed; restarted, it forms a lane again; then the first lane's
               stage-1 worker killed: the same tokens; then the lane's stage-0 worker
               drained mid-generation: the same tokens, and it forms no lane again.
+  spread-copies  two lanes as in spread, with --standby-copies 0.05: each lane's
+              sequences are copied to the other lane's workers as they grow. Once a
+              round copied the 8 streams', the second lane's stage-1 worker is killed:
+              its lane ends, and only its sequences replay, on the first lane, from
+              the copies there (none of the first lane's replays); every token as
+              undisturbed. Restarted, it forms a lane again; then the first lane's
+              stage-1 worker is stopped (SIGSTOP): the same, its sequences going on
+              from the copies on the other lane.
   slow        pico-coord --replan-when-slow 2 --slow-seconds 1: the undisturbed run
               moves nothing; then stage 1's active worker is made slow mid-generation
               (stopped 95 ms of every 100 ms, too short to be lost): the watch moves
@@ -716,6 +724,49 @@ try:
             fail("/cluster lanes after the drain: %s, workers %s" % (running, at))
         print("replayed: %d tokens; failovers: %d" % (metric(port, "pico:replayed_tokens_total"),
                                                      metric(port, "pico:failovers_total")))
+    elif case == "spread-copies":
+        addresses = ["tcp://127.0.0.1:%d" % free_port() for _ in range(4)]
+        layers = ["0-1", "0-1", "2-3", "2-3"]
+        workers = [start_worker(a, l, "worker-%d.log" % i) for i, (a, l) in enumerate(zip(addresses, layers))]
+        coord, port = start_coord(addresses, ["--standby-copies", "0.05", "--cache-slots", "0"], replicas="spread")
+        wait_log("coord.log", r"lane \d+: %s, %s run the layers as a chain of their own" %
+                 (addresses[1], addresses[3]), coord)
+        expected = undisturbed(port, greedy_only=False)
+        for victim_index, what in ((3, "the second lane's stage-1 worker killed"),
+                                   (2, "the first lane's stage-1 worker stopped")):
+            copies_before = metric(port, "pico:standby_copies_total")
+            resumed_before = metric(port, "pico:resumed_sequences_total")
+            failovers = len(re.findall(r"failover: \d+ sequences replay", read_log("coord.log")))
+            stop = signal.SIGKILL if victim_index == 3 else signal.SIGSTOP
+
+            def disturb():
+                # Once a round has copied this run's sequences to the other lane (8
+                # sequences, two workers each).
+                deadline = time.time() + 30
+                while metric(port, "pico:standby_copies_total") < copies_before + 16:
+                    if time.time() > deadline:
+                        fail("no copies within 30 s")
+                    time.sleep(0.02)
+                workers[victim_index].send_signal(stop)
+
+            check_same(run_streams(port, False, disturb), expected, what)
+            replays = re.findall(r"failover: (\d+) sequences replay \d+ tokens on the new chain \((\d+) of them "
+                                 r"from copies or their lane's workers, \d+ tokens not replayed; (\d+) moved",
+                                 read_log("coord.log"))[failovers:]
+            resumed = metric(port, "pico:resumed_sequences_total") - resumed_before
+            print("%s: replays %s (sequences, resumed, moved); %d resumed" % (what, replays, resumed))
+            # One replay, of the lost lane's sequences only (each moved), most from copies.
+            if len(replays) != 1 or replays[0][0] != replays[0][2] or int(replays[0][0]) < 1 or resumed < 1:
+                fail("%s: replays %s, %d resumed from copies" % (what, replays, resumed))
+            if victim_index == 3:
+                workers[3].wait()
+                workers[3] = start_worker(addresses[3], "2-3", "worker-3-again.log")
+                deadline = time.time() + 30
+                while len(split_of(port)[1]["lanes"]) != 2:
+                    if time.time() > deadline:
+                        fail("no second lane within 30 s of the restart")
+                    time.sleep(0.1)
+        workers[2].send_signal(signal.SIGCONT)
     else:
         print("unknown case", case)
         raise SystemExit(2)
