@@ -138,29 +138,47 @@ void ClusterControl::check_slow() {
       std::chrono::duration<double>(options_.slow_seconds));
   const auto now = std::chrono::steady_clock::now();
   std::optional<std::pair<size_t, size_t>> move;
+  std::optional<std::pair<size_t, uint32_t>> lane_end;  // a later lane's slow worker: position, lane
   std::string slow_worker, why;
   double slow_factor_seen = 0;  // set: no replica, placing anew instead
+  // Each worker of a lane against its profile, over the window.
+  auto windows_of = [&](Pipeline& p, uint32_t lane) {
+    std::vector<StageWindow> windows(p.size());
+    for (size_t i = 0; i < p.size(); ++i) {
+      if (now - p.active_since(i, lane) < window) continue;
+      const StageInfo& info = p.stage(i, lane).info();
+      const bool head = i + 1 == p.size();
+      StageWindow& w = windows[i];
+      const auto steps = p.recent_steps(i, window, lane);
+      for (const StageStepTime& step : steps) {
+        const auto predicted = predicted_step_seconds(info, info.layers, head, step.tokens);
+        if (!predicted) break;
+        w.predicted += *predicted;
+        w.measured += step.seconds;
+      }
+      w.judged = !steps.empty() && w.predicted > 0;
+      spdlog::debug("slow-worker watch: lane {} stage {}: {:.4f} s of compute in the last {} s, {:.4f} s predicted{}",
+                    lane, i, w.measured, options_.slow_seconds, w.predicted, w.judged ? "" : " (not judged)");
+    }
+    return windows;
+  };
   engine_.with_pipeline([&](Pipeline& p) {
-           std::vector<StageWindow> windows(p.size());
-           for (size_t i = 0; i < p.size(); ++i) {
-             if (now - p.active_since(i) < window) continue;
-             const StageInfo& info = p.stage(i).info();
-             const bool head = i + 1 == p.size();
-             StageWindow& w = windows[i];
-             const auto steps = p.recent_steps(i, window);
-             for (const StageStepTime& step : steps) {
-               const auto predicted = predicted_step_seconds(info, info.layers, head, step.tokens);
-               if (!predicted) break;
-               w.predicted += *predicted;
-               w.measured += step.seconds;
-             }
-             w.judged = !steps.empty() && w.predicted > 0;
+           const std::vector<uint32_t> lanes = p.lanes();
+           // A later lane's slow worker leaves the lanes: its lane ends, and its sequences
+           // go on in the others (from the copies there, with standby copies).
+           for (size_t l = 1; l < lanes.size(); ++l) {
+             const std::vector<StageWindow> windows = windows_of(p, lanes[l]);
+             const auto slow = slow_position(windows, options_.slow_factor, options_.slow_seconds);
+             if (!slow) continue;
+             lane_end.emplace(*slow, lanes[l]);
+             slow_worker = p.stage(*slow, lanes[l]).info().name;
+             why = fmt::format("lane {} stage {}: worker {} is slow: {:.3f} s of compute in the last {:.1f} s where its "
+                               "profile predicts {:.3f} s; it leaves the lanes, and its lane's requests go on in the others",
+                               lanes[l], *slow, slow_worker, windows[*slow].measured, options_.slow_seconds,
+                               windows[*slow].predicted);
+             return false;
            }
-           for (size_t i = 0; i < windows.size(); ++i) {
-             spdlog::debug("slow-worker watch: stage {}: {:.4f} s of compute in the last {} s, {:.4f} s predicted{}", i,
-                           windows[i].measured, options_.slow_seconds, windows[i].predicted,
-                           windows[i].judged ? "" : " (not judged)");
-           }
+           const std::vector<StageWindow> windows = windows_of(p, lanes.front());
            const auto slow = slow_position(windows, options_.slow_factor, options_.slow_seconds);
            if (!slow) return false;
            const size_t i = *slow;
@@ -214,6 +232,25 @@ void ClusterControl::check_slow() {
     PlacementOutcome outcome;
     place({}, &outcome);
     if (outcome.moved) ++slow_moves_;
+    return;
+  }
+  if (lane_end) {
+    engine_
+        .with_pipeline(
+            [&, i = lane_end->first, lane = lane_end->second](Pipeline& p) {
+              // Still running there (a failover or replan may have come first).
+              const std::vector<uint32_t> lanes = p.lanes();
+              if (std::find(lanes.begin(), lanes.end(), lane) == lanes.end() ||
+                  p.stage(i, lane).info().name != slow_worker) {
+                return false;
+              }
+              spdlog::warn("{}", why);
+              moved_off_[slow_worker] = std::chrono::steady_clock::now();
+              ++slow_moves_;
+              return p.keep_out_of_lanes(slow_worker);  // true: that lane's sequences replay
+            },
+            true)
+        .get();
     return;
   }
   if (!move) return;

@@ -126,17 +126,27 @@ void Pipeline::switch_to(size_t i, size_t k, size_t lane) {
   taken.resize(positions_.size());
   taken[i] = std::move(copies_of(i, k));
   p.copies[k].clear();
+  start_recent(i, k);
   if (lane == 0) {
     p.current = k;
   } else {
     p.spread[lane - 1] = k;
-    return;  // the timings and recent steps are the first lane's
+    return;  // the timings describe the first lane's worker
   }
   std::lock_guard lock(timings_mutex_);
   describe(timings_.stages[i], p.active().info());
-  p.active_since = std::chrono::steady_clock::now();
-  p.recent.clear();
-  p.recent_next = 0;
+}
+
+void Pipeline::start_recent(size_t i, size_t k) {
+  std::lock_guard lock(timings_mutex_);
+  auto& recent = positions_[i].recent;
+  if (recent.size() <= k) recent.resize(k + 1);
+  recent[k] = {};
+}
+
+const Pipeline::RecentSteps* Pipeline::recent_of(size_t i, size_t k) const {
+  const auto& recent = positions_.at(i).recent;
+  return k < recent.size() ? &recent[k] : nullptr;
 }
 
 bool Pipeline::fail_over(std::span<const uint32_t> only) {
@@ -230,13 +240,10 @@ void Pipeline::end_lane(size_t lane) {
     p.holds_closed[p.worker_of(lane)] = true;  // it holds the lane's sequences until the replay's closes
     holds_closed_until_ = next_step_;
     if (lane == 0) {
-      p.current = p.spread.front();
+      p.current = p.spread.front();  // its recent steps go on: it runs the same chain
       p.spread.erase(p.spread.begin());
       std::lock_guard lock(timings_mutex_);
       describe(timings_.stages[i], p.active().info());
-      p.active_since = std::chrono::steady_clock::now();
-      p.recent.clear();
-      p.recent_next = 0;
     } else {
       p.spread.erase(p.spread.begin() + static_cast<std::ptrdiff_t>(lane - 1));
     }
@@ -280,6 +287,7 @@ bool Pipeline::form_lanes() {
     for (size_t i = 0; i < positions_.size(); ++i) {
       // Its copies stay: they are of sequences of other lanes, which it takes over if theirs ends.
       positions_[i].spread.push_back(picked[i]);
+      start_recent(i, picked[i]);
       names += (i ? ", " : "") + positions_[i].workers[picked[i]]->info().name;
     }
     spdlog::info("lane {}: {} run the layers as a chain of their own", lanes_.back().id, names);
@@ -770,13 +778,15 @@ void Pipeline::account(const StepOutput& out, size_t tokens, uint64_t wait_start
     }
     ++t.batches;
     t.tokens += tokens;
-    if (lane != 0) {
-      // The recent steps are the first lane's worker's (the slow watch's).
-    } else if (position.recent.size() < kRecentSteps) {
-      position.recent.push_back({now, tokens, compute});
+    // The worker's recent steps (the slow watch's).
+    const size_t k = position.worker_of(lane);
+    if (position.recent.size() <= k) position.recent.resize(k + 1);
+    auto& recent = position.recent[k];
+    if (recent.steps.size() < kRecentSteps) {
+      recent.steps.push_back({now, tokens, compute});
     } else {
-      position.recent[position.recent_next] = {now, tokens, compute};
-      position.recent_next = (position.recent_next + 1) % kRecentSteps;
+      recent.steps[recent.next] = {now, tokens, compute};
+      recent.next = (recent.next + 1) % kRecentSteps;
     }
     prev_sent = local(st.sent);
     prev_remote = stage.remote();
@@ -792,19 +802,25 @@ PipelineTimings Pipeline::timings() const {
   return timings_;
 }
 
-std::vector<StageStepTime> Pipeline::recent_steps(size_t i, std::chrono::steady_clock::duration within) const {
+std::vector<StageStepTime> Pipeline::recent_steps(size_t i, std::chrono::steady_clock::duration within,
+                                                  uint32_t lane) const {
   std::lock_guard lock(timings_mutex_);
   const auto since = std::chrono::steady_clock::now() - within;
   std::vector<StageStepTime> out;
-  for (const StageStepTime& t : positions_.at(i).recent) {
+  const auto j = find_lane(lane);
+  const RecentSteps* recent = j ? recent_of(i, positions_.at(i).worker_of(*j)) : nullptr;
+  if (!recent) return out;
+  for (const StageStepTime& t : recent->steps) {
     if (t.finished >= since) out.push_back(t);
   }
   return out;
 }
 
-std::chrono::steady_clock::time_point Pipeline::active_since(size_t i) const {
+std::chrono::steady_clock::time_point Pipeline::active_since(size_t i, uint32_t lane) const {
   std::lock_guard lock(timings_mutex_);
-  return positions_.at(i).active_since;
+  const auto j = find_lane(lane);
+  const RecentSteps* recent = j ? recent_of(i, positions_.at(i).worker_of(*j)) : nullptr;
+  return recent ? recent->since : std::chrono::steady_clock::now();
 }
 
 void Pipeline::close(int32_t seq_id) {

@@ -251,13 +251,22 @@ class Pipeline {
   void close(int32_t seq_id);
   // Thread-safe.
   PipelineTimings timings() const;
-  // The steps the active worker of position i finished in the last `within` (at most
-  // kRecentSteps, none from a worker active before), and since when it is active.
-  std::vector<StageStepTime> recent_steps(size_t i, std::chrono::steady_clock::duration within) const;
-  std::chrono::steady_clock::time_point active_since(size_t i) const;
+  // The steps the worker of lane `lane` (0: the first) at position i finished in the
+  // last `within` (at most kRecentSteps, none from before it took that place), and since
+  // when it runs there (now for a lane not running, or a worker with no step yet).
+  std::vector<StageStepTime> recent_steps(size_t i, std::chrono::steady_clock::duration within,
+                                          uint32_t lane = 0) const;
+  std::chrono::steady_clock::time_point active_since(size_t i, uint32_t lane = 0) const;
   static constexpr size_t kRecentSteps = 4096;
 
  private:
+  // A worker's last kRecentSteps steps since it took its place in a lane, a ring, and
+  // since when it runs there.
+  struct RecentSteps {
+    std::vector<StageStepTime> steps;
+    size_t next = 0;
+    std::chrono::steady_clock::time_point since = std::chrono::steady_clock::now();
+  };
   void plan_all();
   void plan_lane(size_t lane);
   // With spread on and remote workers: new lanes from the live standbys, one at each
@@ -282,6 +291,10 @@ class Pipeline {
   // gets the replay's closes.
   void switch_to(size_t i, size_t k, size_t lane = 0);
   void account(const StepOutput& out, size_t tokens, uint64_t wait_start, size_t lane);
+  // Worker k of position i takes a place in a lane: its recent steps start anew.
+  void start_recent(size_t i, size_t k);
+  // Its recent steps (nullptr: none yet). With timings_mutex_ held.
+  const RecentSteps* recent_of(size_t i, size_t k) const;
   // Whether worker k of position i takes copies of the sequences of lane `lane` (it is
   // not that lane's worker there, and the lane runs).
   bool copies_to(size_t i, size_t k, uint32_t lane) const;
@@ -301,10 +314,8 @@ class Pipeline {
     std::vector<bool> holds_closed;
     // Per worker: the sequences copied to it (a standby's, or another lane's), with the positions copied.
     std::vector<std::map<int32_t, int32_t>> copies;
-    std::chrono::steady_clock::time_point active_since = std::chrono::steady_clock::now();
-    // The active worker's last kRecentSteps steps, a ring (guarded by timings_mutex_).
-    std::vector<StageStepTime> recent;
-    size_t recent_next = 0;
+    // Per worker (guarded by timings_mutex_; sized on first use).
+    std::vector<RecentSteps> recent;
     Stage& active() const { return *workers[current]; }
     size_t worker_of(size_t lane) const { return lane == 0 ? current : spread.at(lane - 1); }
     bool runs(size_t k) const { return k == current || std::find(spread.begin(), spread.end(), k) != spread.end(); }

@@ -75,6 +75,10 @@ CASE:
               undisturbed. Restarted, it forms a lane again; then the first lane's
               stage-1 worker is stopped (SIGSTOP): the same, its sequences going on
               from the copies on the other lane.
+  slow-lane   two lanes as in spread, with the slow-worker watch of slow: the second
+              lane's stage-1 worker made slow mid-generation leaves the lanes (its lane
+              ends, its requests go on in the first); every token as undisturbed, no
+              failover, /cluster counts the move and shows one lane.
   slow        pico-coord --replan-when-slow 2 --slow-seconds 1: the undisturbed run
               moves nothing; then stage 1's active worker is made slow mid-generation
               (stopped 95 ms of every 100 ms, too short to be lost): the watch moves
@@ -724,6 +728,28 @@ try:
             fail("/cluster lanes after the drain: %s, workers %s" % (running, at))
         print("replayed: %d tokens; failovers: %d" % (metric(port, "pico:replayed_tokens_total"),
                                                      metric(port, "pico:failovers_total")))
+    elif case == "slow-lane":
+        os.environ["PICO_CACHE_DIR"] = os.path.join(run.tmp, "profiles")  # as in slow
+        addresses = ["tcp://127.0.0.1:%d" % free_port() for _ in range(4)]
+        layers = ["0-1", "0-1", "2-3", "2-3"]
+        workers = [start_worker(a, l, "worker-%d.log" % i) for i, (a, l) in enumerate(zip(addresses, layers))]
+        coord, port = start_coord(addresses, ["--replan-when-slow", "2", "--slow-seconds", "1"], replicas="spread")
+        lane = wait_log("coord.log", r"lane (\d+): %s, %s run the layers as a chain of their own" %
+                        (addresses[1], addresses[3]), coord).group(1)
+        expected = undisturbed(port, greedy_only=False)
+        if "is slow" in read_log("coord.log"):
+            fail("the undisturbed run moved a worker:\n" + read_log("coord.log"))
+        streams = run_streams(port, False, lambda: slow_down(
+            workers[3], r"lane %s stage 1: worker %s is slow: .* it leaves the lanes" % (lane, addresses[3]), coord))
+        check_same(streams, expected, "the second lane's slow worker left the lanes")
+        if not any(running_after):
+            fail("the move came only once every stream had ended")
+        view = split_of(port)[1]
+        if view["slow_moves"] != 1 or len(view["lanes"]) != 1:
+            fail("/cluster after the move: %s" % json.dumps(view))
+        if metric(port, "pico:failovers_total") != 0:
+            fail("the slow worker was taken for lost")
+        print(re.search(r"lane \d+ stage 1: worker .* is slow: [^\n]*", read_log("coord.log")).group(0))
     elif case == "spread-copies":
         addresses = ["tcp://127.0.0.1:%d" % free_port() for _ in range(4)]
         layers = ["0-1", "0-1", "2-3", "2-3"]
