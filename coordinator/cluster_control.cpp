@@ -473,12 +473,14 @@ ClusterView ClusterControl::replan(const std::optional<std::string>& drain, bool
                    const auto t = profiled_seconds(workers[k]->info(), layers, head, batch);
                    return t ? *t : std::numeric_limits<double>::infinity();
                  };
+                 // A worker of another lane serves already: only a drain takes it (its lane
+                 // ends), and only when no worker standing by can.
+                 auto rank = [&](size_t k) { return std::pair(p.lane_of(i, k).has_value(), time_of(k)); };
                  size_t best = workers.size();
                  for (size_t k = 0; k < workers.size(); ++k) {
                    if (k == current || (drain && workers[k]->info().name == *drain) || !workers[k]->up()) continue;
-                   // A worker of another lane serves already: only a drain takes it (its lane ends).
                    if (!drain && p.lane_of(i, k)) continue;
-                   if (best == workers.size() || time_of(k) < time_of(best)) best = k;
+                   if (best == workers.size() || rank(k) < rank(best)) best = k;
                  }
                  if (drain) {
                    for (Stage* w : workers) drained_found = drained_found || w->info().name == *drain;

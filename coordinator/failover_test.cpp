@@ -952,6 +952,34 @@ TEST(Lanes, ASequenceWhoseLaneEndsGoesOnFromTheOtherLanesCopies) {
   }
 }
 
+// A drain hands the layers to a worker standing by rather than to a faster one of
+// another lane (whose lane would end).
+TEST(Lanes, ADrainPrefersAWorkerInNoLane) {
+  SpreadModel m(true, 1);
+  m.w1a->info_for_test().profile = uniform_profile(1e-3);
+  m.w1b->info_for_test().profile = uniform_profile(0.5e-3);
+  m.spare[0]->info_for_test().profile = uniform_profile(1e-3);
+  const std::vector<uint32_t> lanes = m.pipeline->lanes();
+  ASSERT_EQ(lanes.size(), 2u);
+  const auto tok = tiny_tokenizer();
+  Engine engine(*m.pipeline, *tok, small_steps());
+  ClusterControl control(engine, fake_identity(), {});
+  bool moved = false;
+  control.replan(std::string("w1a"), &moved);
+  EXPECT_TRUE(moved);
+  EXPECT_EQ(&m.pipeline->stage(1), m.spare[0]);
+  EXPECT_EQ(m.pipeline->lanes(), lanes);
+  EXPECT_EQ(&m.pipeline->stage(1, lanes[1]), m.w1b);
+  // The drained one stopped: with no worker standing by left, the other lane's takes
+  // the layers, and its lane ends.
+  m.w1a->is_up = false;
+  m.w1a->comes_back = false;
+  control.replan(std::string("w1c"), &moved);
+  EXPECT_TRUE(moved);
+  EXPECT_EQ(&m.pipeline->stage(1), m.w1b);
+  EXPECT_EQ(m.pipeline->lanes().size(), 1u);
+}
+
 // A drained (or slow) worker leaves its lane and forms none again until it is lost and
 // back; the first lane's worker is only kept out (moving it is the caller's).
 TEST(Lanes, AWorkerKeptOutOfTheLanesFormsNoneAgain) {
