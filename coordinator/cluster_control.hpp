@@ -23,6 +23,7 @@
 
 #include "engine.hpp"
 #include "placement.hpp"
+#include "profile_times.hpp"
 #include "stage.hpp"
 
 namespace pico::coordinator {
@@ -85,13 +86,6 @@ struct ClusterView {
   };
   std::vector<LaneView> lanes;
 };
-
-// A worker's profiled time per token for layers [first, last) (+ the head when `head`):
-// nullopt without a profile covering them.
-std::optional<double> profiled_seconds(const StageInfo& info, model::LayerRange layers, bool head, bool batch);
-// What its profile predicts for a step of `tokens` tokens through those layers: per
-// layer, the placement's layer_step_seconds.
-std::optional<double> predicted_step_seconds(const StageInfo& info, model::LayerRange layers, bool head, size_t tokens);
 
 // A position's last window of steps, as the slow-worker rule judges it.
 struct StageWindow {

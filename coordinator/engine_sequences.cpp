@@ -73,15 +73,34 @@ void Engine::check_stages(bool idle) {
 }
 
 uint32_t Engine::quietest_lane() const {
+  // Per lane: its unfinished sequences, and what its workers' profiles predict for a
+  // step with one more. With every lane profiled, the new sequence goes where that
+  // step is shortest (a faster lane takes more sequences); steps within a tenth of
+  // each other (the noise of profiles of like machines) count as equal, and then, or
+  // without profiles, it goes to the lane with fewest.
   const std::vector<uint32_t> lanes = pipeline_.lanes();
-  uint32_t best = lanes.front();
-  long fewest = -1;
+  struct Load {
+    uint32_t lane;
+    long sequences;
+    std::optional<double> step;
+  };
+  std::vector<Load> loads;
+  bool profiled = true;
   for (const uint32_t lane : lanes) {
     const long n = std::count_if(active_.begin(), active_.end(),
                                  [&](const auto& s) { return s->lane == lane && !s->done && s->sampler; });
-    if (fewest < 0 || n < fewest) best = lane, fewest = n;
+    const auto step = lanes.size() > 1 ? pipeline_.predicted_step_seconds(lane, static_cast<size_t>(n) + 1)
+                                       : std::optional<double>();
+    profiled = profiled && step.has_value();
+    loads.push_back({lane, n, step});
   }
-  return best;
+  const Load* best = &loads.front();
+  for (const Load& l : loads) {
+    const bool shorter = profiled && *l.step < 0.9 * *best->step;
+    const bool alike = !profiled || (*l.step <= *best->step / 0.9 && *best->step <= *l.step / 0.9);
+    if (shorter || (alike && l.sequences < best->sequences)) best = &l;
+  }
+  return best->lane;
 }
 
 void Engine::release_kv(Seq& s) {

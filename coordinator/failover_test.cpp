@@ -952,6 +952,27 @@ TEST(Lanes, ASequenceWhoseLaneEndsGoesOnFromTheOtherLanesCopies) {
   }
 }
 
+// New sequences go to the lane whose workers' profiles predict the shorter step with
+// one more sequence: a lane much faster takes them all, a somewhat faster one more;
+// lanes alike (within a tenth) take turns. The tokens are the same wherever they run.
+TEST(Lanes, ANewSequenceGoesWhereItsStepIsShortest) {
+  FakeModel calm;
+  const std::vector<std::string> expected = calm.run(small_steps());
+  struct Case {
+    double slow;  // the second lane's per-layer time; the first lane's is 0.2 ms
+    size_t first_min, first_max;  // sequences the first lane takes (of 6)
+  };
+  for (const Case c : {Case{1e-3, 6, 6}, Case{0.25e-3, 4, 5}, Case{0.21e-3, 3, 3}}) {
+    SpreadModel m;
+    for (FakeStage* w : {m.w0a, m.w1a}) w->info_for_test().profile = uniform_profile(0.2e-3);
+    for (FakeStage* w : {m.w0b, m.w1b}) w->info_for_test().profile = uniform_profile(c.slow);
+    EXPECT_EQ(run_six(*m.pipeline, small_steps(), {}, &m.metrics), expected) << c.slow;
+    EXPECT_GE(m.kv[m.w1a].size(), c.first_min) << c.slow;
+    EXPECT_LE(m.kv[m.w1a].size(), c.first_max) << c.slow;
+    EXPECT_EQ(m.kv[m.w1a].size() + m.kv[m.w1b].size(), 6u) << c.slow;
+  }
+}
+
 // A drain hands the layers to a worker standing by rather than to a faster one of
 // another lane (whose lane would end).
 TEST(Lanes, ADrainPrefersAWorkerInNoLane) {

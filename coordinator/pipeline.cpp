@@ -8,6 +8,8 @@
 #include <optional>
 #include <stdexcept>
 
+#include "profile_times.hpp"
+
 namespace pico::coordinator {
 
 namespace {
@@ -346,6 +348,18 @@ std::optional<uint32_t> Pipeline::lane_of(size_t i, size_t k) const {
 }
 
 size_t Pipeline::in_flight(uint32_t lane) const { return lanes_.at(lane_index(lane)).inflight.size(); }
+
+std::optional<double> Pipeline::predicted_step_seconds(uint32_t lane, size_t tokens) const {
+  const size_t j = lane_index(lane);
+  double total = 0;
+  for (size_t i = 0; i < positions_.size(); ++i) {
+    const StageInfo& info = positions_[i].workers[positions_[i].worker_of(j)]->info();
+    const auto t = coordinator::predicted_step_seconds(info, info.layers, i + 1 == positions_.size(), tokens);
+    if (!t) return std::nullopt;
+    total += *t;
+  }
+  return total;
+}
 
 std::vector<Stage*> Pipeline::workers(size_t i) {
   std::vector<Stage*> out;

@@ -225,6 +225,9 @@ class Pipeline {
                   const ChainGrant& chain = {}, uint32_t lane = 0);
   // Steps of lane `lane` in flight.
   size_t in_flight(uint32_t lane) const;
+  // What the profiles of lane `lane`'s workers predict for a step of `tokens` tokens
+  // through every position (compute only); nullopt when one has no profile.
+  std::optional<double> predicted_step_seconds(uint32_t lane, size_t tokens) const;
   // The next finished step of any lane (within a lane, steps finish in the order
   // submitted; a chained one right after the step it follows, which says so:
   // StepOutput::chained). A lane with steps in flight that answers nothing within
