@@ -293,6 +293,21 @@ def slow_down(victim, moved_log, coord):
         victim.send_signal(signal.SIGCONT)
 
 
+def signal_after_copies(port, count, worker, stop):
+    """A disturb() for run_streams: once `count` more sequence states were copied than
+    now (pico:standby_copies_total), sends `stop` to worker."""
+    before = metric(port, "pico:standby_copies_total")
+
+    def disturb():
+        deadline = time.time() + 30
+        while metric(port, "pico:standby_copies_total") < before + count:
+            if time.time() > deadline:
+                fail("no standby copies within 30 s")
+            time.sleep(0.02)
+        worker.send_signal(stop)
+    return disturb
+
+
 def place_while_streaming(port, memory):
     """The 8 streams, with POST /cluster/replan {"place": true, "memory": memory} once
     they are under way. Returns (streams, the reply's placement)."""
@@ -363,21 +378,11 @@ try:
                 (3, 2, signal.SIGSTOP, "the restarted worker resumes from its copies (the other stopped)"),
                 (2, 3, signal.SIGKILL, "the stopped worker, back, resumes from its copies")):
             last = victim_index == 2 and stop == signal.SIGKILL and what.startswith("the stopped")
-            copies_before = metric(port, "pico:standby_copies_total")
             resumed_before = metric(port, "pico:resumed_sequences_total")
             resumed_tokens_before = metric(port, "pico:resumed_tokens_total")
-
-            def disturb():
-                # Once a round has copied this run's sequences (8 per stage with a standby;
-                # --cache-slots 0: no kept sequence of an earlier run is copied instead).
-                deadline = time.time() + 30
-                while metric(port, "pico:standby_copies_total") < copies_before + 16:
-                    if time.time() > deadline:
-                        fail("no standby copies within 30 s")
-                    time.sleep(0.02)
-                workers[victim_index].send_signal(stop)
-
-            streams = run_streams(port, False, disturb)
+            # Once a round has copied this run's sequences (8 per stage with a standby;
+            # --cache-slots 0: no kept sequence of an earlier run is copied instead).
+            streams = run_streams(port, False, signal_after_copies(port, 16, workers[victim_index], stop))
             check_same(streams, expected, what)
             wait_log("coord.log", r"stage 1: worker %s is lost; its replica %s takes layers 2-3" %
                      (addresses[victim_index], addresses[standby_index]), coord)
@@ -760,21 +765,12 @@ try:
         expected = undisturbed(port, greedy_only=False)
         for victim_index, what in ((3, "the second lane's stage-1 worker killed"),
                                    (2, "the first lane's stage-1 worker stopped")):
-            copies_before = metric(port, "pico:standby_copies_total")
             resumed_before = metric(port, "pico:resumed_sequences_total")
             failovers = len(re.findall(r"failover: \d+ sequences replay", read_log("coord.log")))
             stop = signal.SIGKILL if victim_index == 3 else signal.SIGSTOP
-
-            def disturb():
-                # Once a round has copied this run's sequences to the other lane (8
-                # sequences, two workers each).
-                deadline = time.time() + 30
-                while metric(port, "pico:standby_copies_total") < copies_before + 16:
-                    if time.time() > deadline:
-                        fail("no copies within 30 s")
-                    time.sleep(0.02)
-                workers[victim_index].send_signal(stop)
-
+            # Once a round has copied this run's sequences to the other lane (8 sequences,
+            # two workers each).
+            disturb = signal_after_copies(port, 16, workers[victim_index], stop)
             check_same(run_streams(port, False, disturb), expected, what)
             replays = re.findall(r"failover: (\d+) sequences replay \d+ tokens on the new chain \((\d+) of them "
                                  r"from copies or their lane's workers, \d+ tokens not replayed; (\d+) moved",
