@@ -455,9 +455,9 @@ void Pipeline::regroup(std::vector<std::unique_ptr<Stage>> moved, const protocol
     for (size_t k = 0; k < p.workers.size(); ++k) {
       const bool ran = std::find(ran_lanes.begin(), ran_lanes.end(), p.workers[k].get()) != ran_lanes.end();
       if (ran && !p.runs(k)) p.holds_closed[k] = true;
-      holds_closed_until_ = next_step_;
     }
   }
+  holds_closed_until_ = next_step_;
 }
 
 size_t Pipeline::add_replica(std::unique_ptr<Stage> stage, const protocol::ModelIdentity& expected) {
