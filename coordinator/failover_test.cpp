@@ -726,6 +726,10 @@ struct SpreadModel {
   // The submit at which the engine thread waits until `resume` (as FakeModel's).
   int pause_at = 0;
   std::atomic<bool> resume = false;
+  // Closed, the first submit waits until a test opens it once every request is queued
+  // (run_six's `meanwhile`): no request then ends before the others are placed on a
+  // lane, however the threads are timed (the lanes' shares are then always the same).
+  std::atomic<bool> gate = true;
   explicit SpreadModel(bool spread = true, int standbys = 0) {
     std::vector<std::unique_ptr<Stage>> stages;
     auto add = [&](model::LayerRange layers, const char* name) {
@@ -744,6 +748,7 @@ struct SpreadModel {
         ++steps[first];
         auto* last = static_cast<FakeStage*>(first->next);
         const int submit = ++submits;
+        while (!gate) std::this_thread::sleep_for(std::chrono::milliseconds(1));
         if (submit == pause_at) {
           while (!resume) std::this_thread::sleep_for(std::chrono::milliseconds(1));
         }
@@ -923,9 +928,11 @@ TEST(Lanes, ASequenceWhoseLaneEndsGoesOnFromTheOtherLanesCopies) {
     m.victim = lane == 0 ? m.w1a : m.w1b;
     m.pause_at = 12;
     m.kill_at = 24;
+    m.gate = false;
     Pipeline::CopyRound copied;
     bool due_after = true;
     const auto got = run_six(*m.pipeline, small_steps(), [&](Engine& engine) {
+      m.gate = true;
       while (m.submits < m.pause_at) std::this_thread::sleep_for(std::chrono::milliseconds(1));
       auto done = engine.with_pipeline(
           [&](Pipeline& p) {
@@ -966,7 +973,8 @@ TEST(Lanes, ANewSequenceGoesWhereItsStepIsShortest) {
     SpreadModel m;
     for (FakeStage* w : {m.w0a, m.w1a}) w->info_for_test().profile = uniform_profile(0.2e-3);
     for (FakeStage* w : {m.w0b, m.w1b}) w->info_for_test().profile = uniform_profile(c.slow);
-    EXPECT_EQ(run_six(*m.pipeline, small_steps(), {}, &m.metrics), expected) << c.slow;
+    m.gate = false;
+    EXPECT_EQ(run_six(*m.pipeline, small_steps(), [&](Engine&) { m.gate = true; }, &m.metrics), expected) << c.slow;
     EXPECT_GE(m.kv[m.w1a].size(), c.first_min) << c.slow;
     EXPECT_LE(m.kv[m.w1a].size(), c.first_max) << c.slow;
     EXPECT_EQ(m.kv[m.w1a].size() + m.kv[m.w1b].size(), 6u) << c.slow;
@@ -1032,7 +1040,8 @@ TEST(Lanes, RequestsSpreadOverTheLanesAndSurviveALaneEnding) {
   const std::vector<std::string> expected = calm.run(small_steps());
   {
     SpreadModel m;
-    EXPECT_EQ(run_six(*m.pipeline, small_steps(), {}, &m.metrics), expected);
+    m.gate = false;
+    EXPECT_EQ(run_six(*m.pipeline, small_steps(), [&](Engine&) { m.gate = true; }, &m.metrics), expected);
     EXPECT_GT(m.steps[m.w0a], 0);
     EXPECT_GT(m.steps[m.w0b], 0);
     // Three sequences on each lane: each last worker computed about half.
@@ -1046,7 +1055,8 @@ TEST(Lanes, RequestsSpreadOverTheLanesAndSurviveALaneEnding) {
       SpreadModel m;
       m.victim = lane == 0 ? m.w1a : m.w1b;
       m.kill_at = kill_at;
-      EXPECT_EQ(run_six(*m.pipeline, small_steps(), {}, &m.metrics), expected)
+      m.gate = false;
+      EXPECT_EQ(run_six(*m.pipeline, small_steps(), [&](Engine&) { m.gate = true; }, &m.metrics), expected)
           << "lane " << lane << " lost at submit " << kill_at;
       EXPECT_EQ(m.pipeline->lanes().size(), 1u);
       EXPECT_EQ(m.pipeline->timings().failovers, 1u);
