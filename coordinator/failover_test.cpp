@@ -190,6 +190,29 @@ void answer_step(FakeStage* last, uint64_t step, std::span<const model::BatchTok
 std::vector<std::string> run_six(Pipeline& pipeline, SchedulerOptions options, std::function<void(Engine&)> meanwhile,
                                  EngineMetrics* metrics);
 
+// A fake worker's state as its snapshots and restores carry it: the tokens it holds of
+// each sequence (`kv`), 4 bytes each; as a worker, its first plan from this session
+// drops whatever it held. before_snapshot runs first on each snapshot (it may throw).
+void hold_state_as_tokens(FakeStage* w, std::map<int32_t, std::vector<int32_t>>& kv,
+                          std::function<void()> before_snapshot = {}) {
+  w->on_snapshot = [&kv, before_snapshot](int32_t seq) -> std::optional<std::vector<uint8_t>> {
+    if (before_snapshot) before_snapshot();
+    const auto held = kv.find(seq);
+    if (held == kv.end()) return std::nullopt;
+    std::vector<uint8_t> bytes(held->second.size() * sizeof(int32_t));
+    std::memcpy(bytes.data(), held->second.data(), bytes.size());
+    return bytes;
+  };
+  w->on_restore = [&kv](int32_t seq, std::span<const uint8_t> state) {
+    std::vector<int32_t>& held = kv[seq];
+    held.resize(state.size() / sizeof(int32_t));
+    std::memcpy(held.data(), state.data(), state.size());
+  };
+  w->on_plan = [&kv, w] {
+    if (w->plans == 1) kv.clear();
+  };
+}
+
 // A fake model over the replicated pipeline. Each worker of stage 1 holds its own KV
 // (the tokens of each sequence's positions, which must arrive without a gap, as a
 // worker refuses a gap, and are cut where a token comes below them, as a worker cuts
@@ -221,26 +244,12 @@ struct FakeModel {
       }
       answer_step(last, step, batch, kv[last], computed[last]);
     };
-    // Stage 1's state as its snapshots carry it: the tokens held, 4 bytes each.
+    // Stage 1's state as its snapshots carry it.
     for (FakeStage* w : {r.a, r.b}) {
-      w->on_snapshot = [this, w](int32_t seq) -> std::optional<std::vector<uint8_t>> {
+      hold_state_as_tokens(w, kv[w], [this, w] {
         ++snapshots;
         if (fail_snapshots) throw StageError("worker " + w->info().name + ": no answer to a snapshot request");
-        const auto held = kv[w].find(seq);
-        if (held == kv[w].end()) return std::nullopt;
-        std::vector<uint8_t> bytes(held->second.size() * sizeof(int32_t));
-        std::memcpy(bytes.data(), held->second.data(), bytes.size());
-        return bytes;
-      };
-      // As a worker: its first plan from this session drops whatever it held.
-      w->on_plan = [this, w] {
-        if (w->plans == 1) kv[w].clear();
-      };
-      w->on_restore = [this, w](int32_t seq, std::span<const uint8_t> state) {
-        std::vector<int32_t>& held = kv[w][seq];
-        held.resize(state.size() / sizeof(int32_t));
-        std::memcpy(held.data(), state.data(), state.size());
-      };
+      });
     }
   }
   std::atomic<int> snapshots = 0;
@@ -769,25 +778,8 @@ struct SpreadModel {
         answer_step(last, step, batch, kv[last], computed[last]);
       };
     }
-    // Each worker's state as its snapshots carry it (the tokens held, 4 bytes each); its
-    // first plan from this session drops what it held.
-    for (FakeStage* w : {w0a, w0b, w1a, w1b}) {
-      w->on_snapshot = [this, w](int32_t seq) -> std::optional<std::vector<uint8_t>> {
-        const auto held = kv[w].find(seq);
-        if (held == kv[w].end()) return std::nullopt;
-        std::vector<uint8_t> bytes(held->second.size() * sizeof(int32_t));
-        std::memcpy(bytes.data(), held->second.data(), bytes.size());
-        return bytes;
-      };
-      w->on_restore = [this, w](int32_t seq, std::span<const uint8_t> state) {
-        std::vector<int32_t>& held = kv[w][seq];
-        held.resize(state.size() / sizeof(int32_t));
-        std::memcpy(held.data(), state.data(), state.size());
-      };
-      w->on_plan = [this, w] {
-        if (w->plans == 1) kv[w].clear();
-      };
-    }
+    // Each worker's state as its snapshots carry it.
+    for (FakeStage* w : {w0a, w0b, w1a, w1b}) hold_state_as_tokens(w, kv[w]);
   }
 };
 

@@ -210,11 +210,7 @@ bool Pipeline::fail_over(std::span<const uint32_t> only) {
     return true;
   }
   // The other lanes run on: their workers keep their plans (and their steps in flight).
-  for (const uint32_t id : swapped) {
-    const size_t j = lane_index(id);
-    lanes_[j].inflight.clear();
-    plan_lane(j);
-  }
+  for (const uint32_t id : swapped) plan_lane(lane_index(id));
   add_lanes();
   return true;
 }
@@ -231,8 +227,10 @@ std::vector<uint32_t> Pipeline::lanes_with_a_lost_worker() {
   return lost;
 }
 
-void Pipeline::abandon_steps() {
-  for (Lane& l : lanes_) l.inflight.clear();
+void Pipeline::abandon_steps(std::span<const uint32_t> lanes) {
+  for (Lane& l : lanes_) {
+    if (lanes.empty() || std::find(lanes.begin(), lanes.end(), l.id) != lanes.end()) l.inflight.clear();
+  }
 }
 
 void Pipeline::end_lane(size_t lane) {
@@ -594,8 +592,9 @@ uint64_t Pipeline::submit(std::span<const model::BatchToken> batch, std::span<co
   // looked at here, the other lanes' by wait().
   const bool several = lanes_.size() > 1;
   auto lose_this_lane = [&](const StageError& e) {
-    lanes_[j].inflight.clear();
-    throw LanesLost(e, {lanes_[j].id});
+    const uint32_t id = lanes_[j].id;
+    abandon_steps(std::span(&id, 1));
+    throw LanesLost(e, {id});
   };
   if (several) {
     for (size_t i = 0; i < positions_.size(); ++i) {
@@ -750,9 +749,7 @@ StepOutput Pipeline::wait(int timeout_ms) {
       // Some lanes lost a worker, the others go on with their steps in flight.
       const std::vector<uint32_t> lost = lanes_with_a_lost_worker();
       if (!lost.empty() && lost.size() < lanes_.size()) {
-        for (Lane& l : lanes_) {
-          if (std::find(lost.begin(), lost.end(), l.id) != lost.end()) l.inflight.clear();
-        }
+        abandon_steps(lost);
         throw LanesLost(e, lost);
       }
     }

@@ -135,8 +135,8 @@ class Pipeline {
   // nothing changed). Only while no step is in flight (after wait() or submit() threw).
   // With lanes: a lane whose lost worker has no live standby ends, when another lane
   // goes on (true; that lane's sequences replay on another); false when none would.
-  // `only` (after LanesLost): just those lanes are mended, and only they may have no
-  // step in flight; the others keep theirs and are not planned again.
+  // `only` (after LanesLost): just those lanes are mended; they must have no step in
+  // flight (LanesLost dropped theirs), the others keep theirs and are not planned again.
   bool fail_over(std::span<const uint32_t> only = {});
   // Tries to get back lost replicas standing by (RemoteStage::rejoin; never throws).
   void rejoin_standbys();
@@ -282,7 +282,8 @@ class Pipeline {
   void add_lanes();
   std::optional<size_t> find_lane(uint32_t id) const;  // its index; nullopt for a lane not running (0: the first)
   size_t lane_index(uint32_t id) const;  // throws std::logic_error for a lane not running
-  void abandon_steps();
+  // The steps in flight of the lanes given (ids; every lane when empty) are dropped.
+  void abandon_steps(std::span<const uint32_t> lanes = {});
   // The running lanes with a worker that is not up (their ids).
   std::vector<uint32_t> lanes_with_a_lost_worker();
   // Positions from workers in pipeline order (a worker with an earlier one's range is
