@@ -81,7 +81,7 @@ CASE:
               failover, /cluster counts the move and shows one lane.
   slow        pico-coord --replan-when-slow 4 --slow-seconds 1: the undisturbed run
               moves nothing; then stage 1's active worker is made slow mid-generation
-              (stopped 95 ms of every 100 ms, too short to be lost): the watch moves
+              (stopped 95 ms each time it runs, too short to be lost): the watch moves
               the stage to its replica, and every request completes with exactly the
               tokens of the undisturbed run; no failover, /cluster counts the move.
 """
