@@ -271,16 +271,50 @@ void Engine::replay_all(std::span<const uint32_t> only) {
   // (Pipeline::copied_prefix): the sequence replays from there under its id (each
   // stage cuts it on arrival there; the replaced worker closes it). Otherwise the
   // sequence starts again from position 0, under a new id (the old one is closed
-  // everywhere, a lost worker told when it rejoins). Nothing kept is trusted.
+  // everywhere, a lost worker told when it rejoins).
   // With `only`, the other lanes' sequences (and kept ones) run on untouched.
   auto replays = [&](uint32_t lane) { return only.empty() || std::find(only.begin(), only.end(), lane) != only.end(); };
-  std::erase_if(kept_, [&](const Kept& k) {
+  const std::vector<uint32_t> lanes = pipeline_.lanes();
+  // A kept sequence stays kept as far as every worker of its lane holds it: all of it
+  // where the lane kept its workers, else as far as the copies of the workers that took
+  // positions over. One whose lane ended goes to the running lane whose workers hold
+  // the longest copy of it (Pipeline::adopt_copies). None held: closed. A hybrid model's
+  // recurrent state has no copies, and goes back only to a checkpoint: closed.
+  size_t kept_on = 0, kept_replayed = 0;
+  std::erase_if(kept_, [&](Kept& k) {
     if (!replays(k.lane)) return false;
-    close_sequence(k.kv_id);
-    return true;
+    ++kept_replayed;
+    int32_t held = 0;
+    const bool lane_ended = std::find(lanes.begin(), lanes.end(), k.lane) == lanes.end();
+    if (options_.recurrent) {
+      // closed
+    } else if (lane_ended) {
+      std::optional<uint32_t> best;
+      for (uint32_t lane : lanes) {
+        const int32_t n = pipeline_.copies_in_lane(k.kv_id, lane);
+        if (n > held) best = lane, held = n;
+      }
+      if (best) {
+        pipeline_.adopt_copies(k.kv_id, *best);
+        k.lane = *best;
+      }
+    } else {
+      held = pipeline_.kept_its_workers(k.lane) ? static_cast<int32_t>(k.tokens.size())
+                                                : pipeline_.copied_prefix(k.kv_id, k.lane);
+    }
+    held = std::min(held, static_cast<int32_t>(k.tokens.size()));
+    if (held <= 0) {
+      close_sequence(k.kv_id);
+      return true;
+    }
+    // The workers it left (a lost one when it rejoins) hold a stale state of it. The
+    // positions past `held` are cut where a reuse continues it.
+    pipeline_.close_on_replaced(k.kv_id);
+    k.tokens.resize(static_cast<size_t>(held));
+    ++kept_on;
+    return false;
   });
   size_t replayed = 0, tokens = 0, resumed = 0, resumed_tokens = 0;
-  const std::vector<uint32_t> lanes = pipeline_.lanes();
   // The sequences whose lane ended (embedding requests too) go onto the quietest lanes,
   // one at a time, first: where they go decides what they resume from.
   std::vector<Seq*> moved;
@@ -359,8 +393,9 @@ void Engine::replay_all(std::span<const uint32_t> only) {
   }
   pipeline_.forget_taken_over();
   spdlog::warn("failover: {} sequences replay {} tokens on the new chain ({} of them from copies or their "
-               "lane's workers, {} tokens not replayed; {} moved to another lane)",
-               replayed, tokens, resumed, resumed_tokens, moved.size());
+               "lane's workers, {} tokens not replayed; {} moved to another lane); {} of their lanes' {} kept "
+               "sequences stay kept",
+               replayed, tokens, resumed, resumed_tokens, moved.size(), kept_on, kept_replayed);
   std::lock_guard lock(mutex_);
   metrics_.replayed_tokens += tokens;
   metrics_.resumed_sequences += resumed;

@@ -780,6 +780,7 @@ struct SpreadModel {
     }
     // Each worker's state as its snapshots carry it.
     for (FakeStage* w : {w0a, w0b, w1a, w1b}) hold_state_as_tokens(w, kv[w]);
+    for (FakeStage* w : spare) hold_state_as_tokens(w, kv[w]);
   }
 };
 
@@ -1063,6 +1064,117 @@ TEST(Lanes, RequestsSpreadOverTheLanesAndSurviveALaneEnding) {
     SpreadModel m(false);
     EXPECT_EQ(run_six(*m.pipeline, small_steps(), {}, &m.metrics), expected);
     EXPECT_EQ(m.steps[m.w0b], 0);
+  }
+}
+
+// Kept sequences (prompt-prefix reuse) live through a loss. Six requests end and stay
+// kept, three on each lane; a round of copies; then a worker of one lane dies while
+// another request runs. Every kept sequence stays kept: those of a lane that ended on
+// the other lane, from its copies; with a standby taking the place, as far as the
+// standby's copies. A request continuing the longest one reuses all of it, as in an
+// undisturbed run, and every token is as undisturbed.
+TEST(Lanes, KeptSequencesLiveThroughALoss) {
+  struct Case {
+    const char* what;
+    int victim_lane;  // -1: undisturbed
+    int standbys;
+  };
+  struct Outcome {
+    std::vector<std::vector<int32_t>> tokens;  // the six, the request during the loss, the one continuing
+    uint64_t cached = 0;                       // the prompt tokens the last request reused
+  };
+  std::optional<Outcome> calm;
+  for (const Case c : {Case{"undisturbed", -1, 0}, Case{"the first lane ends", 0, 0},
+                       Case{"the second lane ends", 1, 0}, Case{"a standby takes the second lane's place", 1, 1}}) {
+    SpreadModel m(true, c.standbys);
+    const auto tok = tiny_tokenizer();
+    SchedulerOptions options = small_steps();
+    options.cache_sequences = 8;
+    Engine engine(*m.pipeline, *tok, options);
+    // The requests run at once (each placed on a lane before any step) to their end.
+    auto run = [&](const std::vector<std::vector<int32_t>>& prompts) {
+      std::mutex mutex;
+      std::condition_variable cv;
+      size_t ended = 0;
+      std::vector<std::vector<int32_t>> out(prompts.size());
+      m.gate = false;
+      for (size_t i = 0; i < prompts.size(); ++i) {
+        OnlineRequest q;
+        q.prompt = prompts[i];
+        q.max_tokens = 24;
+        q.ignore_eos = true;
+        q.sampling = sample::SamplingParams::greedy();
+        Callbacks cb;
+        cb.on_sampled = [&, i](int32_t id, std::span<const float>) { out[i].push_back(id); };
+        cb.on_done = [&](const std::string&, const Usage&) {
+          std::lock_guard lock(mutex);
+          ++ended;
+          cv.notify_all();
+        };
+        cb.on_error = [&](const std::string& message) {
+          ADD_FAILURE() << c.what << ": " << message;
+          std::lock_guard lock(mutex);
+          ++ended;
+          cv.notify_all();
+        };
+        engine.submit(std::move(q), std::move(cb));
+      }
+      m.gate = true;
+      std::unique_lock lock(mutex);
+      EXPECT_TRUE(cv.wait_for(lock, std::chrono::seconds(20), [&] { return ended == prompts.size(); })) << c.what;
+      return out;
+    };
+    std::vector<std::vector<int32_t>> six;
+    for (int i = 0; i < 6; ++i) {
+      six.emplace_back(static_cast<size_t>(3 + i), 3);
+      six.back()[0] = static_cast<int32_t>(i % 2) * 3;
+    }
+    // The sequences the engine holds on the stages once no step is in flight (the last
+    // step of a request may come back after its end is told).
+    auto held = [&] {
+      size_t n = 0;
+      engine.with_pipeline([&](Pipeline&) {
+              n = engine.sequence_lengths().size();
+              return false;
+            },
+            true).get();
+      return n;
+    };
+    Outcome got;
+    got.tokens = run(six);
+    EXPECT_EQ(held(), 6u) << c.what;
+    EXPECT_EQ(m.kv[m.w1a].size(), 3u) << c.what;  // three on each lane
+    Pipeline::CopyRound copied;
+    engine.with_pipeline([&](Pipeline& p) {
+            copied = p.copy_to_standbys(engine.sequence_lengths());
+            return false;
+          },
+          true).get();
+    // Each to the other lane's worker at each position, and to the standby at position 1.
+    EXPECT_EQ(copied.sequences, 12u + 6u * static_cast<uint64_t>(c.standbys)) << c.what;
+    if (c.victim_lane >= 0) {
+      m.victim = c.victim_lane == 0 ? m.w1a : m.w1b;
+      m.kill_at = m.submits + 1;
+    }
+    got.tokens.push_back(run({std::vector<int32_t>(12, 2)}).front());  // continues no kept one
+    EXPECT_EQ(held(), 7u) << c.what;
+    EXPECT_EQ(m.pipeline->timings().failovers, c.victim_lane >= 0 ? 1u : 0u) << c.what;
+    EXPECT_EQ(m.pipeline->lanes().size(), c.victim_lane >= 0 && c.standbys == 0 ? 1u : 2u) << c.what;
+    // The longest kept sequence (the sixth request's) continued by one more token.
+    std::vector<int32_t> longer = six[5];
+    longer.insert(longer.end(), got.tokens[5].begin(), got.tokens[5].end());
+    longer.push_back(2);
+    const uint64_t cached_before = engine.metrics().prompt_tokens_cached;
+    got.tokens.push_back(run({longer}).front());
+    got.cached = engine.metrics().prompt_tokens_cached - cached_before;
+    if (!calm) {
+      // Its prompt and every token it computed (the last sampled one was never sent).
+      EXPECT_EQ(got.cached, six[5].size() + got.tokens[5].size() - 1);
+      calm = got;
+      continue;
+    }
+    EXPECT_EQ(got.tokens, calm->tokens) << c.what;
+    EXPECT_EQ(got.cached, calm->cached) << c.what;
   }
 }
 

@@ -1016,17 +1016,30 @@ int32_t Pipeline::copied_prefix(int32_t seq_id, uint32_t lane) const {
   return prefix.value_or(0);
 }
 
-int32_t Pipeline::adopt_copies(int32_t seq_id, uint32_t lane) {
+int32_t Pipeline::copies_in_lane(int32_t seq_id, uint32_t lane) const {
   const auto j = find_lane(lane);
-  if (!j) return 0;
+  if (!j || positions_.empty()) return 0;
   int32_t prefix = std::numeric_limits<int32_t>::max();
-  for (size_t i = 0; i < positions_.size(); ++i) {
-    auto& copies = copies_of(i, positions_[i].worker_of(*j));
-    const auto held = copies.find(seq_id);
-    prefix = std::min(prefix, held == copies.end() ? 0 : held->second);
-    if (held != copies.end()) copies.erase(held);  // the lane's own sequence from now on
+  for (const Position& p : positions_) {
+    const size_t k = p.worker_of(*j);
+    int32_t held = 0;
+    if (k < p.copies.size()) {
+      const auto copy = p.copies[k].find(seq_id);
+      if (copy != p.copies[k].end()) held = copy->second;
+    }
+    prefix = std::min(prefix, held);
   }
-  return positions_.empty() ? 0 : prefix;
+  return prefix;
+}
+
+int32_t Pipeline::adopt_copies(int32_t seq_id, uint32_t lane) {
+  const int32_t prefix = copies_in_lane(seq_id, lane);
+  if (const auto j = find_lane(lane)) {
+    for (size_t i = 0; i < positions_.size(); ++i) {
+      copies_of(i, positions_[i].worker_of(*j)).erase(seq_id);  // the lane's own sequence from now on
+    }
+  }
+  return prefix;
 }
 
 bool Pipeline::kept_its_workers(uint32_t lane) const {

@@ -195,6 +195,8 @@ class Pipeline {
   // of seq_id that every worker of that lane holds as a copy (0 when one has none). The
   // replay may start there under the same id. Those copies become the lane's own.
   int32_t adopt_copies(int32_t seq_id, uint32_t lane);
+  // What adopt_copies(seq_id, lane) would return, taking nothing.
+  int32_t copies_in_lane(int32_t seq_id, uint32_t lane) const;
   void forget_taken_over();
   // Closes seq_id only on the workers that were replaced (a lost one when it rejoins):
   // a sequence that resumes from a copy keeps its id, and they hold a stale state of it.
