@@ -13,6 +13,7 @@
 
 #include "engine.hpp"
 #include "engine_sequence.hpp"
+#include "placement.hpp"
 #include "state/recurrent_state.hpp"
 
 namespace pico::coordinator {
@@ -96,9 +97,9 @@ uint32_t Engine::quietest_lane() const {
   }
   const Load* best = &loads.front();
   for (const Load& l : loads) {
-    const bool shorter = profiled && *l.step < 0.9 * *best->step;
-    const bool alike = !profiled || (*l.step <= *best->step / 0.9 && *best->step <= *l.step / 0.9);
-    if (shorter || (alike && l.sequences < best->sequences)) best = &l;
+    const bool first = profiled ? takes_the_sequence_first(*l.step, l.sequences, *best->step, best->sequences)
+                                : l.sequences < best->sequences;
+    if (first) best = &l;
   }
   return best->lane;
 }

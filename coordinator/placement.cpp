@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <map>
 
 namespace pico::coordinator {
 
@@ -398,6 +399,57 @@ std::vector<WorkerRole> worker_roles(const PlacementProblem& p, const Placement&
     }
   }
   return roles;
+}
+
+LanesPrediction predict_lanes(const PlacementProblem& p, const Placement& placement, int concurrency) {
+  const std::vector<WorkerRole> roles = worker_roles(p, placement);
+  std::vector<std::vector<size_t>> standbys(placement.stages.size());
+  for (size_t w = 0; w < roles.size(); ++w) {
+    if (roles[w].standby) standbys[*roles[w].stage].push_back(w);
+  }
+  LanesPrediction out;
+  for (size_t k = 0;; ++k) {
+    LanePrediction lane;
+    for (size_t s = 0; s < placement.stages.size(); ++s) {
+      size_t worker = placement.stages[s].worker;
+      if (k > 0) {
+        if (k > standbys[s].size()) break;
+        worker = standbys[s][k - 1];
+      }
+      lane.chain.emplace_back(worker, placement.stages[s].layers);
+    }
+    if (lane.chain.size() != placement.stages.size()) break;
+    out.lanes.push_back(std::move(lane));
+  }
+  // A lane's step of n tokens: the cost model's, as for a throughput objective at n.
+  PlacementProblem at = p;
+  at.objective = Objective::throughput;
+  std::map<std::pair<size_t, int>, double> steps;
+  const auto step = [&](size_t l, int n) {
+    const auto known = steps.find({l, n});
+    if (known != steps.end()) return known->second;
+    at.concurrency = n;
+    const auto e = evaluate_placement(at, out.lanes[l].chain);
+    return steps[{l, n}] = e ? e->step_seconds : kInfinity;
+  };
+  for (int c = 0; c < concurrency; ++c) {
+    size_t best = 0;
+    for (size_t l = 1; l < out.lanes.size(); ++l) {
+      if (takes_the_sequence_first(step(l, out.lanes[l].sequences + 1), out.lanes[l].sequences,
+                                   step(best, out.lanes[best].sequences + 1), out.lanes[best].sequences)) {
+        best = l;
+      }
+    }
+    ++out.lanes[best].sequences;
+  }
+  for (size_t l = 0; l < out.lanes.size(); ++l) {
+    LanePrediction& lane = out.lanes[l];
+    if (lane.sequences == 0) continue;
+    lane.step_seconds = step(l, lane.sequences);
+    lane.tokens_per_second = lane.sequences / lane.step_seconds;
+    out.tokens_per_second += lane.tokens_per_second;
+  }
+  return out;
 }
 
 std::optional<Placement> evaluate_placement(const PlacementProblem& p,

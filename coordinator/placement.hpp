@@ -154,6 +154,35 @@ struct WorkerRole {
 };
 std::vector<WorkerRole> worker_roles(const PlacementProblem& problem, const Placement& placement);
 
+// Whether a lane takes a new sequence before the best lane so far, by what their
+// workers predict for a step with one more sequence (`step`, `best_step`) and the
+// sequences each runs: a step shorter by more than a tenth, or steps within a tenth of
+// each other (the noise of like machines' profiles) and fewer sequences.
+inline bool takes_the_sequence_first(double step, long sequences, double best_step, long best_sequences) {
+  const bool shorter = step < 0.9 * best_step;
+  const bool alike = step <= best_step / 0.9 && best_step <= step / 0.9;
+  return shorter || (alike && sequences < best_sequences);
+}
+
+// The lanes a running cluster forms from a placement (pico-coord --replicas spread, the
+// default): the placed chain is the first; while every stage has a standby left
+// (worker_roles), the first left at each stage form one more, as Pipeline::form_lanes
+// takes them. `concurrency` sequences then go one at a time to the lane whose step
+// with one more sequence is the shortest (takes_the_sequence_first), as
+// Engine::quietest_lane sends them; each lane steps its own sequences' tokens, the
+// lanes at once.
+struct LanePrediction {
+  std::vector<std::pair<size_t, model::LayerRange>> chain;  // per stage: worker, layers
+  int sequences = 0;
+  double step_seconds = 0;       // a step of its sequences' tokens (0: it has none)
+  double tokens_per_second = 0;
+};
+struct LanesPrediction {
+  std::vector<LanePrediction> lanes;
+  double tokens_per_second = 0;  // every lane's together
+};
+LanesPrediction predict_lanes(const PlacementProblem& problem, const Placement& placement, int concurrency);
+
 // The bytes a stage of `layers` holds on a worker (weights, its share of the
 // embeddings / head, state of `parallel` sequences of ctx positions).
 uint64_t stage_memory_bytes(const PlacementProblem& problem, model::LayerRange layers);

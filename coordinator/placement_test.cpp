@@ -514,5 +514,67 @@ TEST(Placement, WorkersLeftOutStandByWhereTheyFit) {
   EXPECT_TRUE(q_roles[3].standby);
 }
 
+// The lanes the standbys form, and the sequences each takes at a concurrency. Four
+// workers that hold two layers each: the chain is two of them (a third hop costs a
+// millisecond and saves nothing), the other two stand by, one per stage, and form a
+// second lane. Every layer's time is linear in its tokens (10 ms a token: decode and
+// batch alike), so a lane's step of n tokens is 3 ms of links + n x 40 ms.
+TEST(Placement, TheStandbysFormLanesThatShareTheStreams) {
+  PlacementProblem p = equal_layers(4);
+  p.objective = Objective::throughput;
+  p.concurrency = 8;
+  for (const char* name : {"a", "b", "c", "d"}) add_worker(p, name, 0.01, 0.01, 200);
+  const Placement placement = place(p);
+  ASSERT_EQ(placement.stages.size(), 2u);
+  EXPECT_NEAR(placement.step_seconds, 0.003 + 8 * 0.04, 1e-12);
+  LanesPrediction lanes = predict_lanes(p, placement, 8);
+  ASSERT_EQ(lanes.lanes.size(), 2u);
+  std::vector<size_t> used;
+  for (const LanePrediction& lane : lanes.lanes) {
+    ASSERT_EQ(lane.chain.size(), 2u);
+    EXPECT_EQ(lane.chain[0].second.first, 0);
+    EXPECT_EQ(lane.chain[0].second.last, 2);
+    EXPECT_EQ(lane.chain[1].second.last, 4);
+    for (const auto& [worker, layers] : lane.chain) used.push_back(worker);
+  }
+  EXPECT_EQ(lanes.lanes[0].chain[0].first, placement.stages[0].worker);
+  std::sort(used.begin(), used.end());
+  EXPECT_EQ(used, (std::vector<size_t>{0, 1, 2, 3}));
+  // Alike lanes take turns: 4 sequences each, twice the one chain's tok/s.
+  EXPECT_EQ(lanes.lanes[0].sequences, 4);
+  EXPECT_EQ(lanes.lanes[1].sequences, 4);
+  EXPECT_NEAR(lanes.lanes[1].step_seconds, 0.003 + 4 * 0.04, 1e-12);
+  EXPECT_NEAR(lanes.tokens_per_second, 8 / 0.163, 1e-9);
+  // One stream: the first lane alone.
+  lanes = predict_lanes(p, placement, 1);
+  EXPECT_EQ(lanes.lanes[1].sequences, 0);
+  EXPECT_EQ(lanes.lanes[1].tokens_per_second, 0);
+  EXPECT_NEAR(lanes.tokens_per_second, 1 / 0.043, 1e-9);
+
+  // c and d three times slower (30 ms a token): their lane's step is 3 ms + n x 120 ms.
+  // One at a time, a sequence goes where the step with it is shorter, by more than a
+  // tenth, else to the lane with fewer: the first lane takes 1 and 2 (43, 83 ms against
+  // 123), the second the third (123 alike), the first 4 to 6 (123 to 203 ms against
+  // 243), the second the seventh (243 alike), the first the eighth (243 against 363).
+  for (size_t w : {2u, 3u}) {
+    p.workers[w].decode_seconds.assign(4, 0.03);
+    p.workers[w].batch_seconds_per_token.assign(4, {0.03});
+  }
+  const Placement fast_first = place(p);
+  lanes = predict_lanes(p, fast_first, 8);
+  ASSERT_EQ(lanes.lanes.size(), 2u);
+  EXPECT_LT(lanes.lanes[0].chain[0].first, 2u);  // the fast workers' chain
+  EXPECT_EQ(lanes.lanes[0].sequences, 6);
+  EXPECT_EQ(lanes.lanes[1].sequences, 2);
+  EXPECT_NEAR(lanes.tokens_per_second, 6 / 0.243 + 2 / 0.243, 1e-9);
+
+  // A stage with no standby left: no lane more.
+  p.workers.pop_back();
+  p.coordinator_links.pop_back();
+  lanes = predict_lanes(p, place(p), 8);
+  ASSERT_EQ(lanes.lanes.size(), 1u);
+  EXPECT_EQ(lanes.lanes[0].sequences, 8);
+}
+
 }  // namespace
 }  // namespace pico::coordinator

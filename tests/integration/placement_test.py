@@ -10,8 +10,9 @@
   cluster of two workers whose memory (cluster.toml `memory`)
   holds neither the whole model, one that holds no layer, and one that does not answer:
   the two are placed on ranges that tile the model within their memory, the others are
-  left out saying why; the throughput objective plans a batch of --concurrency tokens;
-  a bad objective is refused.
+  left out saying why; the throughput objective plans a batch of --concurrency tokens
+  (the one lane, no standby at every stage, takes every stream); a bad objective is
+  refused.
 - `--layers auto`: two workers that wait for their layers are placed and assigned by
   pico-coord (within the config's memory), load their ranges and serve: the greedy
   tokens equal the single node's; a worker with fixed layers beside one waiting is
@@ -118,6 +119,13 @@ try:
                            "--concurrency", "16", "--parallel", "4"]).stdout)
     if plan["objective"] != "throughput" or plan["batch"] != 16 or plan["parallel"] != 4:
         procs.fail("throughput plan: %s" % json.dumps(plan, indent=1))
+    # No standby at every stage (c holds no layer): the chain is the one lane, with every
+    # stream, at the chain's predicted speed.
+    lanes = plan["lanes"]
+    if len(lanes) != 1 or [x["worker"] for x in lanes[0]["stages"]] != [x["worker"] for x in plan["stages"]] or \
+            lanes[0]["sequences"] != 16 or abs(plan["lanes_tokens_per_second"] - plan["tokens_per_second"]) > 1e-6 * \
+            plan["tokens_per_second"]:
+        procs.fail("throughput plan's lanes: %s" % json.dumps(plan, indent=1))
     text = run([pico, "plan", "-m", model, "--config", config]).stdout
     for needle in ("predicted:", "pico-worker --layers, in order:", "left out tcp://127.0.0.1:%d" % port_c):
         if needle not in text:

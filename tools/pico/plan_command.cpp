@@ -73,6 +73,10 @@ void run_plan(const PlanOptions& o) {
 
   std::vector<model::LayerRange> ranges;
   for (const PlacedStage& s : placement.stages) ranges.push_back(s.layers);
+  // pico-coord's default (--replicas spread): workers left out that fit stand by, and
+  // a standby at every stage forms one more lane, which takes streams of its own.
+  const LanesPrediction lanes = predict_lanes(problem, placement, problem.concurrency);
+  const auto address_of = [&](size_t worker) -> const std::string& { return measured[placeable[worker]].address; };
   if (o.json) {
     nlohmann::json j;
     j["objective"] = to_string(problem.objective);
@@ -106,6 +110,19 @@ void run_plan(const PlanOptions& o) {
             {"latency_seconds", link->latency_seconds}, {"bytes_per_second", link->bytes_per_second}};
       }
     }
+    j["concurrency"] = problem.concurrency;
+    j["lanes"] = nlohmann::json::array();
+    for (const LanePrediction& lane : lanes.lanes) {
+      nlohmann::json chain = nlohmann::json::array();
+      for (const auto& [worker, layers] : lane.chain) {
+        chain.push_back({{"worker", address_of(worker)}, {"first_layer", layers.first}, {"last_layer", layers.last - 1}});
+      }
+      j["lanes"].push_back({{"stages", chain},
+                            {"sequences", lane.sequences},
+                            {"step_seconds", lane.step_seconds},
+                            {"tokens_per_second", lane.tokens_per_second}});
+    }
+    j["lanes_tokens_per_second"] = lanes.tokens_per_second;
     j["left_out"] = nlohmann::json::object();
     for (size_t i = 0; i < measured.size(); ++i) {
       if (!left_out[i].empty()) j["left_out"][measured[i].address] = left_out[i];
@@ -132,6 +149,22 @@ void run_plan(const PlanOptions& o) {
                            placement.step_seconds * 1e3,
                            placement.every_order ? "" : "; the workers kept the config's order (more than 8)");
   std::cout << "pico-worker --layers, in order: " << model::format_layer_ranges(ranges) << "\n";
+  if (lanes.lanes.size() > 1) {
+    std::cout << fmt::format("with pico-coord --replicas spread (the default), workers left out stand by and form "
+                             "{} more lane(s), each worker with its stage's layers:\n",
+                             lanes.lanes.size() - 1);
+    for (size_t l = 0; l < lanes.lanes.size(); ++l) {
+      const LanePrediction& lane = lanes.lanes[l];
+      std::string chain;
+      for (const auto& [worker, layers] : lane.chain) {
+        chain += fmt::format("{}{} ({})", chain.empty() ? "" : ", ", address_of(worker), model::to_string(layers));
+      }
+      std::cout << fmt::format("  lane {}: {}; {} of {} streams, {:.2f} tok/s\n", l + 1, chain, lane.sequences,
+                               problem.concurrency, lane.tokens_per_second);
+    }
+    std::cout << fmt::format("predicted with the lanes: {:.2f} tok/s at {} streams\n", lanes.tokens_per_second,
+                             problem.concurrency);
+  }
   for (size_t i = 0; i < measured.size(); ++i) {
     if (!left_out[i].empty()) std::cout << "left out " << measured[i].address << ": " << left_out[i] << "\n";
   }
