@@ -240,8 +240,10 @@ def generation_tests(h, api):
     s, b2 = api.json("POST", "/completion", {"prompt": prompt, "n_predict": 4})
     check(s == 200 and b2["timings"]["cache_n"] == b["tokens_evaluated"] - 1 and b2["tokens_predicted"] == 4,
           "then the same prompt reuses its KV (cache_n %s)" % b2.get("timings", {}).get("cache_n"))
-    # The context reached during decode: finish_reason length.
-    s, b = api.json("POST", "/v1/completions", {"prompt": "hi", "max_tokens": -1, "ignore_eos": True,
+    # The context reached during decode: finish_reason length. The prompt fills all but
+    # 40 positions, so that the decode is short (2,000 tokens of it took over the
+    # client's 120 s in a sanitized build on a loaded machine).
+    s, b = api.json("POST", "/v1/completions", {"prompt": [1] * (CTX - 40), "max_tokens": -1, "ignore_eos": True,
                                                 "temperature": 0})
     u = b["usage"]
     check(s == 200 and b["choices"][0]["finish_reason"] == "length" and
