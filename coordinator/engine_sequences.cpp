@@ -285,25 +285,25 @@ void Engine::replay_all(std::span<const uint32_t> only) {
   std::erase_if(kept_, [&](Kept& k) {
     if (!replays(k.lane)) return false;
     ++kept_replayed;
-    int32_t held = 0;
-    const bool lane_ended = std::find(lanes.begin(), lanes.end(), k.lane) == lanes.end();
-    if (options_.recurrent) {
-      // closed
-    } else if (lane_ended) {
+    const auto held_on_a_lane = [&]() -> int32_t {
+      if (options_.recurrent) return 0;
+      if (std::find(lanes.begin(), lanes.end(), k.lane) != lanes.end()) {
+        return pipeline_.kept_its_workers(k.lane) ? static_cast<int32_t>(k.tokens.size())
+                                                  : pipeline_.copied_prefix(k.kv_id, k.lane);
+      }
+      int32_t most = 0;
       std::optional<uint32_t> best;
       for (uint32_t lane : lanes) {
         const int32_t n = pipeline_.copies_in_lane(k.kv_id, lane);
-        if (n > held) best = lane, held = n;
+        if (n > most) best = lane, most = n;
       }
       if (best) {
         pipeline_.adopt_copies(k.kv_id, *best);
         k.lane = *best;
       }
-    } else {
-      held = pipeline_.kept_its_workers(k.lane) ? static_cast<int32_t>(k.tokens.size())
-                                                : pipeline_.copied_prefix(k.kv_id, k.lane);
-    }
-    held = std::min(held, static_cast<int32_t>(k.tokens.size()));
+      return most;
+    };
+    const int32_t held = std::min(held_on_a_lane(), static_cast<int32_t>(k.tokens.size()));
     if (held <= 0) {
       close_sequence(k.kv_id);
       return true;

@@ -407,19 +407,14 @@ LanesPrediction predict_lanes(const PlacementProblem& p, const Placement& placem
   for (size_t w = 0; w < roles.size(); ++w) {
     if (roles[w].standby) standbys[*roles[w].stage].push_back(w);
   }
+  // The placed chain, then as many lanes as the stage with the fewest standbys has.
+  size_t more = standbys.empty() ? 0 : SIZE_MAX;
+  for (const auto& at_stage : standbys) more = std::min(more, at_stage.size());
   LanesPrediction out;
-  for (size_t k = 0;; ++k) {
-    LanePrediction lane;
-    for (size_t s = 0; s < placement.stages.size(); ++s) {
-      size_t worker = placement.stages[s].worker;
-      if (k > 0) {
-        if (k > standbys[s].size()) break;
-        worker = standbys[s][k - 1];
-      }
-      lane.chain.emplace_back(worker, placement.stages[s].layers);
-    }
-    if (lane.chain.size() != placement.stages.size()) break;
-    out.lanes.push_back(std::move(lane));
+  out.lanes.resize(1 + more);
+  for (size_t s = 0; s < placement.stages.size(); ++s) {
+    out.lanes[0].chain.emplace_back(placement.stages[s].worker, placement.stages[s].layers);
+    for (size_t k = 0; k < more; ++k) out.lanes[1 + k].chain.emplace_back(standbys[s][k], placement.stages[s].layers);
   }
   // A lane's step of n tokens: the cost model's, as for a throughput objective at n.
   PlacementProblem at = p;
