@@ -130,7 +130,7 @@ bool Server::serve_one(int timeout_ms) {
 
 void Server::handle_assign(const std::string& peer, protocol::schema::Assign::Reader a) {
   // The range served is assigned already; another one only to a --layers auto worker,
-  // by its owner (or anyone while it has none): it answers, then run() returns and the
+  // by its owner (or anyone while it has none or its owner is gone): it answers, then run() returns and the
   // worker loads that range on the same socket.
   const model::LayerRange r = engine_.layers();
   const model::LayerRange wanted{static_cast<int32_t>(std::min<uint32_t>(a.getFirstLayer(), INT32_MAX)),
@@ -149,9 +149,11 @@ void Server::handle_assign(const std::string& peer, protocol::schema::Assign::Re
     reply(peer, protocol::make_error(ErrorCode::BAD_REQUEST, "this worker serves layers " + served +
                                                                  "; one started with fixed --layers takes no other range "
                                                                  "(start it with --layers auto)"));
-  } else if (session_ != 0 && message_session_ != session_) {
-    reply(peer, protocol::make_error(ErrorCode::BUSY, "another coordinator's session owns this worker", 0,
-                                     message_session_));
+  } else if (session_ != 0 && message_session_ != session_ && owner_connected()) {
+    // As a plan: an owner that is gone holds nothing (a coordinator that exited).
+    reply(peer, protocol::make_error(ErrorCode::BUSY, "another coordinator's session owns this worker, and it is "
+                                                      "still connected",
+                                     0, message_session_));
   } else if (wanted.first < 0 || wanted.first >= wanted.last || wanted.last > engine_.n_layer()) {
     reply(peer, protocol::make_error(ErrorCode::BAD_REQUEST,
                                      "layers [" + std::to_string(a.getFirstLayer()) + ", " +

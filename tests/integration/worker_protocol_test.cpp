@@ -657,6 +657,25 @@ TEST_F(WorkerMoves, AnAutoWorkerTakesAnotherRangeWhileServing) {
   r = ask(forward_message(8, 0, {1, 450}));
   ASSERT_TRUE(r);
   EXPECT_EQ(r->which(), Envelope::Body::LOGITS);
+
+  // An owner that is gone (a pico-coord that exited) holds nothing, as for a plan: an
+  // assign of another session is refused while the owner is connected, then taken.
+  {
+    zmq::socket_t owner = net::make_dealer(address_, "owner-that-leaves");
+    r = ask_on(owner, plan.encode());
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->which(), Envelope::Body::PLAN_ACK);
+    EXPECT_EQ(refused_with(assign(0, 1, kOther)), ErrorCode::BUSY);
+  }
+  bool taken = false;
+  for (int attempt = 0; attempt < 100 && !taken; ++attempt) {
+    r = ask(assign(0, 1, kOther));
+    ASSERT_TRUE(r);
+    taken = r->which() == Envelope::Body::ASSIGNED;
+    if (!taken) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_TRUE(taken) << "an assign of another session is refused after its owner left";
+  EXPECT_EQ(capabilities().getLastLayer(), 1u);
 }
 
 TEST_F(WorkerProtocol, ALinkProbeMeasuresTheLinkToTheAddressItNames) {
