@@ -708,8 +708,11 @@ bool ClusterControl::place_on(Pipeline& p, const std::map<std::string, uint64_t>
   }
   std::optional<Placement> before;
   if (usable) before = evaluate_placement(problem, running);
-  if (before) out.before_tokens_per_second = before->tokens_per_second;
-  out.after_tokens_per_second = placement.tokens_per_second;
+  // What each serves: with lanes (--replicas spread) and the throughput objective,
+  // every lane its standbys form together (the running split's standbys counted where
+  // placement would put them).
+  if (before) out.before_tokens_per_second = served_tokens_per_second(problem, *before);
+  out.after_tokens_per_second = served_tokens_per_second(problem, placement);
 
   std::map<std::string, model::LayerRange> ranges;
   std::vector<std::string> dropped = lost, active;
@@ -739,20 +742,20 @@ bool ClusterControl::place_on(Pipeline& p, const std::map<std::string, uint64_t>
                       return a.first == b.worker && a.second.first == b.layers.first && a.second.last == b.layers.last;
                     });
   if (same) {
-    out.why = fmt::format("the running split is the placement ({:.2f} tok/s predicted)", placement.tokens_per_second);
+    out.why = fmt::format("the running split is the placement ({:.2f} tok/s predicted)", out.after_tokens_per_second);
     return false;
   }
-  if (before && placement.tokens_per_second < 1.1 * before->tokens_per_second) {
+  if (before && out.after_tokens_per_second < 1.1 * *out.before_tokens_per_second) {
     out.why = fmt::format("the placement predicts {:.2f} tok/s, the running split {:.2f}: less than 10 % more, "
                           "nothing moves",
-                          placement.tokens_per_second, before->tokens_per_second);
+                          out.after_tokens_per_second, *out.before_tokens_per_second);
     return false;
   }
   out.why = before ? fmt::format("the placement predicts {:.2f} tok/s, the running split {:.2f}",
-                                 placement.tokens_per_second, before->tokens_per_second)
+                                 out.after_tokens_per_second, *out.before_tokens_per_second)
                    : fmt::format("the running split is unusable ({}); the placement predicts {:.2f} tok/s",
                                  usable ? "a worker holds more than its memory" : "a lost active worker",
-                                 placement.tokens_per_second);
+                                 out.after_tokens_per_second);
   if (dry_run) {
     out.why = "dry run: it would move: " + out.why;
     return false;

@@ -160,6 +160,7 @@ std::vector<WorkerEntry> assign_auto_layers(std::vector<std::unique_ptr<RemoteSt
   PlacementProblem problem = model_placement_problem(file, settings.ctx, settings.parallel, settings.activations);
   problem.objective = settings.objective;
   problem.concurrency = settings.concurrency > 0 ? settings.concurrency : settings.parallel;
+  problem.lanes = settings.lanes;
   const PlaceableWorkers placeable = add_placeable_workers(problem, measured, workers, identity);
   if (placeable.placed.empty()) throw PlacementError("no worker answered with a profile of this model");
   // A worker started with fixed layers (not --layers auto) keeps them: placed with
@@ -174,22 +175,41 @@ std::vector<WorkerEntry> assign_auto_layers(std::vector<std::unique_ptr<RemoteSt
   const Placement placement = place(problem);
   spdlog::info("placement for {}: {:.2f} tok/s predicted ({} token(s) a step)", to_string(problem.objective),
                placement.tokens_per_second, placement.batch);
-  std::vector<WorkerEntry> ordered;
-  for (size_t s = 0; s < placement.stages.size(); ++s) {
+  // Each placed worker takes its stage's range; each left out that holds a stage's
+  // range stands by for it (a replica: with --replicas spread, a standby at every
+  // stage forms one more lane).
+  const std::vector<WorkerRole> roles = worker_roles(problem, placement);
+  const auto take = [&](size_t k, size_t s) {
     const PlacedStage& stage = placement.stages[s];
-    const size_t i = placeable.placed[stage.worker];
+    const size_t i = placeable.placed[k];
     WorkerEntry entry = workers[i];
     entry.layers = stage.layers;
     const model::LayerRange held = connected[i]->info().layers;
     if (held.first != stage.layers.first || held.last != stage.layers.last) connected[i]->assign(stage.layers);
-    spdlog::info("stage {}: {} takes layers {}-{} ({:.3f} ms compute a step)", s, entry.address, stage.layers.first,
-                 stage.layers.last - 1, stage.compute_seconds * 1e3);
-    ordered.push_back(std::move(entry));
+    return entry;
+  };
+  std::vector<WorkerEntry> ordered;
+  for (size_t s = 0; s < placement.stages.size(); ++s) {
+    const PlacedStage& stage = placement.stages[s];
+    ordered.push_back(take(stage.worker, s));
+    spdlog::info("stage {}: {} takes layers {}-{} ({:.3f} ms compute a step)", s, ordered.back().address,
+                 stage.layers.first, stage.layers.last - 1, stage.compute_seconds * 1e3);
   }
   for (size_t k = 0; k < placeable.placed.size(); ++k) {
-    if (!placement.excluded[k].empty()) {
-      spdlog::info("left out {}: {}", measured[placeable.placed[k]].address, placement.excluded[k]);
+    if (placement.excluded[k].empty()) continue;
+    const std::string& address = measured[placeable.placed[k]].address;
+    if (!roles[k].standby) {
+      spdlog::info("left out {}: {}", address, placement.excluded[k]);
+      continue;
     }
+    ordered.push_back(take(k, *roles[k].stage));
+    spdlog::info("{} stands by for stage {} (layers {}), out of the first chain: {}", address, *roles[k].stage,
+                 model::to_string(*ordered.back().layers), placement.excluded[k]);
+  }
+  if (problem.lanes) {
+    const LanesPrediction lanes = predict_lanes(problem, placement, problem.concurrency);
+    spdlog::info("with the lanes the standbys form: {} lane(s), {:.2f} tok/s predicted at {} streams",
+                 lanes.lanes.size(), lanes.tokens_per_second, problem.concurrency);
   }
   for (size_t i = 0; i < measured.size(); ++i) {
     if (!placeable.left_out[i].empty()) spdlog::warn("left out {}: {}", measured[i].address, placeable.left_out[i]);

@@ -57,6 +57,7 @@ struct AutoPlacement {
   int64_t ctx = 0;
   int parallel = 1;
   protocol::DType activations = protocol::DType::F32;
+  bool lanes = false;  // pico-coord --replicas spread: PlacementProblem::lanes
 };
 
 // The links between placed workers, measured by the workers themselves (protocol

@@ -289,18 +289,21 @@ int main(int argc, char** argv) {
       connect_all();
       {
         // Workers started with --layers auto get their ranges from placement here, and
-        // the pipeline takes them in its order (those left out are not used).
+        // the pipeline takes them in its order; those left out stand by where they hold
+        // a stage's range, else are not used.
         AutoPlacement settings;
         settings.objective = parse_objective(objective);
         settings.ctx = ctx > 0 ? ctx : (model_ctx > 0 ? model_ctx : 4096);
         settings.parallel = parallel > 0 ? parallel : 32;
         settings.activations = ro.activations;
+        settings.lanes = replicas == "spread";
         for (const auto& w : workers) {
           if (w.memory) memory_caps[w.address] = *w.memory;
         }
         placement_problem = model_placement_problem(*file, settings.ctx, settings.parallel, settings.activations);
         placement_problem->objective = settings.objective;
         placement_problem->concurrency = settings.parallel;
+        placement_problem->lanes = settings.lanes;
         const std::vector<WorkerEntry> assigned = assign_auto_layers(connected, workers, *file, settings);
         if (!std::equal(assigned.begin(), assigned.end(), workers.begin(), workers.end(),
                         [](const auto& a, const auto& b) {

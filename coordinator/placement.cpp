@@ -19,8 +19,10 @@ std::string mib(uint64_t bytes) { return fmt::format("{:.0f} MiB", static_cast<d
 // the step's batch; per layer range, its memory; per pair of workers, the link cost.
 class Costs {
  public:
-  explicit Costs(const PlacementProblem& p) : p_(p), layers_(static_cast<int>(p.layers.size())) {
-    batch_ = p.objective == Objective::throughput ? std::max(1, p.concurrency) : 1;
+  // The objective's batch: one token for latency, `concurrency` for throughput.
+  explicit Costs(const PlacementProblem& p)
+      : Costs(p, p.objective == Objective::throughput ? std::max(1, p.concurrency) : 1) {}
+  Costs(const PlacementProblem& p, int batch) : p_(p), layers_(static_cast<int>(p.layers.size())), batch_(batch) {
     const double n = batch_;
     for (const WorkerMeasures& w : p.workers) {
       std::vector<double> prefix(layers_ + 1, 0.0);
@@ -295,6 +297,35 @@ Placement make_placement(const PlacementProblem& p, const Costs& c, const Chain&
   return out;
 }
 
+// A given chain (per stage: worker, layers) costed under c; infinite seconds when a
+// stage does not fit its worker. Throws std::invalid_argument for a worker out of range
+// or used twice, or ranges that do not tile the model.
+Chain cost_chain(const PlacementProblem& p, const Costs& c,
+                 const std::vector<std::pair<size_t, model::LayerRange>>& chain) {
+  Chain out{0.0, {}};
+  std::vector<bool> used(p.workers.size(), false);
+  int next = 0;
+  bool fits = true;
+  for (size_t s = 0; s < chain.size(); ++s) {
+    const auto& [w, layers] = chain[s];
+    if (w >= p.workers.size() || used[w]) {
+      throw std::invalid_argument("placement: worker " + std::to_string(w) + " is no worker or used twice");
+    }
+    if (layers.first != next || layers.last <= layers.first || layers.last > c.layers()) {
+      throw std::invalid_argument("placement: the ranges do not tile the model's layers");
+    }
+    used[w] = true;
+    fits = fits && c.fits(w, layers.first, layers.last);
+    out.seconds += (s == 0 ? c.from_coordinator(w) : c.between(chain[s - 1].first, w)) +
+                   c.compute(w, layers.first, layers.last);
+    out.stages.emplace_back(w, layers.first);
+    next = layers.last;
+  }
+  if (next != c.layers()) throw std::invalid_argument("placement: the ranges do not tile the model's layers");
+  out.seconds = fits ? out.seconds + c.to_coordinator(chain.back().first) : kInfinity;
+  return out;
+}
+
 }  // namespace
 
 Objective parse_objective(const std::string& text) {
@@ -335,8 +366,9 @@ Placement place(const PlacementProblem& p) {
   const bool every_order = W <= p.exhaustive_order_limit && W < 20;
   Chain best;
   std::vector<double> best_with(W, kInfinity);  // the fastest chain that uses each worker
+  std::vector<Chain> by_mask;
   if (every_order) {
-    const std::vector<Chain> by_mask = search_every_order(c);
+    by_mask = search_every_order(c);
     for (size_t mask = 1; mask < by_mask.size(); ++mask) {
       if (by_mask[mask].seconds < best.seconds) best = by_mask[mask];
       for (size_t w = 0; w < W; ++w) {
@@ -359,6 +391,25 @@ Placement place(const PlacementProblem& p) {
     throw PlacementError(why + " lower ctx or parallel, or add workers");
   }
   Placement out = make_placement(p, c, best);
+  // With lanes, every subset's fastest chain as the first lane, the others standing by:
+  // the most tok/s served wins (the fastest chain on a tie).
+  const bool weigh_lanes = p.lanes && p.objective == Objective::throughput && every_order;
+  double served = weigh_lanes ? served_tokens_per_second(p, out) : 0;
+  std::vector<double> served_with(W, 0.0);  // the most served with each worker in the first lane
+  if (weigh_lanes) {
+    for (size_t mask = 1; mask < by_mask.size(); ++mask) {
+      if (by_mask[mask].seconds == kInfinity) continue;
+      Placement candidate = make_placement(p, c, by_mask[mask]);
+      const double candidate_served = served_tokens_per_second(p, candidate);
+      for (size_t w = 0; w < W; ++w) {
+        if (mask & (size_t{1} << w)) served_with[w] = std::max(served_with[w], candidate_served);
+      }
+      if (candidate_served > served * (1 + 1e-9)) {
+        served = candidate_served;
+        out = std::move(candidate);
+      }
+    }
+  }
   out.every_order = every_order;
   out.excluded.assign(W, {});
   std::vector<bool> used(W, false);
@@ -369,15 +420,27 @@ Placement place(const PlacementProblem& p) {
       out.excluded[w] = "holds no layer: " + reason;
       continue;
     }
-    const double with = every_order ? best_with[w] : search_in_order(c, w).seconds;
-    if (with == kInfinity) {
+    // tok/s, 0 where nothing that uses it fits
+    const double with = weigh_lanes   ? served_with[w]
+                        : every_order ? c.batch() / best_with[w]
+                                      : c.batch() / search_in_order(c, w).seconds;
+    if (with == 0) {
       out.excluded[w] = "no placement that uses it fits the other workers' memory";
+    } else if (weigh_lanes) {
+      out.excluded[w] = fmt::format("the best lanes whose first chain uses it predict {:.2f} tok/s, the chosen ones "
+                                    "{:.2f}",
+                                    with, served);
     } else {
       out.excluded[w] = fmt::format("the best placement that uses it predicts {:.2f} tok/s, the chosen one {:.2f}",
-                                    c.batch() / with, out.tokens_per_second);
+                                    with, out.tokens_per_second);
     }
   }
   return out;
+}
+
+double served_tokens_per_second(const PlacementProblem& p, const Placement& placement) {
+  if (!p.lanes || p.objective != Objective::throughput) return placement.tokens_per_second;
+  return predict_lanes(p, placement, p.concurrency).tokens_per_second;
 }
 
 std::vector<WorkerRole> worker_roles(const PlacementProblem& p, const Placement& placement) {
@@ -416,16 +479,15 @@ LanesPrediction predict_lanes(const PlacementProblem& p, const Placement& placem
     out.lanes[0].chain.emplace_back(placement.stages[s].worker, placement.stages[s].layers);
     for (size_t k = 0; k < more; ++k) out.lanes[1 + k].chain.emplace_back(standbys[s][k], placement.stages[s].layers);
   }
-  // A lane's step of n tokens: the cost model's, as for a throughput objective at n.
-  PlacementProblem at = p;
-  at.objective = Objective::throughput;
+  // A lane's step of n tokens: the cost model's at a batch of n.
+  check_problem(p);
+  std::map<int, Costs> at_batch;
   std::map<std::pair<size_t, int>, double> steps;
   const auto step = [&](size_t l, int n) {
     const auto known = steps.find({l, n});
     if (known != steps.end()) return known->second;
-    at.concurrency = n;
-    const auto e = evaluate_placement(at, out.lanes[l].chain);
-    return steps[{l, n}] = e ? e->step_seconds : kInfinity;
+    const Costs& c = at_batch.try_emplace(n, p, n).first->second;
+    return steps[{l, n}] = cost_chain(p, c, out.lanes[l].chain).seconds;
   };
   for (int c = 0; c < concurrency; ++c) {
     size_t best = 0;
@@ -451,33 +513,11 @@ std::optional<Placement> evaluate_placement(const PlacementProblem& p,
                                             const std::vector<std::pair<size_t, model::LayerRange>>& chain) {
   check_problem(p);
   const Costs c(p);
-  Chain asked{0.0, {}};
-  std::vector<bool> used(p.workers.size(), false);
-  int next = 0;
-  bool fits = true;
-  for (size_t s = 0; s < chain.size(); ++s) {
-    const auto& [w, layers] = chain[s];
-    if (w >= p.workers.size() || used[w]) {
-      throw std::invalid_argument("placement: worker " + std::to_string(w) + " is no worker or used twice");
-    }
-    if (layers.first != next || layers.last <= layers.first || layers.last > c.layers()) {
-      throw std::invalid_argument("placement: the ranges do not tile the model's layers");
-    }
-    used[w] = true;
-    fits = fits && c.fits(w, layers.first, layers.last);
-    asked.seconds += (s == 0 ? c.from_coordinator(w) : c.between(chain[s - 1].first, w)) +
-                     c.compute(w, layers.first, layers.last);
-    asked.stages.emplace_back(w, layers.first);
-    next = layers.last;
-  }
-  if (next != c.layers()) throw std::invalid_argument("placement: the ranges do not tile the model's layers");
-  if (!fits) return std::nullopt;
-  asked.seconds += c.to_coordinator(chain.back().first);
+  const Chain asked = cost_chain(p, c, chain);
+  if (asked.seconds == kInfinity) return std::nullopt;
   Placement out = make_placement(p, c, asked);
-  out.excluded.assign(p.workers.size(), {});
-  for (size_t w = 0; w < p.workers.size(); ++w) {
-    if (!used[w]) out.excluded[w] = "not in the chain";
-  }
+  out.excluded.assign(p.workers.size(), "not in the chain");
+  for (const auto& stage : chain) out.excluded[stage.first].clear();
   return out;
 }
 

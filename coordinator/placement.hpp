@@ -104,6 +104,12 @@ struct PlacementProblem {
   std::vector<std::vector<std::optional<LinkMeasure>>> worker_links;
   Objective objective = Objective::latency;
   int concurrency = 1;  // throughput: tokens per step
+  // The workers left out of the chain stand by where they fit and form more lanes
+  // (pico-coord --replicas spread, predict_lanes). With the throughput objective the
+  // search then weighs what every lane serves, not the chain alone: the fastest chain of
+  // every subset of workers is tried as the first lane (a slower chain can leave a
+  // standby at every stage).
+  bool lanes = false;
   size_t exhaustive_order_limit = 8;
 };
 
@@ -182,6 +188,11 @@ struct LanesPrediction {
   double tokens_per_second = 0;  // every lane's together
 };
 LanesPrediction predict_lanes(const PlacementProblem& problem, const Placement& placement, int concurrency);
+
+// The tok/s a placement serves by the problem's objective: with lanes and the throughput
+// objective every lane's together at the problem's concurrency (predict_lanes), else the
+// chain's.
+double served_tokens_per_second(const PlacementProblem& problem, const Placement& placement);
 
 // The bytes a stage of `layers` holds on a worker (weights, its share of the
 // embeddings / head, state of `parallel` sequences of ctx positions).

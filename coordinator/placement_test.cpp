@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <map>
 #include <numeric>
 #include <random>
 
@@ -574,6 +575,97 @@ TEST(Placement, TheStandbysFormLanesThatShareTheStreams) {
   lanes = predict_lanes(p, place(p), 8);
   ASSERT_EQ(lanes.lanes.size(), 1u);
   EXPECT_EQ(lanes.lanes[0].sequences, 8);
+}
+
+TEST(Placement, WithLanesTheSearchWeighsWhatEveryLaneServes) {
+  // a holds the whole model at 10 ms a layer and token; b, c and d half of it at 12 ms.
+  PlacementProblem p = equal_layers(4);
+  p.objective = Objective::throughput;
+  p.concurrency = 8;
+  add_worker(p, "a", 0.01, 0.01, 400);
+  for (const char* name : {"b", "c", "d"}) add_worker(p, name, 0.012, 0.012, 200);
+  // The fastest chain is a alone (1 + 4 x 80 + 1 ms), and no other worker holds its
+  // range: one lane, 8 / 0.322 s.
+  const Placement chain = place(p);
+  expect_stages(chain, {{0, 0, 4}});
+  EXPECT_NEAR(served_tokens_per_second(p, chain), 8 / 0.322, 1e-9);  // no lanes: the chain's
+  p.lanes = true;
+  EXPECT_NEAR(served_tokens_per_second(p, chain), 8 / 0.322, 1e-9);  // its one lane
+  // With lanes, b and c's chain (halves, 3 + n x 48 ms a step) leaves a standby at each
+  // stage: a for the first half, d for the second (3 + n x 44 ms). The 8 streams go
+  // 4 and 4 (a sequence goes to the lane with the shorter step, by a tenth, else the
+  // one with fewer): 4 / 0.195 + 4 / 0.179 = 42.86 tok/s.
+  const Placement lanes = place(p);
+  ASSERT_EQ(lanes.stages.size(), 2u);
+  std::vector<size_t> first_lane{lanes.stages[0].worker, lanes.stages[1].worker};
+  std::sort(first_lane.begin(), first_lane.end());
+  EXPECT_EQ(first_lane, (std::vector<size_t>{1, 2}));
+  EXPECT_EQ(lanes.stages[0].layers.last, 2);
+  const LanesPrediction predicted = predict_lanes(p, lanes, 8);
+  ASSERT_EQ(predicted.lanes.size(), 2u);
+  EXPECT_EQ(predicted.lanes[1].chain[0].first, 0u);
+  EXPECT_EQ(predicted.lanes[1].chain[1].first, 3u);
+  EXPECT_EQ(predicted.lanes[0].sequences, 4);
+  EXPECT_EQ(predicted.lanes[1].sequences, 4);
+  EXPECT_NEAR(served_tokens_per_second(p, lanes), 4 / 0.195 + 4 / 0.179, 1e-9);
+  EXPECT_NE(lanes.excluded[0].find("the best lanes whose first chain uses it predict 24.84 tok/s, the chosen ones "
+                                   "42.86"),
+            std::string::npos)
+      << lanes.excluded[0];
+  // One stream (the latency objective) is the first lane's alone: the fastest chain.
+  p.objective = Objective::latency;
+  expect_stages(place(p), {{0, 0, 4}});
+}
+
+TEST(Placement, WithLanesMatchesEverySubsetsFastestChainOnRandomClusters) {
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<double> time(0.001, 0.02), latency(0.0, 0.005);
+  int checked = 0, more_than_the_fastest_chain = 0;
+  for (int trial = 0; trial < 120; ++trial) {
+    PlacementProblem p = equal_layers(2 + trial % 4);
+    const int L = static_cast<int>(p.layers.size());
+    p.objective = Objective::throughput;
+    p.concurrency = 1 + trial % 12;
+    p.lanes = true;
+    const int W = 2 + trial % 4;
+    for (int w = 0; w < W; ++w) {
+      // Memory for a third of the layers up to all of them.
+      add_worker(p, "w" + std::to_string(w), time(rng), time(rng) / 4,
+                 100 * static_cast<uint64_t>(std::max(1, L / 3 + static_cast<int>(rng() % L))), latency(rng));
+      // Each layer's own times: no two chains of a subset cost the same (the fastest
+      // would then depend on the order of the search).
+      for (int l = 0; l < L; ++l) {
+        p.workers.back().decode_seconds[static_cast<size_t>(l)] = time(rng);
+        p.workers.back().batch_seconds_per_token[static_cast<size_t>(l)] = {time(rng) / 4};
+      }
+      p.workers.back().profile_batches = {8};
+    }
+    // Every subset's fastest chain by the brute force, served with the others standing by.
+    std::map<size_t, std::pair<double, std::vector<std::pair<size_t, model::LayerRange>>>> fastest;
+    brute_force(p, false, [&](const std::vector<std::pair<size_t, model::LayerRange>>& chain, double seconds) {
+      size_t mask = 0;
+      for (const auto& stage : chain) mask |= size_t{1} << stage.first;
+      const auto known = fastest.find(mask);
+      if (known == fastest.end() || seconds < known->second.first) fastest[mask] = {seconds, chain};
+    });
+    if (fastest.empty()) continue;
+    double expected = 0;
+    for (const auto& [mask, chain] : fastest) {
+      const auto placement = evaluate_placement(p, chain.second);
+      ASSERT_TRUE(placement.has_value());
+      expected = std::max(expected, served_tokens_per_second(p, *placement));
+    }
+    const double served = served_tokens_per_second(p, place(p));
+    EXPECT_NEAR(served, expected, 1e-9 * expected) << "trial " << trial;
+    p.lanes = false;
+    const Placement fastest_chain = place(p);
+    p.lanes = true;
+    EXPECT_GE(served, served_tokens_per_second(p, fastest_chain) * (1 - 1e-12)) << "trial " << trial;
+    if (served > served_tokens_per_second(p, fastest_chain) * 1.01) ++more_than_the_fastest_chain;
+    ++checked;
+  }
+  EXPECT_GT(checked, 100);
+  EXPECT_GT(more_than_the_fastest_chain, 10);  // the lanes' search is not the fastest chain's
 }
 
 }  // namespace

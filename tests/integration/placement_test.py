@@ -16,7 +16,9 @@
 - `--layers auto`: two workers that wait for their layers are placed and assigned by
   pico-coord (within the config's memory), load their ranges and serve: the greedy
   tokens equal the single node's; a worker with fixed layers beside one waiting is
-  placed with them (or left out), the waiting one takes the rest: the same tokens.
+  placed with them (or left out), the waiting one takes the rest: the same tokens;
+  four workers, none holding the whole model, placed for throughput: two stand by,
+  one at each stage with its range, and form a second lane: the same tokens.
 """
 import glob
 import json
@@ -161,6 +163,30 @@ try:
         procs.fail("assigned ranges do not tile 0-5: %s" % ranges)
     if "placement for latency" not in auto.stderr:
         procs.fail("pico-coord does not log its placement:\n" + auto.stderr)
+    # Four workers, two of them waiting for their layers, none holding the whole model:
+    # the throughput placement leaves two standing by, one at each stage (assigned that
+    # stage's range), and with --replicas spread (the default) they form a second lane.
+    auto_d, auto_e = free_port(), free_port()
+    for port, log in ((auto_d, "auto-d.log"), (auto_e, "auto-e.log")):
+        p = subprocess.Popen([worker, "-m", model, "--layers", "auto", "--listen", "tcp://127.0.0.1:%d" % port, "-t", "1"],
+                             stdout=subprocess.DEVNULL, stderr=open(os.path.join(procs.tmp, log), "w"), env=env)
+        procs.procs.append(p)
+        procs.wait_log(log, "waits for its range", p)
+    four_config = os.path.join(procs.tmp, "four.toml")
+    with open(four_config, "w") as f:
+        for port in (auto_a, auto_b, auto_d, auto_e):
+            f.write('[[worker]]\naddress = "tcp://127.0.0.1:%d"\nmemory = "45M"\n' % port)
+    four = run([coord, "-m", model, "--config", four_config, "--objective", "throughput", *prompt])
+    if four.stdout != single:
+        procs.fail("four auto-placed workers: %r, single node: %r\n%s" % (four.stdout, single, four.stderr))
+    for needle, count in (("stands by for stage", 2), ("with the lanes the standbys form: 2 lane(s)", 1),
+                          ("run the layers as a chain of their own", 1)):
+        if four.stderr.count(needle) != count:
+            procs.fail("four auto-placed workers: '%s' not logged %d time(s):\n%s" % (needle, count, four.stderr))
+    for log in ("auto-d.log", "auto-e.log"):
+        procs.wait_log(log, r"assigned layers (\d+)-(\d+)", procs.procs[-1])
+    print("four auto-placed workers: two lanes")
+
     # One worker with fixed layers 0-2 beside one waiting for its layers: placed
     # together, the fixed one with exactly its layers or left out; the same tokens.
     auto_c = free_port()

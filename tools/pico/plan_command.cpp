@@ -4,7 +4,7 @@
 // predicted tok/s per stage and in total, and why each left-out worker is out.
 //
 //   pico plan -m M.gguf --config cluster.toml [--objective latency|throughput]
-//             [--concurrency N] [--ctx N] [--parallel N] [--json]
+//             [--concurrency N] [--ctx N] [--parallel N] [--replicas spread|standby] [--json]
 #include <fmt/format.h>
 
 #include <iostream>
@@ -23,7 +23,7 @@ namespace pico::cli {
 namespace {
 
 struct PlanOptions {
-  std::string model_path, config_path, objective = "latency";
+  std::string model_path, config_path, objective = "latency", replicas = "spread";
   int concurrency = 0;  // 0: parallel
   int64_t ctx = 0;
   int parallel = 0;
@@ -50,6 +50,7 @@ void run_plan(const PlanOptions& o) {
   PlacementProblem problem = model_placement_problem(*file, ctx, parallel, activations);
   problem.objective = parse_objective(o.objective);
   problem.concurrency = o.concurrency > 0 ? o.concurrency : parallel;
+  problem.lanes = o.replicas == "spread";
 
   RemoteOptions remote;
   remote.activations = activations;
@@ -70,12 +71,27 @@ void run_plan(const PlanOptions& o) {
   problem.worker_links = measure_worker_links(stages, config.workers, placeable, o.probe_bytes);
   const Placement placement = place(problem);
   for (size_t k = 0; k < placeable.size(); ++k) left_out[placeable[k]] = placement.excluded[k];
+  // Where each worker out of the chain goes: a standby where it holds a stage's range.
+  const std::vector<WorkerRole> roles = worker_roles(problem, placement);
+  for (size_t k = 0; k < placeable.size(); ++k) {
+    if (!roles[k].standby) continue;
+    const size_t s = *roles[k].stage;
+    left_out[placeable[k]] = fmt::format("stands by for stage {} (layers {}); out of the first chain: {}", s,
+                                         model::to_string(placement.stages[s].layers), placement.excluded[k]);
+  }
 
   std::vector<model::LayerRange> ranges;
   for (const PlacedStage& s : placement.stages) ranges.push_back(s.layers);
   // pico-coord's default (--replicas spread): workers left out that fit stand by, and
   // a standby at every stage forms one more lane, which takes streams of its own.
-  const LanesPrediction lanes = predict_lanes(problem, placement, problem.concurrency);
+  LanesPrediction lanes;
+  if (problem.lanes) {
+    lanes = predict_lanes(problem, placement, problem.concurrency);
+  } else {
+    lanes.lanes.push_back({{}, problem.concurrency, placement.step_seconds, placement.tokens_per_second});
+    for (const PlacedStage& s : placement.stages) lanes.lanes[0].chain.emplace_back(s.worker, s.layers);
+    lanes.tokens_per_second = placement.tokens_per_second;
+  }
   const auto address_of = [&](size_t worker) -> const std::string& { return measured[placeable[worker]].address; };
   if (o.json) {
     nlohmann::json j;
@@ -111,6 +127,7 @@ void run_plan(const PlanOptions& o) {
       }
     }
     j["concurrency"] = problem.concurrency;
+    j["replicas"] = o.replicas;
     j["lanes"] = nlohmann::json::array();
     for (const LanePrediction& lane : lanes.lanes) {
       nlohmann::json chain = nlohmann::json::array();
@@ -166,7 +183,9 @@ void run_plan(const PlanOptions& o) {
                              problem.concurrency);
   }
   for (size_t i = 0; i < measured.size(); ++i) {
-    if (!left_out[i].empty()) std::cout << "left out " << measured[i].address << ": " << left_out[i] << "\n";
+    if (left_out[i].empty()) continue;
+    const bool standby = left_out[i].rfind("stands by", 0) == 0;
+    std::cout << (standby ? "" : "left out ") << measured[i].address << (standby ? " " : ": ") << left_out[i] << "\n";
   }
 }
 
@@ -190,6 +209,11 @@ void add_plan_command(CLI::App& app) {
       ->check(CLI::PositiveNumber);
   command->add_option("--probe-bytes", o->probe_bytes, "bytes of the bandwidth probe of each link (default 4 MiB)")
       ->check(CLI::PositiveNumber);
+  command->add_option("--replicas", o->replicas,
+                      "as pico-coord's: spread (default: workers left out stand by and, one at every stage, form "
+                      "more lanes; the throughput objective weighs what every lane serves) or standby (they only "
+                      "stand by)")
+      ->check(CLI::IsMember({"spread", "standby"}));
   command->add_flag("--json", o->json, "print the placement as JSON");
   command->callback([o] { run_plan(*o); });
 }
