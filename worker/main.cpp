@@ -1,6 +1,7 @@
 // pico-worker -m MODEL --layers A-B --listen tcp://*:PORT [-t N] [--profile] [--backend vulkan [--device N] [--device-memory B]]
 //             [--ctx N] [--max-rows N] [--max-sequences N] [--kv-memory BYTES]
 //             [--secret-key W.secret --authorized-keys FILE]
+#include <fmt/format.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
@@ -15,6 +16,7 @@
 #include "link_probe.hpp"
 #include "backend/devices.hpp"
 #include "cpu/thread_pool.hpp"
+#include "model/cgroup.hpp"
 #include "profile.hpp"
 #include "server.hpp"
 #include "load_progress.hpp"
@@ -30,15 +32,19 @@ pico::worker::WorkerProfile worker_profile(const pico::gguf::Model& file, const 
                                            const pico::worker::StageBackendOptions& backend, int threads,
                                            const std::string& device, uint64_t device_memory_bytes, bool fresh) {
   using namespace pico::worker;
-  const ProfileOptions options;
+  ProfileOptions options;
+  options.cpu_quota = pico::model::cpu_quota();
   const uint64_t hash = pico::protocol::model_identity(file).hash;
-  const std::string path = profile_cache_path(hash, backend, threads, options.batch);
+  const std::string path = profile_cache_path(hash, backend, threads, options.batch, options.cpu_quota);
   std::optional<WorkerProfile> profile;
   if (!fresh) profile = load_profile(path, hash, static_cast<int32_t>(model.hparams().n_layer), device);
   if (profile) {
     spdlog::info("profile from {}", path);
   } else {
-    spdlog::info("measuring this worker's profile of the model (pico-worker --profile prints it)");
+    spdlog::info("measuring this worker's profile of the model (pico-worker --profile prints it){}",
+                 options.cpu_quota > 0 ? fmt::format("; its cgroup's CPU quota, {:.3f} CPUs, bounds each measure",
+                                                     options.cpu_quota)
+                                       : std::string());
     profile = measure_profile(file, model, backend, threads, options);
     save_profile(path, *profile);
   }

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -57,6 +58,24 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
+double process_cpu_seconds() {
+  timespec t{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_nsec) * 1e-9;
+}
+
+// Runs `run` and returns its time: its wall time, and under a CPU quota (CPUs, > 0)
+// at least the CPU time it took over the quota, what it takes once the quota binds
+// (every thread's: a CPU backend's pool, a CPU driver's).
+template <class Run>
+double timed(double cpu_quota, Run&& run) {
+  const double cpu_before = process_cpu_seconds();
+  const auto t0 = std::chrono::steady_clock::now();
+  run();
+  const double wall = seconds_since(t0);
+  return cpu_quota > 0 ? std::max(wall, (process_cpu_seconds() - cpu_before) / cpu_quota) : wall;
+}
+
 // Copies a buffer larger than the CPU's last-level cache, so that the next timed run
 // finds none of the layer's weights there: a forward over a model larger than the
 // cache reads each layer from memory, and a layer timed again and again would come
@@ -99,9 +118,7 @@ LayerTime time_range(const model::Model& m, backend::Backend& be, model::LayerRa
     std::vector<model::BatchToken> batch;
     for (int i = 0; i < tokens; ++i) batch.push_back({seq, i, token(i), logits});
     evictor.evict();
-    const auto t0 = std::chrono::steady_clock::now();
-    m.forward(be, batch, input, range, *cache);
-    return seconds_since(t0);
+    return timed(o.cpu_quota, [&] { m.forward(be, batch, input, range, *cache); });
   };
   prefill(0, o.batch);  // warm-up; seq 0 then decodes
   LayerTime out;
@@ -122,9 +139,7 @@ LayerTime time_range(const model::Model& m, backend::Backend& be, model::LayerRa
   for (int i = 0; i < o.decode_tokens && (i == 0 || spent < o.budget_seconds); ++i) {
     const model::BatchToken one{0, o.batch + i, token(o.batch + i), logits};
     evictor.evict();
-    const auto t0 = std::chrono::steady_clock::now();
-    m.forward(be, std::span(&one, 1), input, range, *cache);
-    decodes.push_back(seconds_since(t0));
+    decodes.push_back(timed(o.cpu_quota, [&] { m.forward(be, std::span(&one, 1), input, range, *cache); }));
     spent += decodes.back();
   }
   out.decode_seconds = median(decodes);
@@ -212,10 +227,12 @@ uint64_t offered_memory_bytes(const StageBackendOptions& backend, uint64_t devic
   return available - available / 10;
 }
 
-std::string profile_cache_path(uint64_t model_hash, const StageBackendOptions& backend, int threads, int batch) {
+std::string profile_cache_path(uint64_t model_hash, const StageBackendOptions& backend, int threads, int batch,
+                               double cpu_quota) {
   const std::string isa(cpu::level_name(cpu::best_level()));
-  return fmt::format("{}/profiles/{:016x}-{}{}-{}-t{}-b{}.json", cache_dir(), model_hash, backend.name,
-                     backend.name == "cpu" ? std::string() : std::to_string(backend.device), isa, threads, batch);
+  return fmt::format("{}/profiles/{:016x}-{}{}-{}-t{}-b{}{}.json", cache_dir(), model_hash, backend.name,
+                     backend.name == "cpu" ? std::string() : std::to_string(backend.device), isa, threads, batch,
+                     cpu_quota > 0 ? fmt::format("-q{:.3f}", cpu_quota) : std::string());
 }
 
 std::string profile_to_json(const WorkerProfile& p) {

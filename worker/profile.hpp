@@ -48,6 +48,12 @@ struct ProfileOptions {
   int decode_tokens = 8;  // decode steps timed at most, one token each
   int repeats = 3;        // prefills timed at most; the median is kept
   double budget_seconds = 0.5;  // no further repeat of a measure once it took this long
+  // CPUs this process may use over time (its cgroup's quota, model::cpu_quota); 0:
+  // none. A run shorter than the quota's period takes a whole CPU and a later one
+  // waits, so each run counts at least its CPU time over the quota (a node in a
+  // container with a CPU limit, or an emulated slower one, is measured at its
+  // sustained speed, not its burst).
+  double cpu_quota = 0;
 };
 
 // Measures every kind of layer of the model on a backend like the stage's (opened
@@ -60,8 +66,10 @@ WorkerProfile measure_profile(const gguf::Model& file, const model::Model& model
 uint64_t offered_memory_bytes(const StageBackendOptions& backend, uint64_t device_memory_bytes);
 
 // The cache: $PICO_CACHE_DIR, else $XDG_CACHE_HOME/pico, else ~/.cache/pico; one JSON
-// file per model, backend, device index, CPU level (this host's), threads and batch.
-std::string profile_cache_path(uint64_t model_hash, const StageBackendOptions& backend, int threads, int batch);
+// file per model, backend, device index, CPU level (this host's), threads, batch and
+// CPU quota (where one is set).
+std::string profile_cache_path(uint64_t model_hash, const StageBackendOptions& backend, int threads, int batch,
+                               double cpu_quota = 0);
 // nullopt when there is no file, or it does not parse, or it is not a profile of this
 // model with n_layer layers on this device (a warning says which).
 std::optional<WorkerProfile> load_profile(const std::string& path, uint64_t model_hash, int32_t n_layer,

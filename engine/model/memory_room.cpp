@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <fstream>
 
+#include "model/cgroup.hpp"
+
 namespace pico::model {
 
 namespace {
@@ -41,30 +43,24 @@ uint64_t mem_available_bytes(const std::string& root) {
 }
 
 MemoryRoom::MemoryRoom(std::string root) : root_(std::move(root)) {
-  // /proc/self/cgroup: "0::/path" (v2) or "N:memory:/path" / "N:cpu,memory:/path" (v1).
-  std::ifstream in(root_ + "/proc/self/cgroup");
-  std::string line;
-  while (std::getline(in, line)) {
-    const size_t a = line.find(':'), b = a == std::string::npos ? a : line.find(':', a + 1);
-    if (b == std::string::npos) continue;
-    const std::string controllers = line.substr(a + 1, b - a - 1), path = line.substr(b + 1);
-    std::string dir, limit, usage;
-    if (controllers.empty()) {
-      dir = root_ + "/sys/fs/cgroup";
+  for (const CgroupLine& line : cgroup_lines(root_)) {
+    std::string mount, limit, usage;
+    if (line.controllers.empty()) {
+      mount = root_ + "/sys/fs/cgroup";
       limit = "memory.max", usage = "memory.current";
-    } else if (("," + controllers + ",").find(",memory,") != std::string::npos) {
-      dir = root_ + "/sys/fs/cgroup/memory";
+    } else if (lists_controller(line, "memory")) {
+      mount = root_ + "/sys/fs/cgroup/memory";
       limit = "memory.limit_in_bytes", usage = "memory.usage_in_bytes";
     } else {
       continue;
     }
     // Inside a container the cgroup's own directory is the mount's root.
-    const std::string own = dir + (path == "/" ? "" : path);
-    const std::string chosen = exists(own + "/" + limit) ? own : dir;
+    const std::string own = mount + (line.path == "/" ? "" : line.path);
+    const std::string chosen = exists(own + "/" + limit) ? own : mount;
     if (!exists(chosen + "/" + limit)) continue;
     limit_file_ = chosen + "/" + limit;
     usage_file_ = chosen + "/" + usage;
-    if (!controllers.empty()) break;  // v1's memory controller wins over a v2 line beside it
+    if (!line.controllers.empty()) break;  // v1's memory controller wins over a v2 line beside it
   }
 }
 

@@ -8,6 +8,7 @@
 
 #include <unistd.h>
 
+#include "model/cgroup.hpp"
 #include "model/memory_room.hpp"
 #include "model/residency.hpp"
 
@@ -99,6 +100,40 @@ TEST(MemoryRoom, InsideAContainerTheMountIsTheCgroup) {
   root.write("sys/fs/cgroup/memory.max", "5000\n");
   root.write("sys/fs/cgroup/memory.current", "1000\n");
   EXPECT_EQ(MemoryRoom(root.root()).now().available, 4000u);
+}
+
+TEST(CpuQuota, CgroupV2TheTightestOfItsOwnAndThoseAbove) {
+  FakeRoot root;
+  root.write("proc/self/cgroup", "0::/bench/node-b\n");
+  EXPECT_EQ(cpu_quota(root.root()), 0.0);  // no file: no quota
+  root.write("sys/fs/cgroup/bench/node-b/cpu.max", "max 100000\n");
+  root.write("sys/fs/cgroup/bench/cpu.max", "max 100000\n");
+  EXPECT_EQ(cpu_quota(root.root()), 0.0);
+  root.write("sys/fs/cgroup/bench/node-b/cpu.max", "5000 10000\n");
+  EXPECT_DOUBLE_EQ(cpu_quota(root.root()), 0.5);
+  root.write("sys/fs/cgroup/bench/cpu.max", "25000 100000\n");  // the parent's binds
+  EXPECT_DOUBLE_EQ(cpu_quota(root.root()), 0.25);
+  root.write("sys/fs/cgroup/bench/cpu.max", "400000 100000\n");  // 4 CPUs: its own binds
+  EXPECT_DOUBLE_EQ(cpu_quota(root.root()), 0.5);
+  root.write("sys/fs/cgroup/bench/node-b/cpu.max", "garbage\n");
+  EXPECT_DOUBLE_EQ(cpu_quota(root.root()), 4.0);
+}
+
+TEST(CpuQuota, CgroupV1CpuController) {
+  FakeRoot root;
+  root.write("proc/self/cgroup", "5:cpu,cpuacct:/bench/a\n4:memory:/bench/a\n");
+  root.write("sys/fs/cgroup/cpu,cpuacct/bench/a/cpu.cfs_quota_us", "-1\n");
+  root.write("sys/fs/cgroup/cpu,cpuacct/bench/a/cpu.cfs_period_us", "100000\n");
+  EXPECT_EQ(cpu_quota(root.root()), 0.0);
+  root.write("sys/fs/cgroup/cpu,cpuacct/bench/a/cpu.cfs_quota_us", "150000\n");
+  EXPECT_DOUBLE_EQ(cpu_quota(root.root()), 1.5);
+}
+
+TEST(CpuQuota, InsideAContainerTheMountIsTheCgroup) {
+  FakeRoot root;  // the path names the host's cgroup, the mount holds the container's own
+  root.write("proc/self/cgroup", "0::/kubepods/pod1/abc\n");
+  root.write("sys/fs/cgroup/cpu.max", "50000 100000\n");
+  EXPECT_DOUBLE_EQ(cpu_quota(root.root()), 0.5);
 }
 
 TEST(MemoryRoom, ThisMachineAnswers) {
