@@ -43,6 +43,24 @@ def run(args, expect_ok=True):
     return r
 
 
+def start_auto_worker(port, log):
+    """A worker started with --layers auto, once it waits for its range."""
+    p = subprocess.Popen([worker, "-m", model, "--layers", "auto", "--listen", "tcp://127.0.0.1:%d" % port, "-t", "1"],
+                         stdout=subprocess.DEVNULL, stderr=open(os.path.join(procs.tmp, log), "w"), env=env)
+    procs.procs.append(p)
+    procs.wait_log(log, "waits for its range", p)
+    return p
+
+
+def memory_config(name, ports):
+    """A cluster.toml of these workers, 45 MiB each (none holds the whole model)."""
+    path = os.path.join(procs.tmp, name)
+    with open(path, "w") as f:
+        for port in ports:
+            f.write('[[worker]]\naddress = "tcp://127.0.0.1:%d"\nmemory = "45M"\n' % port)
+    return path
+
+
 def start_worker(port, log, extra=()):
     p = subprocess.Popen([worker, "-m", model, "--listen", "tcp://127.0.0.1:%d" % port, *extra],
                          stdout=subprocess.DEVNULL, stderr=open(os.path.join(procs.tmp, log), "w"), env=env)
@@ -139,15 +157,9 @@ try:
     # --layers auto: pico-coord places and assigns.
     coord = os.path.join(build, "coordinator/pico-coord")
     auto_a, auto_b = free_port(), free_port()
-    for port, log in ((auto_a, "auto-a.log"), (auto_b, "auto-b.log")):
-        p = subprocess.Popen([worker, "-m", model, "--layers", "auto", "--listen", "tcp://127.0.0.1:%d" % port, "-t", "1"],
-                             stdout=subprocess.DEVNULL, stderr=open(os.path.join(procs.tmp, log), "w"), env=env)
-        procs.procs.append(p)
-        procs.wait_log(log, "waits for its range", p)
-    auto_config = os.path.join(procs.tmp, "auto.toml")
-    with open(auto_config, "w") as f:
-        for port in (auto_a, auto_b):
-            f.write('[[worker]]\naddress = "tcp://127.0.0.1:%d"\nmemory = "45M"\n' % port)
+    start_auto_worker(auto_a, "auto-a.log")
+    start_auto_worker(auto_b, "auto-b.log")
+    auto_config = memory_config("auto.toml", (auto_a, auto_b))
     prompt = ["-p", "Once upon a time", "-n", "12", "--temp", "0", "--ctx", "256", "--parallel", "2"]
     single = run([coord, "-m", model, *prompt]).stdout
     auto = run([coord, "-m", model, "--config", auto_config, *prompt])
@@ -167,15 +179,9 @@ try:
     # the throughput placement leaves two standing by, one at each stage (assigned that
     # stage's range), and with --replicas spread (the default) they form a second lane.
     auto_d, auto_e = free_port(), free_port()
-    for port, log in ((auto_d, "auto-d.log"), (auto_e, "auto-e.log")):
-        p = subprocess.Popen([worker, "-m", model, "--layers", "auto", "--listen", "tcp://127.0.0.1:%d" % port, "-t", "1"],
-                             stdout=subprocess.DEVNULL, stderr=open(os.path.join(procs.tmp, log), "w"), env=env)
-        procs.procs.append(p)
-        procs.wait_log(log, "waits for its range", p)
-    four_config = os.path.join(procs.tmp, "four.toml")
-    with open(four_config, "w") as f:
-        for port in (auto_a, auto_b, auto_d, auto_e):
-            f.write('[[worker]]\naddress = "tcp://127.0.0.1:%d"\nmemory = "45M"\n' % port)
+    start_auto_worker(auto_d, "auto-d.log")
+    start_auto_worker(auto_e, "auto-e.log")
+    four_config = memory_config("four.toml", (auto_a, auto_b, auto_d, auto_e))
     four = run([coord, "-m", model, "--config", four_config, "--objective", "throughput", *prompt])
     if four.stdout != single:
         procs.fail("four auto-placed workers: %r, single node: %r\n%s" % (four.stdout, single, four.stderr))
@@ -190,10 +196,7 @@ try:
     # One worker with fixed layers 0-2 beside one waiting for its layers: placed
     # together, the fixed one with exactly its layers or left out; the same tokens.
     auto_c = free_port()
-    p = subprocess.Popen([worker, "-m", model, "--layers", "auto", "--listen", "tcp://127.0.0.1:%d" % auto_c, "-t", "1"],
-                         stdout=subprocess.DEVNULL, stderr=open(os.path.join(procs.tmp, "auto-c.log"), "w"), env=env)
-    procs.procs.append(p)
-    procs.wait_log("auto-c.log", "waits for its range", p)
+    p = start_auto_worker(auto_c, "auto-c.log")
     mixed = run([coord, "-m", model, "--worker", "tcp://127.0.0.1:%d" % auto_c, "--worker",
                  "tcp://127.0.0.1:%d" % port_a, *prompt])
     if mixed.stdout != single:
