@@ -470,8 +470,9 @@ LanesPrediction predict_lanes(const PlacementProblem& p, const Placement& placem
   for (size_t w = 0; w < roles.size(); ++w) {
     if (roles[w].standby) standbys[*roles[w].stage].push_back(w);
   }
-  // The placed chain, then as many lanes as the stage with the fewest standbys has.
-  size_t more = standbys.empty() ? 0 : SIZE_MAX;
+  // The placed chain, then (with lanes) as many lanes as the stage with the fewest
+  // standbys has.
+  size_t more = standbys.empty() || !p.lanes ? 0 : SIZE_MAX;
   for (const auto& at_stage : standbys) more = std::min(more, at_stage.size());
   LanesPrediction out;
   out.lanes.resize(1 + more);

@@ -171,9 +171,9 @@ inline bool takes_the_sequence_first(double step, long sequences, double best_st
 }
 
 // The lanes a running cluster forms from a placement (pico-coord --replicas spread, the
-// default): the placed chain is the first; while every stage has a standby left
-// (worker_roles), the first left at each stage form one more, as Pipeline::form_lanes
-// takes them. `concurrency` sequences then go one at a time to the lane whose step
+// default): the placed chain is the first; with PlacementProblem::lanes, while every
+// stage has a standby left (worker_roles), the first left at each stage form one more,
+// as Pipeline::form_lanes takes them (without, the chain is the one lane). `concurrency` sequences then go one at a time to the lane whose step
 // with one more sequence is the shortest (takes_the_sequence_first), as
 // Engine::quietest_lane sends them; each lane steps its own sequences' tokens, the
 // lanes at once.

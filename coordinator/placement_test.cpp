@@ -524,11 +524,19 @@ TEST(Placement, TheStandbysFormLanesThatShareTheStreams) {
   PlacementProblem p = equal_layers(4);
   p.objective = Objective::throughput;
   p.concurrency = 8;
+  p.lanes = true;
   for (const char* name : {"a", "b", "c", "d"}) add_worker(p, name, 0.01, 0.01, 200);
   const Placement placement = place(p);
   ASSERT_EQ(placement.stages.size(), 2u);
   EXPECT_NEAR(placement.step_seconds, 0.003 + 8 * 0.04, 1e-12);
+  // Without lanes (--replicas standby) the chain is the one lane, with every stream.
+  p.lanes = false;
   LanesPrediction lanes = predict_lanes(p, placement, 8);
+  ASSERT_EQ(lanes.lanes.size(), 1u);
+  EXPECT_EQ(lanes.lanes[0].sequences, 8);
+  EXPECT_NEAR(lanes.tokens_per_second, 8 / (0.003 + 8 * 0.04), 1e-9);
+  p.lanes = true;
+  lanes = predict_lanes(p, placement, 8);
   ASSERT_EQ(lanes.lanes.size(), 2u);
   std::vector<size_t> used;
   for (const LanePrediction& lane : lanes.lanes) {

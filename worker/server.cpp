@@ -130,8 +130,8 @@ bool Server::serve_one(int timeout_ms) {
 
 void Server::handle_assign(const std::string& peer, protocol::schema::Assign::Reader a) {
   // The range served is assigned already; another one only to a --layers auto worker,
-  // by its owner (or anyone while it has none or its owner is gone): it answers, then run() returns and the
-  // worker loads that range on the same socket.
+  // by its owner (or anyone while it has none or its owner is gone): it answers, then
+  // run() returns and the worker loads that range on the same socket.
   const model::LayerRange r = engine_.layers();
   const model::LayerRange wanted{static_cast<int32_t>(std::min<uint32_t>(a.getFirstLayer(), INT32_MAX)),
                                  static_cast<int32_t>(std::min<uint32_t>(a.getLastLayer(), INT32_MAX))};
@@ -149,8 +149,7 @@ void Server::handle_assign(const std::string& peer, protocol::schema::Assign::Re
     reply(peer, protocol::make_error(ErrorCode::BAD_REQUEST, "this worker serves layers " + served +
                                                                  "; one started with fixed --layers takes no other range "
                                                                  "(start it with --layers auto)"));
-  } else if (session_ != 0 && message_session_ != session_ && owner_connected()) {
-    // As a plan: an owner that is gone holds nothing (a coordinator that exited).
+  } else if (owned_by_another_connected()) {
     reply(peer, protocol::make_error(ErrorCode::BUSY, "another coordinator's session owns this worker, and it is "
                                                       "still connected",
                                      0, message_session_));
@@ -316,6 +315,10 @@ bool Server::owner_connected() {
   return !coordinator_.empty() && net::routable(router_, coordinator_, protocol::make_heartbeat());
 }
 
+bool Server::owned_by_another_connected() {
+  return session_ != 0 && message_session_ != session_ && owner_connected();
+}
+
 bool Server::admit(const std::string& peer, Envelope::Body::Which which, uint64_t step) {
   if (session_ == 0 || message_session_ == session_) return true;
   // A previous stage (or the last stage's chain) still planned by the old session:
@@ -348,7 +351,7 @@ void Server::handle_plan(const std::string& peer, protocol::schema::Plan::Reader
   const uint64_t session = message_session_;
   if (session == 0) return refuse(ErrorCode::BAD_REQUEST, "a plan must carry its coordinator's session (Envelope.session)");
   const bool new_owner = session != session_;
-  if (new_owner && session_ != 0 && !plan.getTakeOver() && owner_connected()) {
+  if (!plan.getTakeOver() && owned_by_another_connected()) {
     return refuse(ErrorCode::BUSY, "busy: this worker serves another coordinator's session (" + protocol::hex(session_) +
                                        "), which is still connected (pico-coord --take-over takes it over)");
   }

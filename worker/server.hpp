@@ -81,6 +81,10 @@ class Server {
   bool admit(const std::string& peer, protocol::Envelope::Body::Which which, uint64_t step);
   // The owner's connection is still up (a probe through the ROUTER, see net::routable).
   bool owner_connected();
+  // Another session than the message's owns this worker and its coordinator is still
+  // connected: a plan (unless it takes over) or an assign is refused. An owner that is
+  // gone holds nothing (a coordinator that exited).
+  bool owned_by_another_connected();
   void connect_chain();
   void handle_forward(const std::string& peer, protocol::Envelope::Reader env, net::Received& msg);
   void handle_restore(const std::string& peer, protocol::Envelope::Reader env, net::Received& msg);

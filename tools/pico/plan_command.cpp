@@ -73,8 +73,10 @@ void run_plan(const PlanOptions& o) {
   for (size_t k = 0; k < placeable.size(); ++k) left_out[placeable[k]] = placement.excluded[k];
   // Where each worker out of the chain goes: a standby where it holds a stage's range.
   const std::vector<WorkerRole> roles = worker_roles(problem, placement);
+  std::vector<bool> standing_by(measured.size(), false);
   for (size_t k = 0; k < placeable.size(); ++k) {
     if (!roles[k].standby) continue;
+    standing_by[placeable[k]] = true;
     const size_t s = *roles[k].stage;
     left_out[placeable[k]] = fmt::format("stands by for stage {} (layers {}); out of the first chain: {}", s,
                                          model::to_string(placement.stages[s].layers), placement.excluded[k]);
@@ -84,14 +86,7 @@ void run_plan(const PlanOptions& o) {
   for (const PlacedStage& s : placement.stages) ranges.push_back(s.layers);
   // pico-coord's default (--replicas spread): workers left out that fit stand by, and
   // a standby at every stage forms one more lane, which takes streams of its own.
-  LanesPrediction lanes;
-  if (problem.lanes) {
-    lanes = predict_lanes(problem, placement, problem.concurrency);
-  } else {
-    lanes.lanes.push_back({{}, problem.concurrency, placement.step_seconds, placement.tokens_per_second});
-    for (const PlacedStage& s : placement.stages) lanes.lanes[0].chain.emplace_back(s.worker, s.layers);
-    lanes.tokens_per_second = placement.tokens_per_second;
-  }
+  const LanesPrediction lanes = predict_lanes(problem, placement, problem.concurrency);
   const auto address_of = [&](size_t worker) -> const std::string& { return measured[placeable[worker]].address; };
   if (o.json) {
     nlohmann::json j;
@@ -184,8 +179,8 @@ void run_plan(const PlanOptions& o) {
   }
   for (size_t i = 0; i < measured.size(); ++i) {
     if (left_out[i].empty()) continue;
-    const bool standby = left_out[i].rfind("stands by", 0) == 0;
-    std::cout << (standby ? "" : "left out ") << measured[i].address << (standby ? " " : ": ") << left_out[i] << "\n";
+    std::cout << (standing_by[i] ? "" : "left out ") << measured[i].address << (standing_by[i] ? " " : ": ")
+              << left_out[i] << "\n";
   }
 }
 
