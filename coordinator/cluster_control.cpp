@@ -325,6 +325,9 @@ ClusterView ClusterControl::describe(Pipeline& pipeline) {
       w.threads = info.threads;
       w.memory_bytes = info.memory_bytes;
       w.round_trip_seconds = info.round_trip_seconds;
+      if (const auto link = pipeline.links().coordinator.find(info.name); link != pipeline.links().coordinator.end()) {
+        w.link = link->second;
+      }
       w.decode_seconds = profiled_seconds(info, stage.layers, head, false);
       w.batch_seconds_per_token = profiled_seconds(info, stage.layers, head, true);
       stage.workers.push_back(std::move(w));
@@ -403,8 +406,11 @@ ClusterView ClusterControl::join_within(const std::string& address, std::optiona
     }
     stage->set_rejoin_check(options_.limits_check);
   }
+  // Its link to the coordinator, for the lanes' predicted steps (Pipeline::links).
+  const LinkMeasure link = measure_worker(*stage, 1u << 20).link;
   auto joining = std::make_shared<std::unique_ptr<Stage>>(std::move(stage));
   engine_.with_pipeline([&](Pipeline& p) {
+           p.add_link(address, link);
            p.add_replica(std::move(*joining), identity_);
            return false;
          })
@@ -692,6 +698,7 @@ bool ClusterControl::place_on(Pipeline& p, const std::map<std::string, uint64_t>
     throw StageError(e.what());
   }
   if (!dry_run) {
+    p.update_links(link_book(problem));  // the lanes' choice counts the links as measured now
     std::lock_guard lock(caps_mutex_);
     for (const auto& [address, bytes] : new_caps) options_.memory_caps[address] = bytes;
   }

@@ -36,6 +36,7 @@ struct WorkerView {
   uint32_t threads = 0;
   uint64_t memory_bytes = 0;
   double round_trip_seconds = 0;
+  std::optional<LinkMeasure> link;  // its link to the coordinator as last measured (Pipeline::links)
   // Its profile's time for the stage's layers (and the head on the last stage), per
   // token: one token alone, and in a prefill-sized batch; nullopt without a profile.
   std::optional<double> decode_seconds, batch_seconds_per_token;

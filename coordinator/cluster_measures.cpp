@@ -150,7 +150,7 @@ bool waits_for_layers(const StageInfo& info) { return info.layers.last <= info.l
 
 std::vector<WorkerEntry> assign_auto_layers(std::vector<std::unique_ptr<RemoteStage>>& connected,
                                             const std::vector<WorkerEntry>& workers, const gguf::Model& file,
-                                            const AutoPlacement& settings) {
+                                            const AutoPlacement& settings, LinkBook* links) {
   const auto waiting = std::count_if(connected.begin(), connected.end(),
                                      [](const auto& stage) { return waits_for_layers(stage->info()); });
   if (waiting == 0) return workers;
@@ -172,6 +172,7 @@ std::vector<WorkerEntry> assign_auto_layers(std::vector<std::unique_ptr<RemoteSt
   std::vector<RemoteStage*> stages;
   for (auto& stage : connected) stages.push_back(stage.get());
   problem.worker_links = measure_worker_links(stages, workers, placeable.placed, 4u << 20);
+  if (links) *links = link_book(problem);
   const Placement placement = place(problem);
   spdlog::info("placement for {}: {:.2f} tok/s predicted ({} token(s) a step)", to_string(problem.objective),
                placement.tokens_per_second, placement.batch);

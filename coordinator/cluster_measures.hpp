@@ -1,7 +1,8 @@
 // The measures placement needs (placement.hpp), gathered: what each layer of the model
 // needs (from the file), and from each worker its profile (Capabilities) and its link
 // to the coordinator (heartbeat round trips, one empty and one carrying a probe).
-// Links between workers are not measured yet: placement estimates them from the two
+// Links between workers are measured by the workers themselves (measure_worker_links)
+// where no CURVE keys stand between them; placement estimates the others from the two
 // workers' links to the coordinator.
 #pragma once
 
@@ -78,10 +79,11 @@ bool waits_for_layers(const StageInfo& info);
 // waiting one its range (protocol Assign); returns the workers that take part, in
 // pipeline order, with their ranges (each then loads its range and serves anew at its
 // address: connect again). Workers that all have their ranges are returned as they
-// are. Throws PlacementError when no placement holds the model, StageError for a
-// worker that refuses its range.
+// are, and nothing is measured. links (optional): set to what was measured
+// (link_book). Throws PlacementError when no placement holds the model, StageError
+// for a worker that refuses its range.
 std::vector<WorkerEntry> assign_auto_layers(std::vector<std::unique_ptr<RemoteStage>>& connected,
                                             const std::vector<WorkerEntry>& workers, const gguf::Model& file,
-                                            const AutoPlacement& settings);
+                                            const AutoPlacement& settings, LinkBook* links = nullptr);
 
 }  // namespace pico::coordinator

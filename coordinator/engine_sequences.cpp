@@ -74,11 +74,12 @@ void Engine::check_stages(bool idle) {
 }
 
 uint32_t Engine::quietest_lane() const {
-  // Per lane: its unfinished sequences, and what its workers' profiles predict for a
-  // step with one more. With every lane profiled, the new sequence goes where that
-  // step is shortest (a faster lane takes more sequences); steps within a tenth of
-  // each other (the noise of profiles of like machines) count as equal, and then, or
-  // without profiles, it goes to the lane with fewest.
+  // Per lane: its unfinished sequences, and what its workers' profiles and its links
+  // predict for a step with one more (Pipeline::predicted_step_seconds, as the
+  // placement's predict_lanes counts it). With every lane profiled, the new sequence
+  // goes where that step is shortest (a faster lane takes more sequences); steps within
+  // a tenth of each other (the noise of profiles of like machines) count as equal, and
+  // then, or without profiles, it goes to the lane with fewest.
   const std::vector<uint32_t> lanes = pipeline_.lanes();
   struct Load {
     uint32_t lane;

@@ -974,6 +974,34 @@ TEST(Lanes, ANewSequenceGoesWhereItsStepIsShortest) {
   }
 }
 
+// A lane's links count as the placement counts them: of two lanes of like profiles, the
+// one behind slow links takes the new sequences only when its step, links and all, is
+// no longer than the other's. Links known for only some lanes count for none.
+TEST(Lanes, ALaneBehindSlowLinksTakesFewerSequences) {
+  FakeModel calm;
+  const std::vector<std::string> expected = calm.run(small_steps());
+  struct Case {
+    double latency;                 // the second lane's links, one way; the first lane's are 0
+    bool every_lane;                // every lane's links measured
+    size_t first_min, first_max;    // sequences the first lane takes (of 6)
+  };
+  for (const Case c : {Case{0.005, true, 6, 6}, Case{0.0001, true, 4, 5}, Case{0.005, false, 3, 3}}) {
+    SpreadModel m;
+    for (FakeStage* w : {m.w0a, m.w1a, m.w0b, m.w1b}) w->info_for_test().profile = uniform_profile(0.2e-3);
+    LinkBook links;
+    links.hidden_bytes_per_token = links.logits_bytes_per_token = 1000;
+    links.coordinator["w0a"] = links.coordinator["w1a"] = {0, 1e12};
+    links.coordinator["w0b"] = {c.latency, 1e12};
+    if (c.every_lane) links.coordinator["w1b"] = {c.latency, 1e12};
+    m.pipeline->set_links(links);
+    m.gate = false;
+    EXPECT_EQ(run_six(*m.pipeline, small_steps(), [&](Engine&) { m.gate = true; }, &m.metrics), expected) << c.latency;
+    EXPECT_GE(m.kv[m.w1a].size(), c.first_min) << c.latency << " " << c.every_lane;
+    EXPECT_LE(m.kv[m.w1a].size(), c.first_max) << c.latency << " " << c.every_lane;
+    EXPECT_EQ(m.kv[m.w1a].size() + m.kv[m.w1b].size(), 6u) << c.latency;
+  }
+}
+
 // A drain hands the layers to a worker standing by rather than to a faster one of
 // another lane (whose lane would end).
 TEST(Lanes, ADrainPrefersAWorkerInNoLane) {

@@ -260,6 +260,7 @@ int main(int argc, char** argv) {
     std::optional<RemoteOptions> remote_options;  // how a worker joining at run time is reached
     std::optional<PlacementProblem> placement_problem;  // the model's side, to place the workers anew
     std::map<std::string, uint64_t> memory_caps;       // the config's, per worker
+    LinkBook links;  // the workers' links, for the lanes' predicted steps
     if (workers.empty()) {
       worker::StageLimitOptions local;
       local.ctx = ctx;
@@ -304,7 +305,7 @@ int main(int argc, char** argv) {
         placement_problem->objective = settings.objective;
         placement_problem->concurrency = settings.parallel;
         placement_problem->lanes = settings.lanes;
-        const std::vector<WorkerEntry> assigned = assign_auto_layers(connected, workers, *file, settings);
+        const std::vector<WorkerEntry> assigned = assign_auto_layers(connected, workers, *file, settings, &links);
         if (!std::equal(assigned.begin(), assigned.end(), workers.begin(), workers.end(),
                         [](const auto& a, const auto& b) {
                           return a.address == b.address && a.layers.has_value() == b.layers.has_value() &&
@@ -328,8 +329,14 @@ int main(int argc, char** argv) {
           throw StageError("worker " + w.address + " serves layers " + model::to_string(l) + ", the config says " +
                            model::to_string(*w.layers));
         }
+        // Workers that were not placed: their links to the coordinator are measured here
+        // (those between workers are then estimated from them).
+        if (!links.knows(w.address)) links.coordinator[w.address] = measure_worker(*stage, 1u << 20).link;
         stages.push_back(std::move(stage));
       }
+      links.input_bytes_per_token = placement_problem->input_bytes_per_token;
+      links.hidden_bytes_per_token = placement_problem->hidden_bytes_per_token;
+      links.logits_bytes_per_token = placement_problem->logits_bytes_per_token;
       remote_options = ro;
       remote_options->connect_timeout_ms = RemoteOptions{}.connect_timeout_ms;
       remote_options->take_over = false;
@@ -337,6 +344,7 @@ int main(int argc, char** argv) {
     }
     Pipeline pipeline(std::move(stages), identity);
     pipeline.set_spread(replicas == "spread");
+    pipeline.set_links(std::move(links));
 
     // ctx x parallel sequences sized so that no stage can run out of KV.
     std::vector<StageInfo> infos;  // replicas too: each must hold what a failover gives it

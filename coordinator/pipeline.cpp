@@ -350,12 +350,19 @@ size_t Pipeline::in_flight(uint32_t lane) const { return lanes_.at(lane_index(la
 std::optional<double> Pipeline::predicted_step_seconds(uint32_t lane, size_t tokens) const {
   const size_t j = lane_index(lane);
   double total = 0;
+  std::vector<std::string> chain;
   for (size_t i = 0; i < positions_.size(); ++i) {
     const StageInfo& info = positions_[i].workers[positions_[i].worker_of(j)]->info();
     const auto t = coordinator::predicted_step_seconds(info, info.layers, i + 1 == positions_.size(), tokens);
     if (!t) return std::nullopt;
     total += *t;
+    chain.push_back(info.name);
   }
+  bool every_link = true;
+  for (size_t k = 0; k < lanes_.size() && every_link; ++k) {
+    for (const Position& p : positions_) every_link = every_link && links_.knows(p.workers[p.worker_of(k)]->info().name);
+  }
+  if (const auto links = links_.chain_seconds(chain, static_cast<double>(tokens)); every_link && links) total += *links;
   return total;
 }
 

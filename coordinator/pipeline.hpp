@@ -27,6 +27,7 @@
 #include <optional>
 #include <vector>
 
+#include "link_times.hpp"
 #include "stage.hpp"
 
 namespace pico::coordinator {
@@ -228,8 +229,16 @@ class Pipeline {
   // Steps of lane `lane` in flight.
   size_t in_flight(uint32_t lane) const;
   // What the profiles of lane `lane`'s workers predict for a step of `tokens` tokens
-  // through every position (compute only); nullopt when one has no profile.
+  // through every position, plus its links' time (LinkBook::chain_seconds) when the
+  // links of every lane's workers were measured (set_links; else no lane counts its
+  // links, so that lanes compare alike); nullopt when a worker has no profile.
   std::optional<double> predicted_step_seconds(uint32_t lane, size_t tokens) const;
+  // The links the coordinator measured (link_book); newer measures (LinkBook::update);
+  // one more worker's link to it (a worker that joined).
+  void set_links(LinkBook links) { links_ = std::move(links); }
+  void update_links(const LinkBook& newer) { links_.update(newer); }
+  void add_link(const std::string& worker, const LinkMeasure& link) { links_.coordinator[worker] = link; }
+  const LinkBook& links() const { return links_; }
   // The next finished step of any lane (within a lane, steps finish in the order
   // submitted; a chained one right after the step it follows, which says so:
   // StepOutput::chained). A lane with steps in flight that answers nothing within
@@ -343,6 +352,7 @@ class Pipeline {
   };
   bool chains_possible_ = false;
   bool spread_ = false;
+  LinkBook links_;
   struct Lane {
     uint32_t id = 0;
     std::deque<Inflight> inflight;

@@ -72,12 +72,10 @@ class Costs {
     if (from < p_.worker_links.size() && to < p_.worker_links[from].size() && p_.worker_links[from][to]) {
       return *p_.worker_links[from][to];
     }
-    const LinkMeasure& a = p_.coordinator_links[from];
-    const LinkMeasure& b = p_.coordinator_links[to];
-    return {std::max(a.latency_seconds, b.latency_seconds), std::min(a.bytes_per_second, b.bytes_per_second)};
+    return estimated_link(p_.coordinator_links[from], p_.coordinator_links[to]);
   }
   double transfer(const LinkMeasure& link, uint64_t bytes_per_token) const {
-    return link.latency_seconds + static_cast<double>(bytes_per_token) * batch_ / link.bytes_per_second;
+    return link_seconds(link, bytes_per_token, batch_);
   }
 
   const PlacementProblem& p_;
@@ -520,6 +518,22 @@ std::optional<Placement> evaluate_placement(const PlacementProblem& p,
   out.excluded.assign(p.workers.size(), "not in the chain");
   for (const auto& stage : chain) out.excluded[stage.first].clear();
   return out;
+}
+
+LinkBook link_book(const PlacementProblem& problem) {
+  LinkBook book;
+  book.input_bytes_per_token = problem.input_bytes_per_token;
+  book.hidden_bytes_per_token = problem.hidden_bytes_per_token;
+  book.logits_bytes_per_token = problem.logits_bytes_per_token;
+  for (size_t i = 0; i < problem.workers.size() && i < problem.coordinator_links.size(); ++i) {
+    book.coordinator[problem.workers[i].name] = problem.coordinator_links[i];
+    for (size_t j = 0; i < problem.worker_links.size() && j < problem.worker_links[i].size(); ++j) {
+      if (j < problem.workers.size() && problem.worker_links[i][j]) {
+        book.between[{problem.workers[i].name, problem.workers[j].name}] = *problem.worker_links[i][j];
+      }
+    }
+  }
+  return book;
 }
 
 }  // namespace pico::coordinator

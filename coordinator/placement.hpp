@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "model/model.hpp"
+#include "link_times.hpp"
 
 namespace pico::coordinator {
 
@@ -81,11 +82,6 @@ struct WorkerMeasures {
 // The worker's times, every layer's and the head's, `factor` times as long (a worker
 // seen slower than its profile).
 void scale_measures(WorkerMeasures& worker, double factor);
-
-struct LinkMeasure {
-  double latency_seconds = 0;  // one way
-  double bytes_per_second = 0;  // > 0
-};
 
 struct PlacementProblem {
   std::vector<LayerNeeds> layers;
@@ -173,8 +169,9 @@ inline bool takes_the_sequence_first(double step, long sequences, double best_st
 // The lanes a running cluster forms from a placement (pico-coord --replicas spread, the
 // default): the placed chain is the first; with PlacementProblem::lanes, while every
 // stage has a standby left (worker_roles), the first left at each stage form one more,
-// as Pipeline::form_lanes takes them (without, the chain is the one lane). `concurrency` sequences then go one at a time to the lane whose step
-// with one more sequence is the shortest (takes_the_sequence_first), as
+// as Pipeline::form_lanes takes them (without, the chain is the one lane).
+// `concurrency` sequences then go one at a time to the lane whose step with one more
+// sequence (compute and links) is the shortest (takes_the_sequence_first), as
 // Engine::quietest_lane sends them; each lane steps its own sequences' tokens, the
 // lanes at once.
 struct LanePrediction {
@@ -193,6 +190,11 @@ LanesPrediction predict_lanes(const PlacementProblem& problem, const Placement& 
 // objective every lane's together at the problem's concurrency (predict_lanes), else the
 // chain's.
 double served_tokens_per_second(const PlacementProblem& problem, const Placement& placement);
+
+// A placement problem's links by worker address (its workers' names), and the bytes a
+// step carries per token: what a running pipeline adds to its lanes' predicted steps
+// (Pipeline::set_links), so that a chain's step there is the placement's.
+LinkBook link_book(const PlacementProblem& problem);
 
 // The bytes a stage of `layers` holds on a worker (weights, its share of the
 // embeddings / head, state of `parallel` sequences of ctx positions).

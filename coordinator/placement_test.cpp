@@ -385,10 +385,51 @@ TEST(Placement, EvaluatesEveryChainAsTheDefinition) {
         EXPECT_EQ(evaluated->stages[s].worker, chain[s].first);
         EXPECT_EQ(evaluated->stages[s].layers.last, chain[s].second.last);
       }
+      // A running coordinator's lanes count the links as the placement does: its compute
+      // plus the links' time by the problem's book (Pipeline::predicted_step_seconds).
+      double compute = 0;
+      std::vector<std::string> names;
+      for (const PlacedStage& stage : evaluated->stages) {
+        compute += stage.compute_seconds;
+        names.push_back(p.workers[stage.worker].name);
+      }
+      const auto links = link_book(p).chain_seconds(names, evaluated->batch);
+      ASSERT_TRUE(links.has_value());
+      EXPECT_NEAR(compute + *links, evaluated->step_seconds, 1e-12) << "trial " << trial;
       ++chains;
     });
   }
   EXPECT_GT(chains, 200u);
+}
+
+// A chain's links: the coordinator's to the first worker (the tokens in) and from the
+// last (the logits back), and each hop between, measured or estimated from the two
+// workers' links to the coordinator (the larger latency, the smaller bandwidth).
+TEST(LinkBook, CountsEachLinkOfAChain) {
+  LinkBook book;
+  book.input_bytes_per_token = 4;
+  book.hidden_bytes_per_token = 1000;
+  book.logits_bytes_per_token = 100000;
+  book.coordinator["a"] = {0.001, 1e6};
+  book.coordinator["b"] = {0.004, 1e8};
+  book.coordinator["c"] = {0.002, 1e7};
+  // 2 tokens: a in (1 ms + 8 B), a -> b estimated (4 ms at 1 MB/s), b back (4 ms + 200 kB at 100 MB/s).
+  EXPECT_NEAR(*book.chain_seconds({"a", "b"}, 2), (0.001 + 8e-6) + (0.004 + 2e-3) + (0.004 + 2e-3), 1e-12);
+  book.between[{"a", "b"}] = {0.0005, 1e9};  // measured: it counts, not the estimate
+  EXPECT_NEAR(*book.chain_seconds({"a", "b"}, 2), (0.001 + 8e-6) + (0.0005 + 2e-6) + (0.004 + 2e-3), 1e-12);
+  // One worker: in and back over its own link.
+  EXPECT_NEAR(*book.chain_seconds({"c"}, 1), (0.002 + 4e-7) + (0.002 + 1e-2), 1e-12);
+  // A worker whose link was not measured: no time is given.
+  EXPECT_EQ(book.chain_seconds({"a", "d"}, 1), std::nullopt);
+  EXPECT_EQ(book.chain_seconds({}, 1), std::nullopt);
+  // Newer measures replace older ones; a link they do not measure is kept.
+  LinkBook newer;
+  newer.coordinator["a"] = {0.003, 1e6};
+  newer.logits_bytes_per_token = 100000;
+  book.update(newer);
+  EXPECT_DOUBLE_EQ(book.coordinator["a"].latency_seconds, 0.003);
+  EXPECT_TRUE(book.knows("b") && book.knows("c"));
+  EXPECT_EQ(book.between.size(), 1u);
 }
 
 TEST(Placement, EvaluatingAChainThatDoesNotFitOrTileIsSaid) {

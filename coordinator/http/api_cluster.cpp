@@ -31,6 +31,9 @@ json to_json(const ClusterView& view) {
                 {"threads", w.threads},       {"memory_bytes", w.memory_bytes},
                 {"round_trip_ms", w.round_trip_seconds * 1e3}};
       j["lane"] = w.lane ? json(*w.lane) : json(nullptr);
+      j["link"] = w.link ? json{{"latency_ms", w.link->latency_seconds * 1e3},
+                                {"megabytes_per_second", w.link->bytes_per_second / 1e6}}
+                         : json(nullptr);
       j["decode_ms"] = w.decode_seconds ? json(*w.decode_seconds * 1e3) : json(nullptr);
       j["batch_ms_per_token"] = w.batch_seconds_per_token ? json(*w.batch_seconds_per_token * 1e3) : json(nullptr);
       workers.push_back(std::move(j));

@@ -774,6 +774,11 @@ def webui_tests(port):
                                 st["memory"]["kv_bytes"] >= 0 for st in c["stages"]) and c
     check(wait_until(lambda: bool(measured()), 10), "/cluster: each stage's timings and memory")
     view = measured()
+    # Each worker's link to the coordinator as measured at start (the lanes' choice and the
+    # placement count it).
+    links = [w["link"] for st in view["stages"] for w in st["workers"]] if view else []
+    check(links and all(link and link["latency_ms"] >= 0 and link["megabytes_per_second"] > 0 for link in links),
+          "/cluster: each worker's measured link %s" % links)
     free = [metric(api, 'pico:stage_free_memory_bytes{stage="%d"}' % i) for i in range(len(view["stages"]) if view else 0)]
     check(view and len(free) == 2 and all(f > 0 for f in free), "/metrics: each stage's free memory %s" % free)
 
