@@ -249,9 +249,11 @@ class Engine {
     std::vector<int32_t> checkpoints;  // positions its recurrent state can go back to
     uint32_t lane = 0;                 // the pipeline's lane that holds it
   };
-  // The running lane with the fewest unfinished sequences (the first such): where a
-  // sequence that continues no kept one goes.
-  uint32_t quietest_lane() const;
+  // Where a sequence that continues no kept one goes: the lane whose step with it is
+  // shortest by the profiles and links, else the one with the fewest unfinished
+  // sequences (the first such). joining: the sequence (what its logits rows return);
+  // null: counted as returning full rows.
+  uint32_t quietest_lane(const Seq* joining) const;
   // Marks `row` for a checkpoint when the policy wants one after it, and records it.
   void mark_checkpoint(Seq& s, model::BatchToken& row, bool prompt_end);
   // on_prompt_progress with `processed` of its prompt's tokens evaluated (return_progress only).

@@ -73,10 +73,11 @@ void Engine::check_stages(bool idle) {
   lost_stage_ = std::move(lost);
 }
 
-uint32_t Engine::quietest_lane() const {
+uint32_t Engine::quietest_lane(const Seq* joining) const {
   // Per lane: its unfinished sequences, and what its workers' profiles and its links
   // predict for a step with one more (Pipeline::predicted_step_seconds, as the
-  // placement's predict_lanes counts it). With every lane profiled, the new sequence
+  // placement's predict_lanes counts it; a greedy sequence's rows return their arg max
+  // only, not a row of logits). With every lane profiled, the new sequence
   // goes where that step is shortest (a faster lane takes more sequences); steps within
   // a tenth of each other (the noise of profiles of like machines) count as equal, and
   // then, or without profiles, it goes to the lane with fewest.
@@ -89,9 +90,14 @@ uint32_t Engine::quietest_lane() const {
   std::vector<Load> loads;
   bool profiled = true;
   for (const uint32_t lane : lanes) {
-    const long n = std::count_if(active_.begin(), active_.end(),
-                                 [&](const auto& s) { return s->lane == lane && !s->done && s->sampler; });
-    const auto step = lanes.size() > 1 ? pipeline_.predicted_step_seconds(lane, static_cast<size_t>(n) + 1)
+    long n = 0, full_rows = joining && joining->argmax_only ? 0 : 1;
+    for (const auto& s : active_) {
+      if (s->lane != lane || s->done || !s->sampler || s.get() == joining) continue;
+      ++n;
+      full_rows += s->argmax_only ? 0 : 1;
+    }
+    const auto step = lanes.size() > 1 ? pipeline_.predicted_step_seconds(lane, static_cast<size_t>(n) + 1,
+                                                                          static_cast<size_t>(full_rows))
                                        : std::optional<double>();
     profiled = profiled && step.has_value();
     loads.push_back({lane, n, step});
@@ -181,7 +187,7 @@ void Engine::reuse_prefix(Seq& s) {
   }
   if (best == kept_.end()) {
     s.kv_id = next_kv_id_++;
-    s.lane = quietest_lane();
+    s.lane = quietest_lane(&s);
     s.held = 0;
     return;
   }
@@ -326,7 +332,7 @@ void Engine::replay_all(std::span<const uint32_t> only) {
     }
   }
   for (Seq* s : moved) s->lane = 0;  // counted by quietest_lane as on no lane
-  for (Seq* s : moved) s->lane = quietest_lane();
+  for (Seq* s : moved) s->lane = quietest_lane(s);
   for (auto& sp : active_) {
     Seq& s = *sp;
     const bool lane_ended = std::find(moved.begin(), moved.end(), sp.get()) != moved.end();
@@ -552,7 +558,7 @@ std::future<Engine::SlotFileResult> Engine::slot_file(SlotAction action, int32_t
           kept_.erase(kept);
         } else {
           const int32_t kv_id = next_kv_id_++;
-          const uint32_t lane = quietest_lane();
+          const uint32_t lane = quietest_lane(nullptr);
           std::vector<int32_t> tokens;
           try {
             for (size_t i = 0; i < p.size(); ++i) {

@@ -976,23 +976,28 @@ TEST(Lanes, ANewSequenceGoesWhereItsStepIsShortest) {
 
 // A lane's links count as the placement counts them: of two lanes of like profiles, the
 // one behind slow links takes the new sequences only when its step, links and all, is
-// no longer than the other's. Links known for only some lanes count for none.
+// no longer than the other's. A greedy sequence's rows come back as their arg max, so
+// a narrow link back costs it little. Links known for only some lanes count for none.
 TEST(Lanes, ALaneBehindSlowLinksTakesFewerSequences) {
   FakeModel calm;
   const std::vector<std::string> expected = calm.run(small_steps());
   struct Case {
-    double latency;                 // the second lane's links, one way; the first lane's are 0
-    bool every_lane;                // every lane's links measured
-    size_t first_min, first_max;    // sequences the first lane takes (of 6)
+    double latency, bandwidth;    // the second lane's links (one way); the first lane's: 0, 1e12 B/s
+    bool every_lane;              // every lane's links measured
+    size_t first_min, first_max;  // sequences the first lane takes (of 6)
   };
-  for (const Case c : {Case{0.005, true, 6, 6}, Case{0.0001, true, 4, 5}, Case{0.005, false, 3, 3}}) {
+  // The third: 10 ms a row of logits back from the second lane; run_six's three greedy
+  // sequences (0, 2, 4) cost it 8 bytes a row, and two of them go there.
+  for (const Case c : {Case{0.005, 1e12, true, 6, 6}, Case{0.0001, 1e12, true, 4, 5}, Case{0, 1e8, true, 4, 4},
+                       Case{0.005, 1e12, false, 3, 3}}) {
     SpreadModel m;
     for (FakeStage* w : {m.w0a, m.w1a, m.w0b, m.w1b}) w->info_for_test().profile = uniform_profile(0.2e-3);
     LinkBook links;
-    links.hidden_bytes_per_token = links.logits_bytes_per_token = 1000;
+    links.hidden_bytes_per_token = 1000;
+    links.logits_bytes_per_token = 1000000;
     links.coordinator["w0a"] = links.coordinator["w1a"] = {0, 1e12};
-    links.coordinator["w0b"] = {c.latency, 1e12};
-    if (c.every_lane) links.coordinator["w1b"] = {c.latency, 1e12};
+    links.coordinator["w0b"] = {c.latency, c.bandwidth};
+    if (c.every_lane) links.coordinator["w1b"] = {c.latency, c.bandwidth};
     m.pipeline->set_links(links);
     m.gate = false;
     EXPECT_EQ(run_six(*m.pipeline, small_steps(), [&](Engine&) { m.gate = true; }, &m.metrics), expected) << c.latency;

@@ -38,7 +38,8 @@ struct LinkBook {
   std::map<std::pair<std::string, std::string>, LinkMeasure> between;  // worker -> worker; missing: estimated
   uint64_t input_bytes_per_token = 4;   // coordinator -> first worker
   uint64_t hidden_bytes_per_token = 0;  // worker -> worker
-  uint64_t logits_bytes_per_token = 0;  // last worker -> coordinator
+  uint64_t logits_bytes_per_token = 0;  // last worker -> coordinator: a row of logits
+  uint64_t argmax_bytes_per_token = 8;  // ... or its arg max alone (protocol LogitsOutput.argmax: id, logit)
 
   bool knows(const std::string& worker) const { return coordinator.contains(worker); }
   // Takes newer's measures and bytes per token; keeps the links it does not measure (a
@@ -51,9 +52,14 @@ struct LinkBook {
     logits_bytes_per_token = newer.logits_bytes_per_token;
   }
   // The links' time for a step of `tokens` tokens through `chain` (worker addresses in
-  // pipeline order) and back to the coordinator: nullopt when a worker's link to the
-  // coordinator was not measured.
-  std::optional<double> chain_seconds(const std::vector<std::string>& chain, double tokens) const;
+  // pipeline order) and back to the coordinator, `full_logits_rows` of them returning
+  // a row of logits and the others their arg max (the placement counts every row a
+  // row of logits): nullopt when a worker's link to the coordinator was not measured.
+  std::optional<double> chain_seconds(const std::vector<std::string>& chain, double tokens,
+                                      double full_logits_rows) const;
+  std::optional<double> chain_seconds(const std::vector<std::string>& chain, double tokens) const {
+    return chain_seconds(chain, tokens, tokens);
+  }
 };
 
 }  // namespace pico::coordinator

@@ -347,7 +347,8 @@ std::optional<uint32_t> Pipeline::lane_of(size_t i, size_t k) const {
 
 size_t Pipeline::in_flight(uint32_t lane) const { return lanes_.at(lane_index(lane)).inflight.size(); }
 
-std::optional<double> Pipeline::predicted_step_seconds(uint32_t lane, size_t tokens) const {
+std::optional<double> Pipeline::predicted_step_seconds(uint32_t lane, size_t tokens,
+                                                       std::optional<size_t> full_logits_rows) const {
   const size_t j = lane_index(lane);
   double total = 0;
   std::vector<std::string> chain;
@@ -362,7 +363,9 @@ std::optional<double> Pipeline::predicted_step_seconds(uint32_t lane, size_t tok
   for (size_t k = 0; k < lanes_.size() && every_link; ++k) {
     for (const Position& p : positions_) every_link = every_link && links_.knows(p.workers[p.worker_of(k)]->info().name);
   }
-  if (const auto links = links_.chain_seconds(chain, static_cast<double>(tokens)); every_link && links) total += *links;
+  const auto links = links_.chain_seconds(chain, static_cast<double>(tokens),
+                                          static_cast<double>(full_logits_rows.value_or(tokens)));
+  if (every_link && links) total += *links;
   return total;
 }
 

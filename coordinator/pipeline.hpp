@@ -229,10 +229,13 @@ class Pipeline {
   // Steps of lane `lane` in flight.
   size_t in_flight(uint32_t lane) const;
   // What the profiles of lane `lane`'s workers predict for a step of `tokens` tokens
-  // through every position, plus its links' time (LinkBook::chain_seconds) when the
-  // links of every lane's workers were measured (set_links; else no lane counts its
-  // links, so that lanes compare alike); nullopt when a worker has no profile.
-  std::optional<double> predicted_step_seconds(uint32_t lane, size_t tokens) const;
+  // through every position, plus its links' time (LinkBook::chain_seconds, with
+  // `full_logits_rows` of the rows returning logits rows, the others their arg max;
+  // nullopt: every row) when the links of every lane's workers were measured
+  // (set_links; else no lane counts its links, so that lanes compare alike); nullopt
+  // when a worker has no profile.
+  std::optional<double> predicted_step_seconds(uint32_t lane, size_t tokens,
+                                               std::optional<size_t> full_logits_rows = std::nullopt) const;
   // The links the coordinator measured (link_book); newer measures (LinkBook::update);
   // one more worker's link to it (a worker that joined).
   void set_links(LinkBook links) { links_ = std::move(links); }

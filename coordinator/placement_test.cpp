@@ -419,6 +419,10 @@ TEST(LinkBook, CountsEachLinkOfAChain) {
   EXPECT_NEAR(*book.chain_seconds({"a", "b"}, 2), (0.001 + 8e-6) + (0.0005 + 2e-6) + (0.004 + 2e-3), 1e-12);
   // One worker: in and back over its own link.
   EXPECT_NEAR(*book.chain_seconds({"c"}, 1), (0.002 + 4e-7) + (0.002 + 1e-2), 1e-12);
+  // Rows that return their arg max (greedy) carry 8 bytes back, not a row of logits:
+  // 2 tokens, one of them a full row.
+  EXPECT_NEAR(*book.chain_seconds({"a", "b"}, 2, 1), (0.001 + 8e-6) + (0.0005 + 2e-6) + (0.004 + 1.00008e-3),
+              1e-12);
   // A worker whose link was not measured: no time is given.
   EXPECT_EQ(book.chain_seconds({"a", "d"}, 1), std::nullopt);
   EXPECT_EQ(book.chain_seconds({}, 1), std::nullopt);
