@@ -407,10 +407,10 @@ ClusterView ClusterControl::join_within(const std::string& address, std::optiona
     stage->set_rejoin_check(options_.limits_check);
   }
   // Its link to the coordinator, for the lanes' predicted steps (Pipeline::links).
-  const LinkMeasure link = measure_worker(*stage, 1u << 20).link;
+  const std::optional<LinkMeasure> link = measure_link(*stage, 1u << 20);
   auto joining = std::make_shared<std::unique_ptr<Stage>>(std::move(stage));
   engine_.with_pipeline([&](Pipeline& p) {
-           p.add_link(address, link);
+           if (link) p.add_link(address, *link);
            p.add_replica(std::move(*joining), identity_);
            return false;
          })

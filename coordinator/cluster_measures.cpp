@@ -68,6 +68,15 @@ MeasuredWorker measure_worker(RemoteStage& stage, uint64_t probe_bytes) {
   return m;
 }
 
+std::optional<LinkMeasure> measure_link(RemoteStage& stage, uint64_t probe_bytes) {
+  try {
+    return measure_worker(stage, probe_bytes).link;
+  } catch (const StageError& e) {
+    spdlog::warn("the link to {} is not measured: {}", stage.address(), e.what());
+    return std::nullopt;
+  }
+}
+
 std::vector<MeasuredWorker> measure_workers(const std::vector<WorkerEntry>& workers, const RemoteOptions& options,
                                             const std::optional<net::KeyPair>& own_keys, uint64_t probe_bytes,
                                             std::vector<std::unique_ptr<RemoteStage>>* connected) {

@@ -34,6 +34,9 @@ struct MeasuredWorker {
 // A connected worker's profile and link (heartbeat round trips, empty and carrying
 // probe_bytes); `error` says when it sent no profile.
 MeasuredWorker measure_worker(RemoteStage& stage, uint64_t probe_bytes);
+// A connected worker's link alone (as measure_worker measures it): nullopt, with a
+// warning logged, when it does not answer the probes.
+std::optional<LinkMeasure> measure_link(RemoteStage& stage, uint64_t probe_bytes);
 // Connects to each worker and measures it; a worker that cannot be reached or sent no
 // profile has `error` set instead of failing the rest.
 // connected (optional): the stages, kept connected (null where unreachable).

@@ -331,7 +331,9 @@ int main(int argc, char** argv) {
         }
         // Workers that were not placed: their links to the coordinator are measured here
         // (those between workers are then estimated from them).
-        if (!links.knows(w.address)) links.coordinator[w.address] = measure_worker(*stage, 1u << 20).link;
+        if (!links.knows(w.address)) {
+          if (const auto link = measure_link(*stage, 1u << 20)) links.coordinator[w.address] = *link;
+        }
         stages.push_back(std::move(stage));
       }
       links.input_bytes_per_token = placement_problem->input_bytes_per_token;
