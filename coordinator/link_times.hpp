@@ -50,6 +50,7 @@ struct LinkBook {
     input_bytes_per_token = newer.input_bytes_per_token;
     hidden_bytes_per_token = newer.hidden_bytes_per_token;
     logits_bytes_per_token = newer.logits_bytes_per_token;
+    argmax_bytes_per_token = newer.argmax_bytes_per_token;
   }
   // The links' time for a step of `tokens` tokens through `chain` (worker addresses in
   // pipeline order) and back to the coordinator, `full_logits_rows` of them returning

@@ -305,6 +305,7 @@ int main(int argc, char** argv) {
         placement_problem->objective = settings.objective;
         placement_problem->concurrency = settings.parallel;
         placement_problem->lanes = settings.lanes;
+        links = link_book(*placement_problem);  // the bytes a step carries; the links as measured below
         const std::vector<WorkerEntry> assigned = assign_auto_layers(connected, workers, *file, settings, &links);
         if (!std::equal(assigned.begin(), assigned.end(), workers.begin(), workers.end(),
                         [](const auto& a, const auto& b) {
@@ -336,9 +337,6 @@ int main(int argc, char** argv) {
         }
         stages.push_back(std::move(stage));
       }
-      links.input_bytes_per_token = placement_problem->input_bytes_per_token;
-      links.hidden_bytes_per_token = placement_problem->hidden_bytes_per_token;
-      links.logits_bytes_per_token = placement_problem->logits_bytes_per_token;
       remote_options = ro;
       remote_options->connect_timeout_ms = RemoteOptions{}.connect_timeout_ms;
       remote_options->take_over = false;

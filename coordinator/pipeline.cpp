@@ -359,14 +359,19 @@ std::optional<double> Pipeline::predicted_step_seconds(uint32_t lane, size_t tok
     total += *t;
     chain.push_back(info.name);
   }
-  bool every_link = true;
-  for (size_t k = 0; k < lanes_.size() && every_link; ++k) {
-    for (const Position& p : positions_) every_link = every_link && links_.knows(p.workers[p.worker_of(k)]->info().name);
-  }
+  if (!links_cover_every_lane()) return total;
   const auto links = links_.chain_seconds(chain, static_cast<double>(tokens),
                                           static_cast<double>(full_logits_rows.value_or(tokens)));
-  if (every_link && links) total += *links;
-  return total;
+  return total + links.value_or(0.0);
+}
+
+bool Pipeline::links_cover_every_lane() const {
+  for (size_t k = 0; k < lanes_.size(); ++k) {
+    for (const Position& p : positions_) {
+      if (!links_.knows(p.workers[p.worker_of(k)]->info().name)) return false;
+    }
+  }
+  return true;
 }
 
 std::vector<Stage*> Pipeline::workers(size_t i) {

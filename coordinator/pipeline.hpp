@@ -356,6 +356,8 @@ class Pipeline {
   bool chains_possible_ = false;
   bool spread_ = false;
   LinkBook links_;
+  // The links of every lane's workers are in links_ (predicted_step_seconds counts them).
+  bool links_cover_every_lane() const;
   struct Lane {
     uint32_t id = 0;
     std::deque<Inflight> inflight;
